@@ -1,0 +1,84 @@
+"""Tiny Shakespeare, tokenized with the GPT-2 BPE, and a batch loader.
+
+The text (1,115,394 bytes, 338,025 GPT-2 tokens) comes from ``$COURSE_DATA_DIR`` when set, else
+from the download cache, else from its public URL (sha256-checked; a corrupted or truncated file is
+never trained on). Source: karpathy/char-rnn, data/tinyshakespeare/input.txt.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+
+import torch
+
+from helpers import paths, tokenizer
+
+SHAKESPEARE_FILE = "tinyshakespeare.txt"
+SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+SHAKESPEARE_TOKENS = 338_025
+
+
+def shakespeare_path() -> "paths.Path":
+    """Path of a verified copy of Tiny Shakespeare (offline folder, cache, or fresh download).
+
+    Raises:
+        paths.DataFileError: missing offline with no network, or corrupted; the message says what to do.
+    """
+    return paths.find_or_fetch(SHAKESPEARE_FILE, SHAKESPEARE_URL, SHAKESPEARE_SHA256)
+
+
+def load_text() -> str:
+    """The whole Tiny Shakespeare text (str, 1,115,394 characters)."""
+    return shakespeare_path().read_text(encoding="utf-8")
+
+
+@functools.lru_cache(maxsize=1)
+def load_tokens() -> torch.Tensor:
+    """Tiny Shakespeare as GPT-2 token ids: (338025,) int64 on the CPU."""
+    return torch.tensor(tokenizer.encode(load_text()), dtype=torch.long)
+
+
+class BatchLoader:
+    """Sequential (x, y) batches over a token stream, wrapping around at the end.
+
+    Each call of :meth:`next_batch` returns ``x, y`` of shape (B, T), int64, on ``device``, where
+    ``y`` is ``x`` shifted left by one token. The read position advances by B*T tokens and wraps
+    to the start when fewer than B*T + 1 tokens are left. On CUDA the host batch is pinned and
+    copied with ``non_blocking=True`` so the copy overlaps with GPU work already queued.
+
+    Raises:
+        ValueError: if the stream has fewer than B*T + 1 tokens, or B, T < 1.
+    """
+
+    def __init__(self, tokens: torch.Tensor, batch_size: int, seq_len: int, device: str | torch.device = "cpu"):
+        if batch_size < 1 or seq_len < 1:
+            raise ValueError(f"batch_size and seq_len must be >= 1, got B={batch_size}, T={seq_len}")
+        if tokens.numel() < batch_size * seq_len + 1:
+            raise ValueError(
+                f"{tokens.numel():,} tokens cannot fill one batch of B*T+1 = {batch_size * seq_len + 1:,} tokens: "
+                f"lower B or T."
+            )
+        self.tokens = tokens.to(torch.long).contiguous()
+        self.B, self.T = batch_size, seq_len
+        self.device = torch.device(device)
+        self.pin = self.device.type == "cuda"
+        self.position = 0
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        B, T = self.B, self.T
+        if self.position + B * T + 1 > self.tokens.numel():
+            self.position = 0
+        buf = self.tokens[self.position : self.position + B * T + 1]
+        self.position += B * T
+        x = buf[:-1].view(B, T)  # (B, T)
+        y = buf[1:].view(B, T)  # (B, T)
+        if self.pin:
+            x, y = x.pin_memory(), y.pin_memory()
+            return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        return x.to(self.device), y.to(self.device)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:
+            yield self.next_batch()

@@ -1,0 +1,207 @@
+"""What this device is and what it supports, plus datasheet profiles of common GPUs.
+
+Peak numbers are *dense* (no 2:4 sparsity) per-GPU figures from each vendor datasheet named in
+``GPUProfile.source``. They are the ceilings MFU is measured against; measured ceilings are lower
+(e.g. a bf16 8192^3 matmul reaches ~790-806 TFLOP/s on the H200 of ../shared/reference).
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import warnings
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class GPUProfile:
+    """Datasheet facts of one GPU model. TFLOP/s are dense; None = no native support."""
+
+    key: str
+    name: str
+    capability: tuple[int, int]
+    memory_gb: float  # marketed memory, GB (1e9 bytes)
+    bandwidth_gbs: float  # memory bandwidth, GB/s
+    fp32_tflops: float  # plain FP32 (CUDA cores)
+    tf32_tflops: float | None  # TF32 tensor cores (>= sm80)
+    bf16_tflops: float | None  # BF16 tensor cores (>= sm80)
+    fp16_tflops: float  # FP16 tensor cores (FP32 accumulate where the datasheet distinguishes)
+    source: str
+
+    @property
+    def peak_tensor_tflops(self) -> float:
+        """The dense 16-bit tensor-core peak (bf16 where native, else fp16): MFU's denominator."""
+        return self.bf16_tflops if self.bf16_tflops is not None else self.fp16_tflops
+
+
+PROFILES: dict[str, GPUProfile] = {
+    p.key: p
+    for p in [
+        GPUProfile("T4", "NVIDIA T4", (7, 5), 16, 320, 8.1, None, None, 65,
+                   "NVIDIA T4 Tensor Core GPU datasheet (2019)"),
+        GPUProfile("V100", "NVIDIA V100 SXM2", (7, 0), 16, 900, 15.7, None, None, 125,
+                   "NVIDIA V100 Tensor Core GPU datasheet (2020), SXM2"),
+        GPUProfile("A10", "NVIDIA A10", (8, 6), 24, 600, 31.2, 62.5, 125, 125,
+                   "NVIDIA A10 Tensor Core GPU datasheet (2021)"),
+        GPUProfile("L4", "NVIDIA L4", (8, 9), 24, 300, 30.3, 60, 121, 121,
+                   "NVIDIA L4 Tensor Core GPU datasheet (2023); sparse figures halved"),
+        GPUProfile("A100-40GB", "NVIDIA A100 40GB", (8, 0), 40, 1555, 19.5, 156, 312, 312,
+                   "NVIDIA A100 Tensor Core GPU datasheet (2021)"),
+        GPUProfile("A100-80GB", "NVIDIA A100 80GB SXM", (8, 0), 80, 2039, 19.5, 156, 312, 312,
+                   "NVIDIA A100 Tensor Core GPU datasheet (2021), SXM"),
+        GPUProfile("H100-PCIe", "NVIDIA H100 PCIe", (9, 0), 80, 2000, 51, 378, 756, 756,
+                   "NVIDIA H100 Tensor Core GPU datasheet (2023), PCIe; sparse figures halved"),
+        GPUProfile("H100-SXM", "NVIDIA H100 SXM", (9, 0), 80, 3350, 67, 494.7, 989.4, 989.4,
+                   "NVIDIA H100 Tensor Core GPU datasheet (2023), SXM; sparse figures halved"),
+        GPUProfile("H200", "NVIDIA H200 SXM", (9, 0), 141, 4800, 67, 494.7, 989.4, 989.4,
+                   "NVIDIA H200 Tensor Core GPU datasheet (2024), SXM; sparse figures halved"),
+    ]
+}
+
+
+def match_profile(device_name: str, total_memory_bytes: int | None = None) -> GPUProfile | None:
+    """The datasheet profile for a CUDA device name (e.g. 'NVIDIA A100-SXM4-80GB'), or None if unknown."""
+    n = device_name.upper().replace("-", " ")
+    if "H200" in n:
+        return PROFILES["H200"] if "NVL" not in n else None
+    if "H100" in n:
+        return PROFILES["H100-PCIe"] if "PCIE" in n else (PROFILES["H100-SXM"] if "NVL" not in n else None)
+    if "A100" in n:
+        big = "80GB" in n.replace(" ", "") or (total_memory_bytes or 0) > 45e9
+        return PROFILES["A100-80GB" if big else "A100-40GB"]
+    if "V100" in n:
+        return PROFILES["V100"]
+    if "T4" in n.split() or n.endswith("T4"):
+        return PROFILES["T4"]
+    if "L4" in n.split():
+        return PROFILES["L4"]
+    if "A10" in n.split():  # not A10G: its figures are not in an NVIDIA datasheet
+        return PROFILES["A10"]
+    return None
+
+
+def compile_support(device: torch.device) -> tuple[bool, str]:
+    """Whether torch.compile (inductor) can generate code here, and why (no compilation is run).
+
+    CUDA needs Triton and compute capability >= 7.0; CPU needs a C++ compiler on PATH.
+    """
+    if device.type == "cuda":
+        cap = torch.cuda.get_device_capability(device)
+        if cap < (7, 0):
+            return False, f"inductor's Triton backend needs compute capability >= 7.0, this GPU is {cap[0]}.{cap[1]}"
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return False, "Triton is not installed (pip install triton, or use a Linux CUDA build of torch)"
+        return True, "Triton available"
+    compiler = next((c for c in ("c++", "g++", "clang++", "cl") if shutil.which(c)), None)
+    if compiler is None:
+        return False, "no C++ compiler on PATH: inductor's CPU backend needs one (e.g. apt install g++)"
+    return True, f"C++ compiler {compiler} found"
+
+
+def sdpa_backends(device: torch.device, dtype: torch.dtype | None = None) -> dict[str, str]:
+    """Try each SDPA backend on a tiny causal attention and report 'ok' or why it cannot run.
+
+    ``dtype`` defaults to bf16 where native, fp16 on older GPUs, fp32 on CPU. Uses
+    ``torch.nn.attention.sdpa_kernel`` (PyTorch >= 2.3) to force one backend at a time.
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if dtype is None:
+        dtype = torch.float32 if device.type == "cpu" else (torch.bfloat16 if native_bf16(device) else torch.float16)
+    q = torch.randn(1, 2, 64, 64, device=device, dtype=dtype)
+    result = {}
+    for name in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"):
+        backend = getattr(SDPBackend, name, None)
+        if backend is None:
+            result[name.lower()] = "not in this torch version"
+            continue
+        try:
+            with warnings.catch_warnings(), sdpa_kernel(backend):
+                warnings.simplefilter("ignore")
+                torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+            result[name.lower()] = "ok"
+        except RuntimeError as e:
+            result[name.lower()] = "unavailable: " + str(e).split("\n")[0][:120]
+    return result
+
+
+def native_bf16(device: torch.device) -> bool:
+    """True when bf16 math is native: CUDA compute capability >= 8.0 (Ampere+), or a CPU.
+
+    ``torch.cuda.is_bf16_supported()`` alone is not enough: it can say True on a T4 (sm75), where
+    bf16 is emulated and slow.
+    """
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device) >= (8, 0)
+    return device.type == "cpu"
+
+
+def tf32_supported(device: torch.device) -> bool:
+    """TF32 tensor-core matmuls exist on NVIDIA GPUs of compute capability >= 8.0 only."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def default_device() -> torch.device:
+    """``cuda`` when a CUDA GPU is visible, else ``cpu``."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@dataclass
+class DeviceSummary:
+    """What this device is and supports (see :func:`summary`)."""
+
+    device: str
+    name: str
+    capability: tuple[int, int] | None
+    total_memory_bytes: int | None
+    native_bf16: bool
+    tf32: bool
+    compile_ok: bool
+    compile_reason: str
+    sdpa: dict[str, str] = field(default_factory=dict)
+    torch_version: str = torch.__version__
+    cuda_version: str | None = torch.version.cuda
+    profile: str | None = None
+
+    def one_line(self) -> str:
+        """A one-line summary for the top of every notebook."""
+        if self.device == "cpu":
+            return f"CPU ({self.name}), torch {self.torch_version}: no GPU, notebooks use the small CPU config"
+        mem = f"{self.total_memory_bytes / 2**30:.0f} GiB"
+        cap = f"sm{self.capability[0]}{self.capability[1]}"
+        return (
+            f"{self.name} ({cap}, {mem}), torch {self.torch_version}, CUDA {self.cuda_version}; "
+            f"bf16 {'native' if self.native_bf16 else 'no'}, TF32 {'yes' if self.tf32 else 'no'}, "
+            f"compile {'yes' if self.compile_ok else 'no'}"
+        )
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def summary(device: str | torch.device | None = None, probe_sdpa: bool = True) -> DeviceSummary:
+    """Describe ``device`` (default: :func:`default_device`)."""
+    device = torch.device(device) if device is not None else default_device()
+    ok, reason = compile_support(device)
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        prof = match_profile(props.name, props.total_memory)
+        s = DeviceSummary(
+            device="cuda", name=props.name, capability=(props.major, props.minor),
+            total_memory_bytes=props.total_memory, native_bf16=native_bf16(device),
+            tf32=tf32_supported(device), compile_ok=ok, compile_reason=reason,
+            profile=prof.key if prof else None,
+        )
+    else:
+        s = DeviceSummary(
+            device=device.type, name=platform.processor() or platform.machine(), capability=None,
+            total_memory_bytes=None, native_bf16=native_bf16(device), tf32=False,
+            compile_ok=ok, compile_reason=reason,
+        )
+    if probe_sdpa:
+        s.sdpa = sdpa_backends(device)
+    return s

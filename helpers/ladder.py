@@ -1,0 +1,212 @@
+"""The speed-up ladder: the course's main job (``python -m helpers.ladder``).
+
+Each rung adds one switch to the rung before it and times the same full training step on real
+Tiny Shakespeare batches. On a GPU the model is GPT-2 124M at T=1024; on a CPU it is the small
+configuration of :func:`helpers.train.small_model_config`. A rung this hardware cannot run is
+reported as ``skipped`` with the reason, never run in another mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+from helpers import data, hardware, memory, timing
+from helpers.model import GPTConfig, flops_per_token
+from helpers.train import RunConfig, build, default_shapes, unsupported_reason
+
+# (name, switches added on top of the previous rung)
+RUNGS: list[tuple[str, dict]] = [
+    ("fp32", dict(matmul_precision="fp32", autocast=None, compile=None, attention="manual", vocab_multiple=1, optimizer="foreach")),
+    ("+ tf32", dict(matmul_precision="tf32")),
+    ("+ bf16 autocast", dict(autocast="bf16")),
+    ("+ torch.compile", dict(compile="default")),
+    ("+ sdpa attention", dict(attention="sdpa")),
+    ("+ vocab 50304", dict(vocab_multiple=64)),
+    ("+ fused AdamW", dict(optimizer="fused")),
+]
+
+
+def ladder_configs(
+    batch_size: int, seq_len: int, compile_mode: str = "default", device: torch.device | str | None = None
+) -> list[tuple[RunConfig, str | None]]:
+    """The ladder as cumulative RunConfigs, each with the reason it cannot run here (None if it can).
+
+    Rung i = rung i-1 + one switch. A switch ``device`` cannot run (e.g. TF32 on a CPU) makes its
+    rung skipped and is *not* carried into the later rungs, which build on the last runnable one.
+    """
+    device = torch.device(device) if device is not None else None
+    configs, current = [], RunConfig(batch_size=batch_size, seq_len=seq_len)
+    for name, changes in RUNGS:
+        if changes.get("compile") is not None:
+            changes = {**changes, "compile": compile_mode}
+        candidate = current.replace(name=name, **changes)
+        reason = unsupported_reason(candidate, device) if device is not None else None
+        configs.append((candidate, reason))
+        if reason is None:
+            current = candidate
+    return configs
+
+
+def run_rung(
+    run: RunConfig, model_config: GPTConfig, device: torch.device, tokens: torch.Tensor, warmup: int, iters: int
+) -> dict:
+    """Build ``run``, time ``iters`` steps after ``warmup``, and return one result row
+    (``status`` "measured", "skipped" with the hardware reason, or "failed" with the error)."""
+    row = {"name": run.name, "status": "skipped", "ms_per_step": None, "tokens_per_s": None, "speedup": None,
+           "mfu": None, "peak_mem_bytes": None, "first_step_ms": None, "loss": None, "reason": None,
+           "switches": {k: v for k, v in run.__dict__.items() if k not in ("name",)}}
+    reason = unsupported_reason(run, device)
+    if reason is not None:
+        row["reason"] = reason
+        return row
+    trainer = None
+    try:
+        memory.reset_peak(device)
+        trainer = build(run, model_config, device)
+        loader = data.BatchLoader(tokens, run.batch_size, run.seq_len, device)
+        losses = []
+        t = timing.measure(lambda: losses.append(trainer.step(loader)), device, warmup=warmup, iters=iters)
+        row["peak_mem_bytes"] = memory.peak_bytes(device)
+        row["loss"] = float(losses[-1])
+        row["first_step_ms"] = t.warmup_ms[0] if t.warmup_ms else None
+        row["ms_per_step"] = t.median_ms
+        row["spread_pct"] = t.spread_pct
+        row["tokens_per_s"] = timing.tokens_per_second(run.tokens_per_step, t.median_ms)
+        peak, peak_src = timing.peak_flops(device)
+        row["mfu"], mfu_reason = timing.mfu(flops_per_token(model_config, run.seq_len), row["tokens_per_s"], peak)
+        row["status"] = "measured"
+        row["reason"] = "ok" if row["mfu"] is not None else f"MFU not reported: {mfu_reason}"
+        if peak is not None:
+            row["peak_source"] = peak_src
+    except torch.cuda.OutOfMemoryError as e:
+        row["status"], row["reason"] = "failed", f"out of memory at B={run.batch_size}: {str(e).splitlines()[0][:200]}"
+    except Exception as e:  # a rung that breaks is reported, never faked
+        row["status"], row["reason"] = "failed", f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+    finally:
+        del trainer
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        torch._dynamo.reset()
+    return row
+
+
+def run_ladder(
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+    device: str | torch.device | None = None,
+    warmup: int = 3,
+    iters: int = 10,
+    rungs: list[str] | None = None,
+    compile_mode: str = "default",
+    progress: bool = True,
+) -> dict:
+    """Run the ladder and return the results dict (see README for its shape)."""
+    from tqdm.auto import tqdm
+
+    device = torch.device(device) if device is not None else hardware.default_device()
+    model_config, default_b, default_t = default_shapes(device)
+    B = batch_size or default_b
+    T = seq_len or default_t
+    if T > model_config.block_size:
+        raise ValueError(f"--seq-len {T} > block_size {model_config.block_size} of the {device.type} model config")
+    tokens = data.load_tokens()
+    configs = [run for run, _ in ladder_configs(B, T, compile_mode, device)]
+    if rungs:
+        unknown = set(rungs) - {c.name for c in configs} - {c.name.lstrip("+ ") for c in configs}
+        if unknown:
+            raise ValueError(f"unknown rung(s) {sorted(unknown)}; rungs are {[c.name for c in configs]}")
+        configs = [c for c in configs if c.name in rungs or c.name.lstrip("+ ") in rungs]
+    rows = []
+    for run in tqdm(configs, desc="ladder", disable=not progress):
+        rows.append(run_rung(run, model_config, device, tokens, warmup, iters))
+    base = next((r["ms_per_step"] for r in rows if r["status"] == "measured"), None)
+    for r in rows:
+        if r["status"] == "measured" and base is not None:
+            r["speedup"] = base / r["ms_per_step"]
+    summ = hardware.summary(device, probe_sdpa=False)
+    return {
+        "device": summ.name if device.type == "cuda" else f"cpu ({summ.name})",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "date": datetime.date.today().isoformat(),
+        "config": {
+            "model": {k: v for k, v in model_config.__dict__.items() if k not in ("attention", "vocab_multiple")},
+            "batch_size": B, "seq_len": T, "warmup_steps": warmup, "timed_steps": iters,
+            "data": "Tiny Shakespeare, GPT-2 BPE, sequential batches",
+            "step": "zero_grad, forward+loss, backward, clip_grad_norm_(1.0), AdamW step",
+            "timing": "median of timed steps; CUDA events on GPU, perf_counter on CPU",
+            "flops_per_token": flops_per_token(model_config, T),
+        },
+        "rungs": rows,
+    }
+
+
+def format_table(results: dict) -> str:
+    """The results as a fixed-width text table (one line per rung)."""
+    head = f"{'rung':<20} {'status':<9} {'ms/step':>9} {'tokens/s':>11} {'speed-up':>8} {'MFU':>6} {'peak mem':>10}  note"
+    lines = [f"{results['device']} | torch {results['torch']} | B={results['config']['batch_size']} "
+             f"T={results['config']['seq_len']} | {results['date']}", head, "-" * len(head)]
+    for r in results["rungs"]:
+        if r["status"] == "measured":
+            mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
+            note = "" if r["reason"] == "ok" else r["reason"]
+            lines.append(f"{r['name']:<20} {r['status']:<9} {r['ms_per_step']:>9.1f} {r['tokens_per_s']:>11,.0f} "
+                         f"{r['speedup']:>7.2f}x {mfu:>6} {memory.format_bytes(r['peak_mem_bytes']):>10}  {note}")
+        else:
+            lines.append(f"{r['name']:<20} {r['status']:<9} {'-':>9} {'-':>11} {'-':>8} {'-':>6} {'-':>10}  {r['reason']}")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m helpers.ladder",
+        description="Time the GPT-2 speed-up ladder on this machine (real Tiny Shakespeare batches). "
+        "GPU: GPT-2 124M at T=1024. CPU: the small course configuration.",
+    )
+    p.add_argument("--batch-size", type=int, default=None, help="B, sequences per step (default: 16 on a GPU, 4 on a CPU)")
+    p.add_argument("--seq-len", type=int, default=None, help="T, tokens per sequence (default: 1024 on a GPU, 128 on a CPU)")
+    p.add_argument("--device", default=None, help="'cuda', 'cuda:1' or 'cpu' (default: cuda if available)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps per rung (default 3; compile happens here)")
+    p.add_argument("--iters", type=int, default=10, help="timed steps per rung; the median is reported (default 10)")
+    p.add_argument("--rungs", nargs="*", default=None, help="run only these rungs, by name (default: all)")
+    p.add_argument("--compile-mode", default="default", choices=["default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead"],
+                   help="torch.compile mode of the compiled rungs (default: 'default')")
+    p.add_argument("--out", type=Path, default=None, help="write the results as JSON to this file")
+    p.add_argument("--plot", type=Path, default=None, help="save a bar chart of ms/step per rung to this PNG file")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        results = run_ladder(args.batch_size, args.seq_len, args.device, args.warmup, args.iters, args.rungs,
+                             args.compile_mode, progress=not args.no_progress)
+    except (ValueError, data.paths.DataFileError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(format_table(results))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"wrote {args.out}")
+    if args.plot:
+        from helpers import plots
+
+        plots.ladder_bars(results, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

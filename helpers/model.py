@@ -1,0 +1,279 @@
+"""GPT-2 (124M): the one model of the course.
+
+The architecture of Radford et al. 2019, "Language Models are Unsupervised Multitask Learners"
+(https://cdn.openai.com/better-language-models/language_models_are_unsupervised_multitask_learners.pdf):
+pre-LayerNorm transformer blocks, GELU (tanh approximation), learned position embeddings, and the
+token embedding tied to the LM head. Two switches change its speed, never its function:
+
+- ``GPTConfig.attention``: ``"manual"`` materialises the (T, T) score matrix with a causal mask;
+  ``"sdpa"`` calls ``F.scaled_dot_product_attention(..., is_causal=True)``, which lets PyTorch pick a
+  fused kernel (FlashAttention, memory-efficient, cuDNN) that never stores the scores.
+- ``GPTConfig.vocab_multiple``: pads the embedding / LM-head rows from 50257 up to a multiple
+  (64 -> 50304) so the LM-head matmul has tensor-core friendly shapes. Targets never reach the padded
+  ids, training pushes their logits down, and :meth:`GPT.generate` masks them out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+GPT2_VOCAB_SIZE = 50257  # 50,000 BPE merges + 256 byte tokens + <|endoftext|>
+ATTENTION_KINDS = ("manual", "sdpa")
+
+
+def pad_to_multiple(n: int, multiple: int) -> int:
+    """Smallest integer >= ``n`` that is a multiple of ``multiple`` (``pad_to_multiple(50257, 64) == 50304``).
+
+    Raises:
+        ValueError: if ``n`` < 1 or ``multiple`` < 1.
+    """
+    if n < 1 or multiple < 1:
+        raise ValueError(f"pad_to_multiple needs n >= 1 and multiple >= 1, got n={n}, multiple={multiple}")
+    return ((n + multiple - 1) // multiple) * multiple
+
+
+@dataclass
+class GPTConfig:
+    """Shape of the model. The defaults *are* GPT-2 124M."""
+
+    block_size: int = 1024  # longest sequence (T) the position embedding covers
+    vocab_size: int = GPT2_VOCAB_SIZE  # real vocabulary: ids 0..vocab_size-1 exist in the tokenizer
+    vocab_multiple: int = 1  # pad embedding/LM-head rows to a multiple of this (1 = no padding)
+    n_layer: int = 12  # transformer blocks (L)
+    n_head: int = 12  # attention heads per block (H)
+    n_embd: int = 768  # residual stream width (C); head size Q = n_embd // n_head = 64
+    attention: str = "manual"  # "manual" (T x T scores in memory) or "sdpa"
+    dropout: float = 0.0  # GPT-2 pre-training used 0.1; speed work uses 0 (no RNG in the step)
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_KINDS:
+            raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {self.attention!r}")
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the embedding / LM head: ``vocab_size`` rounded up to ``vocab_multiple``."""
+        return pad_to_multiple(self.vocab_size, self.vocab_multiple)
+
+    @property
+    def head_size(self) -> int:
+        return self.n_embd // self.n_head
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention with a fused QKV projection."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.n_head = config.n_head
+        self.n_embd = config.n_embd
+        self.attention = config.attention
+        self.dropout = config.dropout
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v in one matmul
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+        self.c_proj.RESIDUAL_SCALE_INIT = True  # GPT-2 scales this init by 1/sqrt(2 * n_layer)
+        self.attn_dropout = nn.Dropout(config.dropout)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        if config.attention == "manual":
+            mask = torch.tril(torch.ones(config.block_size, config.block_size, dtype=torch.bool))
+            self.register_buffer("causal_mask", mask.view(1, 1, config.block_size, config.block_size), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.size()  # (B, T, C)
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)  # 3 x (B, T, C)
+        hs = C // self.n_head
+        q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        if self.attention == "sdpa":
+            y = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+            )  # (B, nh, T, hs); no (T, T) tensor is kept for backward by the fused kernels
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, T)
+            att = att.masked_fill(~self.causal_mask[:, :, :T, :T], float("-inf"))
+            att = F.softmax(att, dim=-1)
+            att = self.attn_dropout(att)
+            y = att @ v  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward: C -> 4C -> GELU(tanh) -> C."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.gelu = nn.GELU(approximate="tanh")  # GPT-2 used the tanh approximation
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+        self.c_proj.RESIDUAL_SCALE_INIT = True
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))  # (B, T, C)
+
+
+class Block(nn.Module):
+    """One pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))  # (B, T, C)
+        x = x + self.mlp(self.ln_2(x))  # (B, T, C)
+        return x
+
+
+class GPT(nn.Module):
+    """GPT-2 language model.
+
+    ``forward(idx, targets=None) -> (logits, loss)``:
+        idx: (B, T) int64 token ids, T <= block_size.
+        targets: optional (B, T) int64 next-token ids (ids < vocab_size).
+        logits: (B, T, padded_vocab_size) in the compute dtype (fp32, or bf16/fp16 under autocast).
+        loss: scalar fp32 mean cross-entropy in nats, or None without targets.
+    Raises ValueError when T > block_size.
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.padded_vocab_size, config.n_embd),  # token embedding
+                wpe=nn.Embedding(config.block_size, config.n_embd),  # position embedding
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                ln_f=nn.LayerNorm(config.n_embd),
+            )
+        )
+        self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying (Press & Wolf 2017)
+        self.apply(self._init_weights)
+        # The tied token embedding is initialised last, real rows first, so the random stream of every
+        # other weight is the same with and without vocab padding. Padded rows start at zero: their
+        # logits start at 0 and training pushes them down (targets never hit them).
+        with torch.no_grad():
+            wte = self.transformer.wte.weight
+            wte[: config.vocab_size].normal_(mean=0.0, std=0.02)
+            wte[config.vocab_size :].zero_()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        # GPT-2 init: N(0, 0.02) for weights, zeros for biases; residual projections scaled by
+        # 1/sqrt(2 * n_layer) because each block adds two of them to the residual stream.
+        if module is self.lm_head or module is self.transformer.wte:
+            return  # the tied embedding is initialised in __init__
+        if isinstance(module, nn.Linear):
+            std = 0.02
+            if getattr(module, "RESIDUAL_SCALE_INIT", False):
+                std *= (2 * self.config.n_layer) ** -0.5
+            torch.nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        B, T = idx.size()  # (B, T)
+        if T > self.config.block_size:
+            raise ValueError(
+                f"Sequence length T={T} is larger than block_size={self.config.block_size}: "
+                f"use T <= {self.config.block_size} (crop the input) or build a GPTConfig with a larger block_size."
+            )
+        pos = torch.arange(0, T, dtype=torch.long, device=idx.device)  # (T,)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
+        x = self.transformer.drop(x)
+        for block in self.transformer.h:
+            x = block(x)  # (B, T, C)
+        x = self.transformer.ln_f(x)  # (B, T, C)
+        logits = self.lm_head(x)  # (B, T, V_padded)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
+        return logits, loss
+
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = 50,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Sample ``max_new_tokens`` tokens after ``idx`` (B, T0) int64; returns (B, T0 + max_new_tokens).
+
+        Logits of padded ids (>= vocab_size) are set to -inf before sampling, so a padded model never
+        returns an id the tokenizer cannot decode. ``top_k`` keeps the k most likely ids (None = all).
+        """
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        was_training = self.training
+        self.eval()
+        V = self.config.vocab_size
+        for _ in range(max_new_tokens):
+            idx_cond = idx[:, -self.config.block_size :]  # crop to the context window
+            logits, _ = self(idx_cond)
+            logits = logits[:, -1, :].float() / temperature  # (B, V_padded)
+            logits[:, V:] = float("-inf")  # padded ids do not exist in the tokenizer
+            if top_k is not None:
+                k = min(top_k, V)
+                v, _ = torch.topk(logits, k)
+                logits[logits < v[:, [-1]]] = float("-inf")
+            probs = F.softmax(logits, dim=-1)
+            idx_next = torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
+            idx = torch.cat((idx, idx_next), dim=1)
+        self.train(was_training)
+        return idx
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of distinct parameters (a tied weight counted once). GPT-2 124M: 124,439,808."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def parameter_breakdown(model: GPT) -> dict[str, int]:
+    """Parameters by part: embeddings (token, position), attention, MLP, LayerNorms. Sums to the total."""
+    parts = {"token embedding (tied LM head)": 0, "position embedding": 0, "attention": 0, "mlp": 0, "layernorm": 0}
+    for name, p in model.named_parameters():
+        if name.startswith("transformer.wte"):
+            parts["token embedding (tied LM head)"] += p.numel()
+        elif name.startswith("transformer.wpe"):
+            parts["position embedding"] += p.numel()
+        elif ".attn." in name:
+            parts["attention"] += p.numel()
+        elif ".mlp." in name:
+            parts["mlp"] += p.numel()
+        else:
+            parts["layernorm"] += p.numel()
+    return parts
+
+
+def flops_per_token(config: GPTConfig, seq_len: int | None = None) -> int:
+    """Training FLOPs per token (forward + backward) = 6N + 12·L·H·Q·T.
+
+    N counts the non-embedding-position parameters of the *unpadded* model (token embedding /
+    LM head included, position embedding excluded), so padding the vocab does not inflate MFU.
+    L = n_layer, H = n_head, Q = head size, T = sequence length (block_size if None).
+    Source: Chowdhery et al. 2022, "PaLM", Appendix B (https://arxiv.org/abs/2204.02311); the same
+    estimate as nanoGPT's ``estimate_mfu``. GPT-2 124M at T=1024: 855,166,464 FLOPs per token.
+    """
+    T = config.block_size if seq_len is None else seq_len
+    C, L = config.n_embd, config.n_layer
+    per_block = 12 * C * C + 13 * C  # attn 4C^2+4C, mlp 8C^2+5C, two LayerNorms 4C
+    n = config.vocab_size * C + L * per_block + 2 * C  # + final LayerNorm
+    return 6 * n + 12 * L * config.n_head * config.head_size * T

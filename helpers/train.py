@@ -1,0 +1,258 @@
+"""One training step whose speed is set by switches, and a short real training run.
+
+:class:`RunConfig` holds every switch of the course; :func:`build` turns one into a
+:class:`Trainer` (model + AdamW + step). The step is always the same work:
+zero_grad -> forward + loss (under autocast if asked) -> backward (GradScaler for fp16) ->
+clip_grad_norm_ -> AdamW step. Nothing in the step reads a value back to the host, so timing it
+measures the GPU, not a host sync.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+from helpers import hardware
+from helpers.model import GPT, GPTConfig
+
+PRECISIONS = ("fp32", "tf32")
+AUTOCASTS = (None, "bf16", "fp16")
+COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+OPTIMIZERS = ("for-loop", "foreach", "fused")
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class RunConfig:
+    """Every speed switch of the course, plus the batch shape and AdamW hyper-parameters."""
+
+    name: str = "fp32"
+    matmul_precision: str = "fp32"  # "fp32": TF32 off ('highest'); "tf32": TF32 matmuls ('high')
+    autocast: str | None = None  # None, "bf16", or "fp16" (fp16 adds a GradScaler)
+    compile: str | None = None  # None = eager, else a torch.compile mode ("default", ...)
+    attention: str = "manual"  # "manual" or "sdpa" (see helpers.model)
+    vocab_multiple: int = 1  # 1 = 50257 rows; 64 -> 50304
+    optimizer: str = "foreach"  # AdamW implementation: "for-loop", "foreach" or "fused"
+    batch_size: int = 16  # B: sequences per micro-step
+    seq_len: int = 1024  # T: tokens per sequence
+    grad_accum_steps: int = 1  # micro-steps per optimizer step
+    grad_clip: float | None = 1.0  # max global grad norm (None = no clipping)
+    lr: float = 6e-4
+    weight_decay: float = 0.1  # applied to 2-D weights only
+    betas: tuple[float, float] = (0.9, 0.95)
+    seed: int = 1337
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("matmul_precision", self.matmul_precision, PRECISIONS),
+            ("autocast", self.autocast, AUTOCASTS),
+            ("compile", self.compile, COMPILE_MODES),
+            ("optimizer", self.optimizer, OPTIMIZERS),
+        ]
+        for name, value, allowed in checks:
+            if value not in allowed:
+                raise ValueError(f"RunConfig.{name} must be one of {allowed}, got {value!r}")
+        if self.grad_accum_steps < 1:
+            raise ValueError(f"grad_accum_steps must be >= 1, got {self.grad_accum_steps}")
+
+    def replace(self, **changes) -> "RunConfig":
+        """A copy with some switches changed (``cfg.replace(name="tf32", matmul_precision="tf32")``)."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.seq_len * self.grad_accum_steps
+
+
+def small_model_config() -> GPTConfig:
+    """The CPU configuration, chosen in this one place: the GPT-2 architecture and real vocabulary,
+    2 layers of width 128 and a 128-token context, so each notebook runs in seconds on 2 cores."""
+    return GPTConfig(block_size=128, n_layer=2, n_head=4, n_embd=128)
+
+
+def default_shapes(device: torch.device | str) -> tuple[GPTConfig, int, int]:
+    """(model config, batch size B, sequence length T) for ``device``: GPT-2 124M with B=16,
+    T=1024 on CUDA; :func:`small_model_config` with B=4, T=128 on a CPU."""
+    if torch.device(device).type == "cuda":
+        return GPTConfig(), 16, 1024
+    return small_model_config(), 4, 128
+
+
+def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None:
+    """Why ``run`` cannot run as asked on ``device`` (None if it can). Never silently substituted."""
+    device = torch.device(device)
+    if run.matmul_precision == "tf32" and not hardware.tf32_supported(device):
+        where = "a CPU" if device.type == "cpu" else f"compute capability {torch.cuda.get_device_capability(device)}"
+        return f"TF32 needs an NVIDIA GPU of compute capability >= 8.0; this device is {where}"
+    if run.autocast == "bf16" and device.type == "cuda" and not hardware.native_bf16(device):
+        return "bf16 is not native below compute capability 8.0 (emulated, slow): use autocast='fp16' + GradScaler"
+    if run.compile is not None:
+        ok, reason = hardware.compile_support(device)
+        if not ok:
+            return f"torch.compile unavailable: {reason}"
+        if run.compile in ("reduce-overhead",) and device.type != "cuda":
+            return "mode 'reduce-overhead' uses CUDA graphs: CUDA only"
+    if run.optimizer == "fused" and device.type not in ("cuda", "cpu"):
+        return f"fused AdamW is not implemented for device type {device.type}"
+    return None
+
+
+def make_optimizer(model: torch.nn.Module, run: RunConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on 2-D weights only (matmul weights, embeddings), none on biases and
+    LayerNorm gains; implementation chosen by ``run.optimizer`` (for-loop / foreach / fused)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": run.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    impl = {"for-loop": dict(foreach=False), "foreach": dict(foreach=True), "fused": dict(fused=True)}[run.optimizer]
+    return torch.optim.AdamW(groups, lr=run.lr, betas=run.betas, eps=1e-8, **impl)
+
+
+@dataclass
+class Trainer:
+    """Model, optimizer and the step of one RunConfig on one device (made by :func:`build`)."""
+
+    run: RunConfig
+    model_config: GPTConfig
+    device: torch.device
+    model: GPT  # the eager module (parameters live here)
+    forward: torch.nn.Module  # what the step calls: the model, or its compiled wrapper
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler | None
+    compile_fallback: bool = False
+    notes: list[str] = field(default_factory=list)  # fallbacks taken, printed by callers
+
+    def autocast(self):
+        """The autocast context of this run (a no-op context for fp32/tf32)."""
+        if self.run.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=_DTYPES[self.run.autocast])
+
+    def _apply_precision(self) -> None:
+        # Global switch: set before every step so that two Trainers in one process cannot leak it.
+        torch.set_float32_matmul_precision("highest" if self.run.matmul_precision == "fp32" else "high")
+
+    def _micro_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with self.autocast():
+            _, loss = self.forward(x, y)
+        loss = loss / self.run.grad_accum_steps  # mean over micro-steps, not a sum
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+        else:
+            loss.backward()
+        return loss.detach()
+
+    def step(self, batches) -> torch.Tensor:
+        """One optimizer step over ``grad_accum_steps`` micro-batches.
+
+        ``batches``: a :class:`helpers.data.BatchLoader` (or anything with ``next_batch()``)
+        yielding (x, y) of shape (B, T) int64 on this device. Returns the mean loss as a detached
+        0-d fp32 tensor on the device (reading it with ``.item()`` is the caller's choice: a sync).
+        """
+        self._apply_precision()
+        self.optimizer.zero_grad(set_to_none=True)
+        total = None
+        for _ in range(self.run.grad_accum_steps):
+            x, y = batches.next_batch()
+            try:
+                loss = self._micro_step(x, y)
+            except Exception as e:  # only compile failures are turned into a fallback
+                if not (self.compile_fallback and self.forward is not self.model and _is_compile_error(e)):
+                    raise
+                self.notes.append(f"torch.compile failed ({type(e).__name__}); fell back to eager")
+                self.forward = self.model
+                self.optimizer.zero_grad(set_to_none=True)
+                loss = self._micro_step(x, y)
+            total = loss if total is None else total + loss
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
+        if self.run.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.run.grad_clip)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)  # skips the step if any gradient is inf/nan
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        return total
+
+
+def _is_compile_error(e: Exception) -> bool:
+    mod = type(e).__module__
+    return mod.startswith("torch._dynamo") or mod.startswith("torch._inductor") or "BackendCompilerFailed" in type(e).__name__
+
+
+def build(
+    run: RunConfig,
+    model_config: GPTConfig | None = None,
+    device: torch.device | str | None = None,
+    compile_fallback: bool = False,
+) -> Trainer:
+    """Build model, AdamW and step for ``run`` on ``device``.
+
+    The model is initialised on the CPU from ``run.seed`` (so every switch and every device starts
+    from the same weights), then moved to ``device``. ``run.attention`` and ``run.vocab_multiple``
+    override the same fields of ``model_config``. Compiled runs call ``torch._dynamo.reset()`` first,
+    so a graph compiled for an earlier model is never reused.
+
+    Raises:
+        ValueError: if the hardware cannot run ``run`` as asked (see :func:`unsupported_reason`),
+            or ``run.seq_len`` > block_size.
+    """
+    device = torch.device(device) if device is not None else hardware.default_device()
+    reason = unsupported_reason(run, device)
+    if reason is not None:
+        raise ValueError(f"RunConfig '{run.name}' cannot run on {device}: {reason}")
+    base = model_config if model_config is not None else default_shapes(device)[0]
+    cfg = dataclasses.replace(base, attention=run.attention, vocab_multiple=run.vocab_multiple)
+    if run.seq_len > cfg.block_size:
+        raise ValueError(f"seq_len={run.seq_len} > block_size={cfg.block_size}: lower seq_len.")
+    torch.manual_seed(run.seed)
+    model = GPT(cfg).to(device)
+    model.train()
+    forward: torch.nn.Module = model
+    if run.compile is not None:
+        torch._dynamo.reset()  # a fresh graph for every compiled build
+        forward = torch.compile(model, mode=None if run.compile == "default" else run.compile)
+    scaler = torch.amp.GradScaler(device.type) if run.autocast == "fp16" else None
+    return Trainer(run, cfg, device, model, forward, make_optimizer(model, run), scaler, compile_fallback)
+
+
+@dataclass
+class TrainResult:
+    losses: list[float]  # loss of every step, nats
+    trainer: Trainer
+
+
+def train(
+    run: RunConfig,
+    steps: int,
+    model_config: GPTConfig | None = None,
+    device: torch.device | str | None = None,
+    loader=None,
+    progress: bool = True,
+    compile_fallback: bool = True,
+) -> TrainResult:
+    """A short real training run on Tiny Shakespeare; returns the loss of every step.
+
+    ``loader`` defaults to a :class:`helpers.data.BatchLoader` over the whole text with the run's
+    B and T. A tqdm.auto progress bar shows the loss (disable with ``progress=False``). A failing
+    torch.compile falls back to eager, and says so in ``trainer.notes`` and on the bar.
+    """
+    from tqdm.auto import tqdm
+
+    from helpers import data
+
+    trainer = build(run, model_config, device, compile_fallback=compile_fallback)
+    if loader is None:
+        loader = data.BatchLoader(data.load_tokens(), run.batch_size, run.seq_len, trainer.device)
+    losses = []
+    bar = tqdm(range(steps), desc=run.name, disable=not progress)
+    for _ in bar:
+        losses.append(trainer.step(loader).item())
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    for note in trainer.notes:
+        print(f"[{run.name}] {note}")
+    return TrainResult(losses, trainer)
