@@ -150,6 +150,9 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
+        # One seed drawn from the global RNG before any module exists (so torch.manual_seed fixes the
+        # model), then a private generator: the weights do not depend on what construction consumed.
+        init_seed = int(torch.randint(0, 2**31 - 1, (1,), device="cpu").item())
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(config.padded_vocab_size, config.n_embd),  # token embedding
@@ -161,29 +164,34 @@ class GPT(nn.Module):
         )
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying (Press & Wolf 2017)
-        self.apply(self._init_weights)
-        # The tied token embedding is initialised last, real rows first, so the random stream of every
-        # other weight is the same with and without vocab padding. Padded rows start at zero: their
-        # logits start at 0 and training pushes them down (targets never hit them).
-        with torch.no_grad():
-            wte = self.transformer.wte.weight
-            wte[: config.vocab_size].normal_(mean=0.0, std=0.02)
-            wte[config.vocab_size :].zero_()
+        self._init_weights(init_seed)
 
-    def _init_weights(self, module: nn.Module) -> None:
-        # GPT-2 init: N(0, 0.02) for weights, zeros for biases; residual projections scaled by
-        # 1/sqrt(2 * n_layer) because each block adds two of them to the residual stream.
-        if module is self.lm_head or module is self.transformer.wte:
-            return  # the tied embedding is initialised in __init__
-        if isinstance(module, nn.Linear):
-            std = 0.02
-            if getattr(module, "RESIDUAL_SCALE_INIT", False):
-                std *= (2 * self.config.n_layer) ** -0.5
-            torch.nn.init.normal_(module.weight, mean=0.0, std=std)
-            if module.bias is not None:
-                torch.nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+    @torch.no_grad()
+    def _init_weights(self, seed: int) -> None:
+        """GPT-2 init: N(0, 0.02) weights, zero biases, LayerNorm (1, 0); residual projections
+        (attn.c_proj, mlp.c_proj) get std 0.02/sqrt(2*n_layer) because each block adds two of them
+        to the residual stream (GPT-2 paper, section 2.3).
+
+        The tied token embedding is drawn last, real rows first, so every other weight is identical
+        with and without vocab padding; padded rows start at zero (their logits start at 0 and
+        training pushes them down, since targets never hit them)."""
+        device = self.lm_head.weight.device
+        gen = None if device.type == "meta" else torch.Generator(device=device).manual_seed(seed)
+        for module in self.modules():
+            if module is self.lm_head or module is self.transformer.wte:
+                continue
+            if isinstance(module, nn.Linear):
+                std = 0.02
+                if getattr(module, "RESIDUAL_SCALE_INIT", False):
+                    std *= (2 * self.config.n_layer) ** -0.5
+                module.weight.normal_(0.0, std, generator=gen)
+                if module.bias is not None:
+                    module.bias.zero_()
+            elif isinstance(module, nn.Embedding):
+                module.weight.normal_(0.0, 0.02, generator=gen)
+        wte = self.transformer.wte.weight
+        wte[: self.config.vocab_size].normal_(0.0, 0.02, generator=gen)
+        wte[self.config.vocab_size :].zero_()
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None

@@ -1,0 +1,99 @@
+import pytest
+import torch
+
+from helpers import data, paths
+
+
+def test_whole_text_is_338_025_tokens():
+    tokens = data.load_tokens()
+    assert tokens.shape == (data.SHAKESPEARE_TOKENS,)
+    assert tokens.dtype == torch.int64
+
+
+def test_batches_are_shifted_by_one_and_wrap_around():
+    tokens = torch.arange(100)
+    loader = data.BatchLoader(tokens, batch_size=2, seq_len=10)
+    x, y = loader.next_batch()
+    assert x.shape == y.shape == (2, 10) and x.dtype == torch.int64
+    assert torch.equal(y, x + 1)
+    seen = [loader.next_batch()[0][0, 0].item() for _ in range(5)]
+    assert seen == [20, 40, 60, 0, 20]  # 80 + 21 > 100 tokens: wraps to the start
+
+
+def test_too_few_tokens_for_one_batch_is_a_clear_error():
+    with pytest.raises(ValueError, match="lower B or T"):
+        data.BatchLoader(torch.arange(10), batch_size=2, seq_len=10)
+
+
+def test_corrupted_offline_text_is_never_used(tmp_path, monkeypatch):
+    (tmp_path / data.SHAKESPEARE_FILE).write_text("First Citizen:\nBefore we proceed")  # truncated
+    monkeypatch.setenv(paths.DATA_DIR_ENV, str(tmp_path))
+    with pytest.raises(paths.DataFileError, match="corrupted or truncated"):
+        data.shakespeare_path()
+
+
+def test_missing_data_offline_says_how_to_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv(paths.DATA_DIR_ENV, str(tmp_path / "empty"))
+    monkeypatch.setenv(paths.CACHE_DIR_ENV, str(tmp_path / "cache"))
+
+    def no_network(*args, **kwargs):
+        raise OSError("network unreachable")
+
+    monkeypatch.setattr("urllib.request.urlopen", no_network)
+    with pytest.raises(paths.DataFileError) as e:
+        data.shakespeare_path()
+    assert "COURSE_DATA_DIR" in str(e.value) and "internet" in str(e.value)
+    assert not (tmp_path / "cache" / data.SHAKESPEARE_FILE).exists()
+
+
+def test_download_is_verified_and_cached(tmp_path, monkeypatch):
+    good = (paths.data_dir() / data.SHAKESPEARE_FILE).read_bytes()
+    monkeypatch.setenv(paths.DATA_DIR_ENV, "")
+    monkeypatch.setenv(paths.CACHE_DIR_ENV, str(tmp_path))
+    served = {"body": good[:5000]}  # first a truncated download, then the real file
+
+    class Response:
+        def __init__(self):
+            self.left = served["body"]
+
+        def read(self, n):
+            chunk, self.left = self.left[:n], self.left[n:]
+            return chunk
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+    monkeypatch.setattr("urllib.request.urlopen", lambda url, timeout: Response())
+    with pytest.raises(paths.DataFileError):
+        data.shakespeare_path()
+    assert not (tmp_path / data.SHAKESPEARE_FILE).exists()  # nothing corrupt left to train on
+    served["body"] = good
+    path = data.shakespeare_path()
+    assert path == tmp_path / data.SHAKESPEARE_FILE and path.read_bytes() == good
+
+
+def test_corrupted_cache_is_set_aside_and_fetched_again(tmp_path, monkeypatch):
+    good = (paths.data_dir() / data.SHAKESPEARE_FILE).read_bytes()
+    monkeypatch.setenv(paths.DATA_DIR_ENV, "")
+    monkeypatch.setenv(paths.CACHE_DIR_ENV, str(tmp_path))
+    (tmp_path / data.SHAKESPEARE_FILE).write_bytes(good[:-10])
+
+    class Response:
+        left = good
+
+        def read(self, n):
+            chunk, Response.left = Response.left[:n], Response.left[n:]
+            return chunk
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+    monkeypatch.setattr("urllib.request.urlopen", lambda url, timeout: Response())
+    assert data.shakespeare_path().read_bytes() == good
+    assert (tmp_path / (data.SHAKESPEARE_FILE + ".corrupt")).exists()

@@ -1,0 +1,49 @@
+import json
+
+from helpers import ladder
+from helpers.train import RunConfig
+
+
+def test_rungs_are_cumulative_and_skip_what_the_cpu_cannot_run():
+    configs = ladder.ladder_configs(4, 64, device="cpu")
+    names = [c.name for c, _ in configs]
+    assert names == ["fp32", "+ tf32", "+ bf16 autocast", "+ torch.compile", "+ sdpa attention", "+ vocab 50304", "+ fused AdamW"]
+    reasons = dict((c.name, r) for c, r in configs)
+    assert "TF32" in reasons["+ tf32"]
+    last = configs[-1][0]
+    # TF32 was skipped, so it is not carried into later rungs; everything else is.
+    assert (last.matmul_precision, last.autocast, last.compile, last.attention, last.vocab_multiple, last.optimizer) == (
+        "fp32", "bf16", "default", "sdpa", 64, "fused")
+
+
+def test_gpu_ladder_carries_every_switch():
+    configs = ladder.ladder_configs(16, 1024)
+    assert configs[-1][0] == RunConfig(name="+ fused AdamW", matmul_precision="tf32", autocast="bf16", compile="default",
+                                       attention="sdpa", vocab_multiple=64, optimizer="fused", batch_size=16, seq_len=1024)
+
+
+def test_cli_writes_results_json_and_plot(tmp_path, capsys):
+    out, plot = tmp_path / "r.json", tmp_path / "r.png"
+    rc = ladder.main(["--device", "cpu", "--batch-size", "2", "--seq-len", "32", "--warmup", "1", "--iters", "2",
+                      "--rungs", "fp32", "tf32", "sdpa attention", "--out", str(out), "--plot", str(plot), "--no-progress"])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert set(res) >= {"device", "torch", "date", "config", "rungs"}
+    assert res["config"]["batch_size"] == 2 and res["config"]["seq_len"] == 32
+    rows = {r["name"]: r for r in res["rungs"]}
+    for r in rows.values():
+        assert set(r) >= {"name", "status", "ms_per_step", "tokens_per_s", "speedup", "mfu", "peak_mem_bytes", "reason"}
+    assert rows["fp32"]["status"] == "measured" and rows["fp32"]["speedup"] == 1.0
+    assert rows["fp32"]["tokens_per_s"] > 0 and rows["fp32"]["mfu"] is None
+    assert rows["+ tf32"]["status"] == "skipped" and "TF32" in rows["+ tf32"]["reason"]
+    assert rows["+ sdpa attention"]["status"] == "measured"
+    assert plot.stat().st_size > 1000
+    text = capsys.readouterr().out
+    assert "fp32" in text and "skipped" in text
+
+
+def test_unknown_rung_and_too_long_sequence_are_clear_errors(capsys):
+    assert ladder.main(["--device", "cpu", "--rungs", "fp64"]) == 2
+    assert ladder.main(["--device", "cpu", "--seq-len", "4096"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown rung" in err and "block_size" in err

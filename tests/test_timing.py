@@ -1,0 +1,51 @@
+import time
+
+import pytest
+import torch
+
+from helpers import timing
+
+
+def test_warmup_steps_are_excluded_from_the_median():
+    calls = {"n": 0}
+
+    def step():
+        calls["n"] += 1
+        time.sleep(0.2 if calls["n"] == 1 else 0.005)  # a slow first call, like compile
+
+    t = timing.measure(step, "cpu", warmup=2, iters=5)
+    assert calls["n"] == 7
+    assert len(t.times_ms) == 5 and len(t.warmup_ms) == 2
+    assert t.warmup_ms[0] >= 150
+    assert 4 <= t.median_ms < 50
+
+
+def test_median_resists_one_outlier():
+    t = timing.StepTiming(times_ms=[10, 10, 11, 10, 500], warmup_ms=[])
+    assert t.median_ms == 10
+    assert t.spread_pct == pytest.approx(4900)
+
+
+def test_bad_iteration_counts_raise():
+    with pytest.raises(ValueError):
+        timing.measure(lambda: None, "cpu", iters=0)
+
+
+def test_tokens_per_second():
+    assert timing.tokens_per_second(16 * 1024, 35.0) == pytest.approx(468_114.3, rel=1e-6)
+    with pytest.raises(ValueError):
+        timing.tokens_per_second(100, 0)
+
+
+def test_mfu_is_none_for_unknown_peak_and_never_above_one():
+    value, reason = timing.mfu(1e9, 1e5, None)
+    assert value is None and "unknown" in reason
+    value, _ = timing.mfu(855e6, 467_000, 989.4e12)
+    assert value == pytest.approx(855e6 * 467_000 / 989.4e12)
+    value, reason = timing.mfu(855e6, 2e6, 989.4e12)  # 1710 TFLOP/s > peak: impossible
+    assert value is None and "exceeds" in reason
+
+
+def test_cpu_has_no_peak_flops():
+    peak, reason = timing.peak_flops(torch.device("cpu"))
+    assert peak is None and "cpu" in reason

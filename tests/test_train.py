@@ -1,0 +1,74 @@
+import math
+
+import pytest
+import torch
+
+from helpers import data, train
+from helpers.model import GPTConfig
+
+CFG = GPTConfig(block_size=64, n_layer=2, n_head=2, n_embd=64)
+
+
+def _losses(run, steps=8):
+    tokens = data.load_tokens()[:20_000]
+    loader = data.BatchLoader(tokens, run.batch_size, run.seq_len, "cpu")
+    return train.train(run, steps, CFG, "cpu", loader=loader, progress=False).losses
+
+
+def test_loss_starts_near_ln_vocab_and_falls_on_real_text():
+    losses = _losses(train.RunConfig(batch_size=4, seq_len=64, lr=1e-3), steps=15)
+    assert abs(losses[0] - math.log(50257)) < 0.3
+    assert losses[-1] < losses[0] - 1.0
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        dict(attention="sdpa"),
+        dict(vocab_multiple=64),
+        dict(optimizer="for-loop"),
+        dict(optimizer="fused"),
+        dict(autocast="bf16"),
+    ],
+    ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()),
+)
+def test_same_seed_and_data_give_close_losses_across_switches(changes):
+    base = train.RunConfig(batch_size=4, seq_len=64)
+    ref = _losses(base)
+    other = _losses(base.replace(**changes))
+    tol = 0.05 if changes.get("autocast") else 0.01  # bf16: ~3 significant digits
+    for a, b in zip(ref, other):
+        assert abs(a - b) / a < tol, (ref, other)
+
+
+def test_grad_accumulation_averages_micro_losses():
+    base = train.RunConfig(batch_size=4, seq_len=64)
+    one = _losses(base, steps=1)[0]
+    two = _losses(base.replace(grad_accum_steps=2), steps=1)[0]
+    assert two == pytest.approx(one, rel=0.02)  # mean, not sum, of the micro-losses
+
+
+def test_hardware_it_cannot_run_is_refused_not_substituted():
+    with pytest.raises(ValueError, match="TF32 needs"):
+        train.build(train.RunConfig(matmul_precision="tf32", batch_size=1, seq_len=8), CFG, "cpu")
+
+
+def test_bad_switch_values_are_rejected():
+    with pytest.raises(ValueError, match="autocast"):
+        train.RunConfig(autocast="fp8")
+    with pytest.raises(ValueError, match="seq_len"):
+        train.build(train.RunConfig(batch_size=1, seq_len=128), CFG, "cpu")
+
+
+def test_optimizer_decays_only_2d_weights():
+    trainer = train.build(train.RunConfig(batch_size=1, seq_len=8), CFG, "cpu")
+    decay, no_decay = trainer.optimizer.param_groups
+    assert decay["weight_decay"] == 0.1 and all(p.dim() == 2 for p in decay["params"])
+    assert no_decay["weight_decay"] == 0.0 and all(p.dim() == 1 for p in no_decay["params"])
+
+
+def test_default_shapes_use_the_real_model_on_cuda_and_small_on_cpu():
+    cfg, B, T = train.default_shapes("cpu")
+    assert (cfg.n_layer, B, T) == (2, 4, 128)
+    cfg, B, T = train.default_shapes(torch.device("cuda"))
+    assert (cfg.n_layer, cfg.n_embd, B, T) == (12, 768, 16, 1024)
