@@ -82,3 +82,51 @@ class BatchLoader:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         while True:
             yield self.next_batch()
+
+
+def fetch(into: "str | paths.Path | None" = None) -> dict[str, "paths.Path"]:
+    """Make sure both course files are available and verified; optionally copy them into ``into``
+    (a folder you can then name in ``COURSE_DATA_DIR``). Returns {file name: path}.
+
+    Raises:
+        paths.DataFileError: a file is missing offline or corrupted (the message says what to do).
+    """
+    import shutil
+
+    from helpers import tokenizer
+
+    found = {
+        SHAKESPEARE_FILE: shakespeare_path(),
+        tokenizer.RANKS_FILE: paths.find_or_fetch(tokenizer.RANKS_FILE, tokenizer.RANKS_URL, tokenizer.RANKS_SHA256),
+    }
+    if into is not None:
+        target = paths.Path(into)
+        target.mkdir(parents=True, exist_ok=True)
+        for name, src in list(found.items()):
+            if src.resolve() != (target / name).resolve():
+                shutil.copyfile(src, target / name)
+            found[name] = target / name
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m helpers.data fetch [--into DIR]``: download (or find offline) and verify the data."""
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m helpers.data", description="Fetch and verify the course data files.")
+    sub = p.add_subparsers(dest="command", required=True)
+    f = sub.add_parser("fetch", help="download Tiny Shakespeare and the GPT-2 rank file (sha256-checked)")
+    f.add_argument("--into", default=None, help="also copy the verified files into this folder (use it as COURSE_DATA_DIR)")
+    args = p.parse_args(argv)
+    try:
+        for name, path in fetch(args.into).items():
+            print(f"{name}: {path} (sha256 ok)")
+    except paths.DataFileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

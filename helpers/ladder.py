@@ -91,7 +91,7 @@ def run_rung(
     except Exception as e:  # a rung that breaks is reported, never faked
         row["status"], row["reason"] = "failed", f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
     finally:
-        del trainer
+        trainer = None  # drop the model, optimizer and graphs before the next rung
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()

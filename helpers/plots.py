@@ -21,7 +21,7 @@ def ladder_bars(results: dict, path: str | Path | None = None):
     ms = [r["ms_per_step"] or 0.0 for r in rows]
     fig, ax = plt.subplots(figsize=(9, 4.5))
     bars = ax.bar(range(len(rows)), ms, color=["tab:blue" if r["status"] == "measured" else "lightgrey" for r in rows])
-    for bar, r in zip(bars, rows):
+    for bar, r in zip(bars, rows, strict=False):
         label = f"{r['ms_per_step']:.1f}" if r["status"] == "measured" else r["status"]
         ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(rows)), names, rotation=25, ha="right")

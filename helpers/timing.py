@@ -75,12 +75,12 @@ def measure(
     if device.type == "cuda":
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-        for s, e in zip(starts, ends):
+        for s, e in zip(starts, ends, strict=False):
             s.record()
             step()
             e.record()
         torch.cuda.synchronize(device)
-        times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+        times = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=False)]
     else:
         times = []
         for _ in range(iters):

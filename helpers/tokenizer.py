@@ -33,14 +33,16 @@ def _pat_str() -> str:
 
 
 def _offline_encoding() -> tiktoken.Encoding | None:
+    """The encoding from a local rank file: ``$COURSE_DATA_DIR`` first, then the course cache
+    (where ``python -m helpers.data fetch`` puts it). None when neither folder has the file."""
     folder = paths.data_dir()
-    if folder is None or not (folder / RANKS_FILE).exists():
+    if folder is not None and (folder / RANKS_FILE).exists():
+        fix = f"Replace it with a fresh copy of {RANKS_URL}, or unset {paths.DATA_DIR_ENV} to let tiktoken download it."
+        path = paths.verify(folder / RANKS_FILE, RANKS_SHA256, fix)
+    elif (paths.cache_dir() / RANKS_FILE).exists():
+        path = paths.verify(paths.cache_dir() / RANKS_FILE, RANKS_SHA256, "Delete it and run: python -m helpers.data fetch")
+    else:
         return None
-    path = paths.verify(
-        folder / RANKS_FILE,
-        RANKS_SHA256,
-        f"Replace it with a fresh copy of {RANKS_URL}, or unset {paths.DATA_DIR_ENV} to let tiktoken download it.",
-    )
     from tiktoken.load import load_tiktoken_bpe
 
     ranks = load_tiktoken_bpe(str(path), expected_hash=RANKS_SHA256)

@@ -1,14 +1,6 @@
-"""Shared test set-up: offline data folder and a tiny model config."""
-
-import os
-from pathlib import Path
+"""Fixtures of the unit tests (COURSE_DATA_DIR and MPLBACKEND are set by the root conftest.py)."""
 
 import pytest
-
-# CI points COURSE_DATA_DIR at ../shared/data; a developer checkout next to shared/ gets the same.
-_default = Path(__file__).resolve().parents[2] / "shared" / "data"
-if not os.environ.get("COURSE_DATA_DIR") and _default.is_dir():
-    os.environ["COURSE_DATA_DIR"] = str(_default)
 
 
 @pytest.fixture

@@ -97,3 +97,9 @@ def test_corrupted_cache_is_set_aside_and_fetched_again(tmp_path, monkeypatch):
     monkeypatch.setattr("urllib.request.urlopen", lambda url, timeout: Response())
     assert data.shakespeare_path().read_bytes() == good
     assert (tmp_path / (data.SHAKESPEARE_FILE + ".corrupt")).exists()
+
+
+def test_fetch_cli_copies_verified_files_into_a_folder(tmp_path):
+    assert data.main(["fetch", "--into", str(tmp_path)]) == 0
+    assert (tmp_path / "tinyshakespeare.txt").stat().st_size == 1_115_394
+    assert paths.sha256_of(tmp_path / "gpt2.tiktoken") == "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"

@@ -3,7 +3,14 @@ import math
 import pytest
 import torch
 
-from helpers.model import GPT, GPTConfig, count_parameters, flops_per_token, pad_to_multiple, parameter_breakdown
+from helpers.model import (
+    GPT,
+    GPTConfig,
+    count_parameters,
+    flops_per_token,
+    pad_to_multiple,
+    parameter_breakdown,
+)
 
 
 def test_gpt2_124m_has_124_439_808_parameters():

@@ -1,0 +1,66 @@
+"""The install files agree with each other, and every command they name really runs somewhere."""
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _name(req: str) -> str:
+    return re.split(r"[<>=!~ \[]", req.strip(), maxsplit=1)[0].lower()
+
+
+def _pyproject():
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def test_environment_yml_installs_the_pyproject_dependencies():
+    project = _pyproject()
+    wanted = {r.replace(" ", "") for r in project["dependencies"] + project["optional-dependencies"]["test"]}
+    lines = (ROOT / "environment.yml").read_text().splitlines()
+    pip_reqs = {line.strip()[2:].strip().replace(" ", "") for line in lines if line.startswith("      - ")}
+    assert "-e." in pip_reqs
+    assert pip_reqs - {"-e."} == wanted
+
+
+def test_readme_test_command_is_exactly_what_ci_runs():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    command = re.search(r"^python -m pytest .*$", readme, re.M).group(0)
+    assert any(line.strip() == command for line in ci.splitlines())
+    assert "torch==2.13.0" in ci and ".[test]" in ci
+    assert "bash .ci/run" in readme and "python -m helpers.ladder" in readme
+
+
+def test_dockerfile_runs_only_commands_that_ci_or_tests_run():
+    docker = (ROOT / "Dockerfile").read_text()
+    torch_version = re.search(r"FROM pytorch/pytorch:(\d+)\.(\d+)", docker)
+    assert tuple(map(int, torch_version.groups())) >= (2, 4)
+    runs = re.findall(r"^RUN (.*)$", docker, re.M)
+    ci = (ROOT / ".ci" / "run").read_text()
+    for cmd in runs:
+        if "pip install" in cmd:
+            assert '-e ".[test]"' in cmd and '-e ".[test]"' in ci  # .ci/run installs the same way
+        else:  # the data fetch: tests/test_data.py runs the same CLI
+            assert cmd.startswith("python -m helpers.data fetch --into"), cmd
+
+
+def test_dockerfile_entry_point_starts_jupyterlab():
+    docker = (ROOT / "Dockerfile").read_text()
+    assert 'CMD ["jupyter", "lab"' in docker
+    jupyter = shutil.which("jupyter", path=str(Path(sys.executable).parent))
+    assert jupyter, "jupyter is not installed in this environment"
+    out = subprocess.run([jupyter, "lab", "--version"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and re.match(r"\d+\.", out.stdout.strip())
+
+
+def test_dependencies_name_no_cuda_only_package():
+    names = {_name(r) for r in _pyproject()["dependencies"]}
+    assert names == {"torch", "tiktoken", "jupyterlab", "nbval", "matplotlib", "ipywidgets", "tqdm", "nbformat", "nbclient"}
