@@ -125,7 +125,8 @@ def sdpa_backends(device: torch.device, dtype: torch.dtype | None = None) -> dic
                 torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
             result[name.lower()] = "ok"
         except RuntimeError as e:
-            result[name.lower()] = "unavailable: " + str(e).split("\n")[0][:120]
+            first = str(e).strip().split("\n")[0].split(". ")[0]
+            result[name.lower()] = f"unavailable ({first[:100]})"
     return result
 
 

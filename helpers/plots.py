@@ -34,3 +34,42 @@ def ladder_bars(results: dict, path: str | Path | None = None):
         fig.savefig(path, dpi=120)
         plt.close(fig)
     return fig
+
+
+def matmul_bars(rows: list[dict], device_name: str):
+    """Bar chart of achieved TFLOP/s per matmul mode (rows from ``timing.benchmark_matmul``),
+    with the datasheet peak drawn as a marker where known. Returns the Figure."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    x = range(len(rows))
+    ax.bar(x, [r["tflops"] or 0 for r in rows], color=["tab:blue" if r["status"] == "measured" else "lightgrey" for r in rows],
+           label="measured")
+    peaks = [(i, r["peak_tflops"]) for i, r in enumerate(rows) if r.get("peak_tflops")]
+    if peaks:
+        ax.scatter([i for i, _ in peaks], [p for _, p in peaks], marker="_", s=600, color="tab:red", label="datasheet peak")
+    for i, r in enumerate(rows):
+        if r["status"] != "measured":
+            ax.annotate("skipped", (i, 0), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(x), [r["mode"] for r in rows])
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(f"{rows[0]['n']}x{rows[0]['n']} matmul on {device_name}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def loss_curve(losses: list[float], title: str, reference: float | None = None):
+    """Training loss (nats) against step; ``reference`` draws a dashed line (e.g. ln(vocab)). Returns the Figure."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(range(1, len(losses) + 1), losses, label="training loss")
+    if reference is not None:
+        ax.axhline(reference, ls="--", color="grey", label=f"ln(vocab) = {reference:.2f}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy loss (nats)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -125,3 +125,47 @@ def mfu(flops_per_token: float, tokens_per_s: float, peak_flops_per_s: float | N
     if value > 1.0:
         return None, f"achieved {achieved / 1e12:.1f} TFLOP/s exceeds the peak {peak_flops_per_s / 1e12:.1f}: timing or peak is wrong"
     return value, "ok"
+
+
+MATMUL_MODES = ("fp32", "tf32", "bf16", "fp16")
+
+
+def benchmark_matmul(n: int, mode: str, device: torch.device | str, warmup: int = 3, iters: int = 10) -> dict:
+    """Time C = A @ B for random (n, n) matrices in ``mode`` ("fp32" with TF32 off, "tf32", "bf16",
+    "fp16") on ``device`` with :func:`measure`; FLOPs = 2·n³ (one multiply and one add per term).
+
+    Returns {"mode", "n", "status" ("measured"/"skipped"), "ms", "tflops", "peak_tflops", "reason"};
+    a mode the device cannot run natively (TF32 below sm80 or on a CPU, bf16 below sm80, fp16 on a
+    CPU) is "skipped" with the reason, never timed in another mode. Restores the global matmul
+    precision it changes.
+    """
+    if mode not in MATMUL_MODES:
+        raise ValueError(f"mode must be one of {MATMUL_MODES}, got {mode!r}")
+    device = torch.device(device)
+    row = {"mode": mode, "n": n, "status": "skipped", "ms": None, "tflops": None, "peak_tflops": None, "reason": ""}
+    if mode == "tf32" and not hardware.tf32_supported(device):
+        row["reason"] = "TF32 tensor cores need an NVIDIA GPU of compute capability >= 8.0"
+        return row
+    if mode == "bf16" and not hardware.native_bf16(device):
+        row["reason"] = "no native bf16 below compute capability 8.0"
+        return row
+    if mode == "fp16" and device.type == "cpu":
+        row["reason"] = "fp16 matmuls are a GPU tensor-core format; CPUs emulate them slowly"
+        return row
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mode, torch.float32)
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)  # random, never zeros
+    b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if mode == "tf32" else "highest")
+    try:
+        t = measure(lambda: a @ b, device, warmup=warmup, iters=iters)
+    finally:
+        torch.set_float32_matmul_precision(old)
+    row.update(status="measured", ms=t.median_ms, tflops=2 * n**3 / (t.median_ms / 1e3) / 1e12, reason="ok")
+    if device.type == "cuda":
+        prof = hardware.match_profile(torch.cuda.get_device_name(device))
+        if prof is not None:
+            row["peak_tflops"] = {"fp32": prof.fp32_tflops, "tf32": prof.tf32_tflops,
+                                  "bf16": prof.bf16_tflops, "fp16": prof.fp16_tflops}[mode]
+    return row

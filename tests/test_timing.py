@@ -49,3 +49,14 @@ def test_mfu_is_none_for_unknown_peak_and_never_above_one():
 def test_cpu_has_no_peak_flops():
     peak, reason = timing.peak_flops(torch.device("cpu"))
     assert peak is None and "cpu" in reason
+
+
+def test_matmul_benchmark_measures_fp32_and_skips_tf32_on_cpu():
+    fp32 = timing.benchmark_matmul(256, "fp32", "cpu", warmup=1, iters=3)
+    assert fp32["status"] == "measured" and fp32["ms"] > 0
+    assert fp32["tflops"] == pytest.approx(2 * 256**3 / (fp32["ms"] / 1e3) / 1e12)
+    tf32 = timing.benchmark_matmul(256, "tf32", "cpu")
+    assert tf32["status"] == "skipped" and "8.0" in tf32["reason"]
+    assert torch.get_float32_matmul_precision() == "highest"
+    with pytest.raises(ValueError):
+        timing.benchmark_matmul(256, "fp8", "cpu")

@@ -1,0 +1,116 @@
+"""Benchmark and profile the course's fastest step (issue: beat the reference trainer on the H200).
+
+    python benchmarks/perf.py --batch-size 16 64 --variants final reduce-overhead --profile
+
+Each variant is the ladder's last rung plus one change; every variant is built and compiled afresh
+(``helpers.train.build`` resets dynamo). Timing is ``helpers.timing.measure`` (3 warm-up steps,
+median of 10 CUDA-event-timed steps), the same method as the ladder and the reference.
+``--profile`` runs torch.profiler over 3 steps and sums device time per kernel family.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections import defaultdict
+
+import torch
+
+from helpers import data, memory, timing
+from helpers.ladder import ladder_configs
+from helpers.model import GPTConfig, flops_per_token
+from helpers.train import build
+
+VARIANTS = {
+    "final": {},
+    "reduce-overhead": {"compile": "reduce-overhead"},
+    "foreach-adamw": {"optimizer": "foreach"},
+    "no-clip": {"grad_clip": None},
+}
+
+FAMILIES = [  # (family, regex on the kernel name), first match wins
+    ("attention", r"flash|fmha|attention|sdpa|cudnn"),
+    ("matmul", r"gemm|nvjet|xmma|cutlass|sm90_|sm80_|wgmma|cublas"),
+    ("optimizer", r"adam|multi_tensor|foreach|norm_kernel|_amp_"),
+    ("triton fused (elementwise, norms, softmax, CE)", r"^triton_"),
+    ("copies / casts", r"copy|cast|fill|memset|memcpy"),
+]
+
+
+def family(name: str) -> str:
+    for fam, pattern in FAMILIES:
+        if re.search(pattern, name, re.I):
+            return fam
+    return "other"
+
+
+def profile(trainer, loader, steps: int = 3) -> dict[str, float]:
+    """Device ms per step by kernel family, from torch.profiler over ``steps`` steps."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as tprofile
+
+    for _ in range(3):
+        trainer.step(loader)
+    torch.cuda.synchronize()
+    with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            trainer.step(loader)
+        torch.cuda.synchronize()
+    totals: dict[str, float] = defaultdict(float)
+    top = []
+    for evt in prof.key_averages():
+        dev_us = getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0)
+        if dev_us <= 0:
+            continue
+        totals[family(evt.key)] += dev_us / 1e3 / steps
+        top.append((dev_us / 1e3 / steps, evt.key))
+    top.sort(reverse=True)
+    return {"families_ms": dict(sorted(totals.items(), key=lambda kv: -kv[1])), "top_kernels_ms": top[:15]}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch-size", type=int, nargs="+", default=[16])
+    p.add_argument("--variants", nargs="+", default=["final"], choices=list(VARIANTS))
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("benchmarks/perf.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    device = torch.device("cuda")
+    cfg = GPTConfig()
+    tokens = data.load_tokens()
+    rows = []
+    for B in args.batch_size:
+        final = ladder_configs(B, 1024, device=device)[-1][0]
+        for v in args.variants:
+            run = final.replace(name=v, **VARIANTS[v])
+            memory.reset_peak(device)
+            trainer = build(run, cfg, device)
+            loader = data.BatchLoader(tokens, B, 1024, device)
+            t = timing.measure(lambda: trainer.step(loader), device, warmup=3, iters=10)  # noqa: B023
+            tok_s = timing.tokens_per_second(B * 1024, t.median_ms)
+            row = {"variant": v, "batch_size": B, "ms_per_step": t.median_ms, "spread_pct": t.spread_pct,
+                   "tokens_per_s": tok_s, "tflops": flops_per_token(cfg) * tok_s / 1e12,
+                   "peak_mem_bytes": memory.peak_bytes(device), "first_step_s": t.warmup_ms[0] / 1e3}
+            if args.profile and v == "final":
+                row["profile"] = profile(trainer, loader)
+            rows.append(row)
+            print(f"B={B:<3} {v:<16} {t.median_ms:8.1f} ms  {tok_s:10,.0f} tok/s  {row['tflops']:6.1f} TFLOP/s  "
+                  f"spread {t.spread_pct:4.1f}%  compile+first step {row['first_step_s']:.1f} s", flush=True)
+            if "profile" in row:
+                for fam, ms in row["profile"]["families_ms"].items():
+                    print(f"      {fam:<48} {ms:7.2f} ms/step")
+            trainer = None
+    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
