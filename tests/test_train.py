@@ -72,3 +72,15 @@ def test_default_shapes_use_the_real_model_on_cuda_and_small_on_cpu():
     assert (cfg.n_layer, B, T) == (2, 4, 128)
     cfg, B, T = train.default_shapes(torch.device("cuda"))
     assert (cfg.n_layer, cfg.n_embd, B, T) == (12, 768, 16, 1024)
+
+
+def test_every_compiled_build_starts_from_a_fresh_dynamo_state(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: calls.append(1))
+    monkeypatch.setattr(torch, "compile", lambda model, mode=None: model)  # no real compile needed here
+    run = train.RunConfig(batch_size=1, seq_len=8, compile="default")
+    train.build(run, CFG, "cpu")
+    train.build(run.replace(attention="sdpa"), CFG, "cpu")
+    assert len(calls) == 2  # a stale graph from the previous rung can never be reused
+    train.build(run.replace(compile=None), CFG, "cpu")
+    assert len(calls) == 2
