@@ -39,3 +39,169 @@ def format_bytes(n: int | None) -> str:
         if n >= size:
             return f"{n / size:.2f} {unit}"
     return f"{n} B"
+
+
+# --------------------------------------------------------------------------------------------
+# Where the memory of one training step goes (chapter 03)
+# --------------------------------------------------------------------------------------------
+
+
+def activation_bytes_per_layer(B: int, T: int, n_embd: int, n_head: int, bytes_per_act: int, manual_attention: bool) -> int:
+    """Activation bytes one transformer block keeps for backward (no dropout, no recomputation).
+
+    Adapted from Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+    Models", section 4.1 (https://arxiv.org/abs/2205.05198): per layer s·b·h·34 + 5·a·s²·b bytes
+    in 16-bit with dropout. Without dropout masks that is s·b·h·32 (16-bit) and, for the
+    materialised (T, T) scores, 2 tensors (scores, softmax) of a·s²·b elements. ``bytes_per_act``
+    is 2 for bf16/fp16 autocast, 4 for fp32. SDPA's fused kernels keep no (T, T) tensor.
+    """
+    sbh = T * B * n_embd
+    per_layer = 16 * sbh * bytes_per_act  # 32 bytes at 16-bit -> 16 elements of s·b·h
+    if manual_attention:
+        per_layer += 2 * n_head * T * T * B * bytes_per_act
+    return per_layer
+
+
+def training_step_estimate(config, B: int, T: int, autocast: bool, manual_attention: bool = True) -> dict[str, int]:
+    """Estimated peak bytes of one training step of ``config`` (a GPTConfig) at batch B, length T.
+
+    Parts (bytes): parameters and gradients (fp32, 4 B each), AdamW state (exp_avg and exp_avg_sq,
+    fp32: 8 B per parameter), activations kept for backward (see :func:`activation_bytes_per_layer`),
+    and the logits (B·T·V in the compute dtype, plus the fp32 copy the cross-entropy works on).
+    An estimate, not a measurement: chapter 03 compares it with ``torch.cuda.max_memory_allocated``.
+    """
+    from helpers.model import GPT
+
+    with torch.device("meta"):
+        n_params = sum(p.numel() for p in GPT(config).parameters())
+    act = 2 if autocast else 4
+    V = config.padded_vocab_size
+    parts = {
+        "parameters": 4 * n_params,
+        "gradients": 4 * n_params,
+        "adamw_state": 8 * n_params,
+        "activations": config.n_layer
+        * activation_bytes_per_layer(B, T, config.n_embd, config.n_head, act, manual_attention),
+        "logits": B * T * V * (act + 4),
+    }
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+# --------------------------------------------------------------------------------------------
+# Finding the largest batch that fits (chapter 03)
+# --------------------------------------------------------------------------------------------
+
+
+def is_oom(error: BaseException) -> bool:
+    """True for a CUDA out-of-memory error (``torch.cuda.OutOfMemoryError``; also the plain
+    RuntimeError text older PyTorch versions raise)."""
+    return isinstance(error, torch.cuda.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
+    )
+
+
+def _fits(try_step, B: int, device) -> tuple[bool, int | None]:
+    """Run ``try_step(B)``; (True, peak bytes) if it fits, (False, None) after an OOM.
+
+    The retry happens *outside* the ``except`` block: inside it, the exception's traceback still
+    references the failed step's frames (its tensors), so nothing could be freed.
+    """
+    failed = False
+    try:
+        reset_peak(device)
+        try_step(B)
+        return True, peak_bytes(device)
+    except Exception as e:  # noqa: BLE001 - only OOM is caught, everything else re-raised
+        if not is_oom(e):
+            raise
+        failed = True
+    if failed:  # out of the except block: the traceback and the step's tensors are gone now
+        reset_peak(device)  # gc.collect() + empty_cache() + new peak window
+    return False, None
+
+
+def find_max_batch_size(try_step, device, start: int = 1, limit: int = 4096, margin: float = 0.0) -> dict:
+    """Largest batch size B for which ``try_step(B)`` (a *full* training step: forward, backward,
+    optimizer) runs without CUDA OOM: double from ``start`` until a failure, then bisect.
+
+    ``try_step(B)`` must keep no reference to its tensors after it returns or raises.
+    ``margin`` (0..1) shrinks the answer for safety: B_safe = floor(B_max · (1 - margin)).
+    Returns {"max_batch_size", "safe_batch_size", "peak_mem_bytes", "tried": [(B, fits, peak)]}.
+
+    Raises:
+        RuntimeError: if even B = ``start`` does not fit (lower T, use a smaller model or
+            activation checkpointing).
+    """
+    tried = []
+
+    def probe(B):
+        ok, peak = _fits(try_step, B, device)
+        tried.append((B, ok, peak))
+        return ok, peak
+
+    ok, peak = probe(start)
+    if not ok:
+        raise RuntimeError(f"not even B={start} fits on {device}: lower T, or use activation checkpointing")
+    good, good_peak, bad = start, peak, None
+    while bad is None and good < limit:
+        B = min(2 * good, limit)
+        ok, peak = probe(B)
+        if ok:
+            good, good_peak = B, peak
+        else:
+            bad = B
+    while bad is not None and bad - good > 1:
+        B = (good + bad) // 2
+        ok, peak = probe(B)
+        if ok:
+            good, good_peak = B, peak
+        else:
+            bad = B
+    return {"max_batch_size": good, "safe_batch_size": max(1, int(good * (1 - margin))),
+            "peak_mem_bytes": good_peak, "tried": tried}
+
+
+class SimulatedMemoryLimit:
+    """A memory budget for machines without CUDA: ``check(bytes_needed)`` raises
+    ``torch.cuda.OutOfMemoryError`` when the request exceeds ``limit_bytes``, so the OOM handling
+    of :func:`find_max_batch_size` really runs on a CPU."""
+
+    def __init__(self, limit_bytes: int):
+        self.limit_bytes = limit_bytes
+
+    def check(self, bytes_needed: int) -> None:
+        if bytes_needed > self.limit_bytes:
+            raise torch.cuda.OutOfMemoryError(
+                f"CUDA out of memory (simulated): tried to use {format_bytes(bytes_needed)} of a "
+                f"{format_bytes(self.limit_bytes)} budget"
+            )
+
+
+class _RandomBatches:
+    """Random token batches of one shape: speed and memory do not depend on the text."""
+
+    def __init__(self, B: int, T: int, vocab_size: int, device):
+        self.B, self.T, self.V, self.device = B, T, vocab_size, torch.device(device)
+
+    def next_batch(self):
+        x = torch.randint(0, self.V, (self.B, self.T), device=self.device)
+        return x, torch.roll(x, -1, dims=1)
+
+
+def make_step_probe(trainer, T: int, limit: SimulatedMemoryLimit | None = None):
+    """A ``try_step(B)`` for :func:`find_max_batch_size`: one full training step of ``trainer``
+    (a :class:`helpers.train.Trainer`) on random (B, T) ids. With ``limit`` (for CPUs), the step
+    first checks :func:`training_step_estimate` against the simulated budget, raising OOM above it.
+    """
+    cfg = trainer.model_config
+    autocast = trainer.run.autocast is not None
+    manual = cfg.attention == "manual"
+
+    def try_step(B: int) -> None:
+        if limit is not None:
+            limit.check(training_step_estimate(cfg, B, T, autocast, manual)["total"])
+        trainer.step(_RandomBatches(B, T, cfg.vocab_size, trainer.device))
+        trainer.optimizer.zero_grad(set_to_none=True)  # leave no gradients behind
+
+    return try_step

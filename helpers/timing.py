@@ -169,3 +169,75 @@ def benchmark_matmul(n: int, mode: str, device: torch.device | str, warmup: int 
             row["peak_tflops"] = {"fp32": prof.fp32_tflops, "tf32": prof.tf32_tflops,
                                   "bf16": prof.bf16_tflops, "fp16": prof.fp16_tflops}[mode]
     return row
+
+
+# --------------------------------------------------------------------------------------------
+# Chapter 02: the wrong and the right way to time, and a roofline
+# --------------------------------------------------------------------------------------------
+
+
+def host_time_without_sync(fn: Callable[[], object], iters: int = 10) -> float:
+    """Mean ms per call of ``fn`` by a host clock *without* synchronising: the wrong way on a GPU.
+
+    On CUDA this measures how fast kernels are queued, not how long they run. Shown in chapter 02
+    next to :func:`host_time_with_sync` and :func:`measure`; never use it to report a speed.
+    """
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return 1e3 * (time.perf_counter() - t0) / iters
+
+
+def host_time_with_sync(fn: Callable[[], object], device: torch.device | str, iters: int = 10) -> float:
+    """Mean ms per call of ``fn`` by a host clock, synchronising before the start and after the end."""
+    synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    synchronize(device)
+    return 1e3 * (time.perf_counter() - t0) / iters
+
+
+def copy_bandwidth(device: torch.device | str, n_bytes: int = 2**30) -> float:
+    """Measured memory bandwidth in bytes/s: a device-to-device copy of ``n_bytes``, counting the
+    bytes read plus the bytes written (2 · n_bytes per copy); median of 10 after 3 warm-up copies."""
+    src = torch.randn(n_bytes // 4, device=device)
+    dst = torch.empty_like(src)
+    t = measure(lambda: dst.copy_(src), device, warmup=3, iters=10)
+    return 2 * src.numel() * 4 / (t.median_ms / 1e3)
+
+
+# FLOPs per element of two memory-bound ops: operation counts of their formulas (an estimate; what
+# matters for the roofline is that they are a few FLOPs for every 4 bytes moved).
+LAYERNORM_FLOPS_PER_ELEMENT = 8  # mean, centre, square, variance, rsqrt-scale, gain, bias
+GELU_TANH_FLOPS_PER_ELEMENT = 9  # 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
+
+
+def roofline_points(device: torch.device | str, dtype: torch.dtype | None = None) -> list[dict]:
+    """Arithmetic intensity (FLOP/byte) and achieved FLOP/s of a large matmul, LayerNorm and
+    tanh-GELU on ``device`` (each timed with :func:`measure`). Bytes are the minimum traffic: each
+    input read once, each output written once. ``dtype``: bf16 on a GPU with native bf16, else fp32.
+    """
+    device = torch.device(device)
+    if dtype is None:
+        dtype = torch.bfloat16 if device.type == "cuda" and hardware.native_bf16(device) else torch.float32
+    size = torch.finfo(dtype).bits // 8
+    n = 4096 if device.type == "cuda" else 1024
+    rows, C = (16 * 1024, 768) if device.type == "cuda" else (2048, 768)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    x = torch.randn(rows, C, device=device, dtype=dtype)
+    h = torch.randn(rows, 4 * C, device=device, dtype=dtype)
+    ln = torch.nn.LayerNorm(C, device=device, dtype=dtype)
+    cases = [
+        ("matmul", lambda: a @ b, 2 * n**3, 3 * n * n * size),
+        ("layernorm", lambda: ln(x), LAYERNORM_FLOPS_PER_ELEMENT * x.numel(), 2 * x.numel() * size),
+        ("gelu (tanh)", lambda: torch.nn.functional.gelu(h, approximate="tanh"), GELU_TANH_FLOPS_PER_ELEMENT * h.numel(), 2 * h.numel() * size),
+    ]
+    out = []
+    with torch.no_grad():
+        for name, fn, flops, nbytes in cases:
+            ms = measure(fn, device, warmup=3, iters=10).median_ms
+            out.append({"op": name, "flops": flops, "bytes": nbytes, "intensity": flops / nbytes,
+                        "flops_per_s": flops / (ms / 1e3), "ms": ms, "dtype": str(dtype).replace("torch.", "")})
+    return out

@@ -60,3 +60,16 @@ def test_matmul_benchmark_measures_fp32_and_skips_tf32_on_cpu():
     assert torch.get_float32_matmul_precision() == "highest"
     with pytest.raises(ValueError):
         timing.benchmark_matmul(256, "fp8", "cpu")
+
+
+def test_host_timers_and_bandwidth_on_cpu():
+    assert timing.host_time_without_sync(lambda: time.sleep(0.002), iters=3) >= 2
+    assert timing.host_time_with_sync(lambda: time.sleep(0.002), "cpu", iters=3) >= 2
+    assert timing.copy_bandwidth("cpu", n_bytes=2**22) > 1e8  # > 0.1 GB/s on any machine
+
+
+def test_roofline_puts_matmul_far_above_elementwise_ops():
+    points = {p["op"]: p for p in timing.roofline_points("cpu")}
+    assert points["matmul"]["intensity"] == pytest.approx(1024 / 6)  # 2n^3 / (3 n^2 * 4 bytes)
+    assert points["layernorm"]["intensity"] < 2 and points["gelu (tanh)"]["intensity"] < 2
+    assert all(p["flops_per_s"] > 0 for p in points.values())
