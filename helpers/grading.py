@@ -37,10 +37,10 @@ from typing import Any
 # Where each exercise is explained: the hint of a failed check points there. One place to edit
 # when a chapter's sections are renumbered.
 SECTIONS = {
-    "ch00_matmul_flops": "chapter 00, section 'Counting the FLOPs of a matmul'",
-    "ch00_tflops": "chapter 00, section 'From FLOPs and milliseconds to TFLOP/s'",
-    "ch01_loss_at_init": "chapter 01, section 'The loss before training'",
-    "ch01_block_params": "chapter 01, section 'Where the parameters are'",
+    "ch00_matmul_flops": "chapter 00, section 2 (Counting the FLOPs of a matmul)",
+    "ch00_tflops": "chapter 00, section 3 (From FLOPs and milliseconds to TFLOP/s)",
+    "ch01_loss_at_init": "chapter 01, section 4 (The loss before training)",
+    "ch01_block_params": "chapter 01, section 2 (Where the parameters are)",
 }
 
 
@@ -55,7 +55,9 @@ def _as_number(value: Any, call: str, grade_id: str) -> float:
             f"{call} returned None: the function needs a `return` statement. {_reread(grade_id)}"
         )
     if isinstance(value, bool):
-        raise AssertionError(f"{call} returned a bool ({value}), expected a number. {_reread(grade_id)}")
+        raise AssertionError(
+            f"{call} returned a bool ({value}), expected a number. {_reread(grade_id)}"
+        )
     try:
         return float(value)  # int, float, numpy scalar, 0-d torch tensor
     except (TypeError, ValueError):
@@ -100,7 +102,9 @@ def check_matmul_flops(fn: Callable[[int, int, int], int]) -> None:
                 f"times B of shape (K, N) = ({K}, {N})."
             )
         raise AssertionError(f"{why} {_reread(gid)}")
-    print(f"PASS {gid}: matmul_flops(M, N, K) == 2*M*N*K for {len(MATMUL_SHAPES)} non-square shapes")
+    print(
+        f"PASS {gid}: matmul_flops(M, N, K) == 2*M*N*K for {len(MATMUL_SHAPES)} non-square shapes"
+    )
 
 
 TFLOPS_CASES = [(2 * 4096**3, 1.0), (1e12, 1000.0), (3.5e14, 2.5), (1e9, 0.01)]  # (flops, ms)
@@ -132,7 +136,9 @@ def check_tflops(fn: Callable[[float, float], float]) -> None:
         else:
             why = f"{call} returned {got:g}, expected {want:g} TFLOP/s."
         raise AssertionError(f"{why} {_reread(gid)}")
-    print(f"PASS {gid}: achieved_tflops(flops, ms) == flops / (ms/1e3) / 1e12 for {len(TFLOPS_CASES)} cases")
+    print(
+        f"PASS {gid}: achieved_tflops(flops, ms) == flops / (ms/1e3) / 1e12 for {len(TFLOPS_CASES)} cases"
+    )
 
 
 VOCAB_SIZES = [2, 65, 1000, 50257, 50304]
@@ -161,7 +167,9 @@ def check_loss_at_init(fn: Callable[[int], float]) -> None:
         elif abs(got - 1.0 / V) <= 1e-6:
             why = f"{call} returned {got:.6f} = 1/V: that is the probability of the target, not the loss -ln(p)."
         elif abs(got + want) <= 1e-4:
-            why = f"{call} returned {got:.4f}: the loss is -ln(p), a positive number; check the sign."
+            why = (
+                f"{call} returned {got:.4f}: the loss is -ln(p), a positive number; check the sign."
+            )
         else:
             why = f"{call} returned {got:.4f}, expected {want:.4f} nats."
         raise AssertionError(f"{why} {_reread(gid)}")
@@ -214,7 +222,9 @@ def check_block_params(fn: Callable[[int], int]) -> None:
                 "attn.c_proj (C -> C), mlp.c_fc (C -> 4C) and mlp.c_proj (4C -> C)."
             )
         else:
-            why = f"{call} returned {got:,.0f}, expected {want:,} (measured on helpers.model.Block)."
+            why = (
+                f"{call} returned {got:,.0f}, expected {want:,} (measured on helpers.model.Block)."
+            )
         raise AssertionError(f"{why} {_reread(gid)}")
     widths = [C for C, _ in BLOCK_WIDTHS]
     print(f"PASS {gid}: block_parameters(C) matches helpers.model.Block for C in {widths}")
@@ -299,8 +309,18 @@ def _block_mlp_hidden_c(n_embd: int) -> int:
 
 
 WRONG_ANSWERS: dict[str, list[Callable[..., Any]]] = {
-    "ch00_matmul_flops": [_flops_forgot_add, _flops_forgot_k, _flops_assumes_square, _flops_no_return],
-    "ch00_tflops": [_tflops_forgot_ms_to_s, _tflops_multiplied_ms, _tflops_forgot_tera, _tflops_inverted],
+    "ch00_matmul_flops": [
+        _flops_forgot_add,
+        _flops_forgot_k,
+        _flops_assumes_square,
+        _flops_no_return,
+    ],
+    "ch00_tflops": [
+        _tflops_forgot_ms_to_s,
+        _tflops_multiplied_ms,
+        _tflops_forgot_tera,
+        _tflops_inverted,
+    ],
     "ch01_loss_at_init": [_loss_log10, _loss_log2, _loss_probability, _loss_negative],
     "ch01_block_params": [
         _block_weights_only,
@@ -351,7 +371,10 @@ def check_cells(nb: Any) -> dict[str, tuple[int, float]]:
     for index, cell in enumerate(nb.cells):
         if is_check_cell(cell):
             meta = nbgrader_metadata(cell)
-            found[str(meta.get("grade_id", f"cell-{index}"))] = (index, float(meta.get("points", 0)))
+            found[str(meta.get("grade_id", f"cell-{index}"))] = (
+                index,
+                float(meta.get("points", 0)),
+            )
     return found
 
 
@@ -468,7 +491,9 @@ def make_student(source: Path, out: Path) -> list[Path]:
     notebooks = _notebooks_in(source)
     source_dir = source if source.is_dir() else source.parent
     if out.resolve() == source_dir.resolve():
-        raise ValueError(f"--out {out} is the folder of the solution notebooks; choose another folder.")
+        raise ValueError(
+            f"--out {out} is the folder of the solution notebooks; choose another folder."
+        )
     written = []
     for path in notebooks:
         nb = nbformat.read(path, as_version=4)
@@ -578,7 +603,11 @@ def execute_notebook(nb: Any, cwd: Path, timeout: int = 600) -> NotebookRun:
         kernel_manager_class=_kernel_manager_class(),
         allow_errors=True,
         interrupt_on_timeout=True,
-        error_on_timeout={"ename": TIMEOUT_ENAME, "evalue": f"timeout after {timeout} s", "traceback": []},
+        error_on_timeout={
+            "ename": TIMEOUT_ENAME,
+            "evalue": f"timeout after {timeout} s",
+            "traceback": [],
+        },
         record_timing=False,
         resources={"metadata": {"path": str(cwd)}},
         on_cell_executed=on_cell_executed,
@@ -605,7 +634,9 @@ def execute_notebook(nb: Any, cwd: Path, timeout: int = 600) -> NotebookRun:
                         run.stuck_after_timeout_in = i
                         break
                 elif reply.get("status") == "error":
-                    run.cells[i] = CellRun(i, "error", str(reply.get("ename", "")), str(reply.get("evalue", "")))
+                    run.cells[i] = CellRun(
+                        i, "error", str(reply.get("ename", "")), str(reply.get("evalue", ""))
+                    )
                 else:
                     run.cells[i] = CellRun(i, "ok")
     except DeadKernelError:
@@ -685,8 +716,16 @@ def load_references(folder: Path) -> dict[str, Reference]:
 COLUMNS = ["student", "notebook", "grade_id", "points", "max_points", "status", "reason"]
 
 
-def _row(student: str, notebook: str, gid: str, pts: float, max_pts: float, status: str, reason: str) -> dict[str, Any]:
-    return dict(zip(COLUMNS, [student, notebook, gid, _fmt(pts), _fmt(max_pts), status, reason]))
+def _row(
+    student: str, notebook: str, gid: str, pts: float, max_pts: float, status: str, reason: str
+) -> dict[str, Any]:
+    return dict(
+        zip(
+            COLUMNS,
+            [student, notebook, gid, _fmt(pts), _fmt(max_pts), status, reason],
+            strict=False,
+        )
+    )
 
 
 def _fmt(x: float) -> str:
@@ -728,12 +767,21 @@ def grade_notebook(path: Path, ref: Reference, student: str, timeout: int) -> li
         elif index is None:
             status, reason = "missing", "check cell missing (deleted or metadata lost)"
         else:
-            status, reason = _verdict(run, index, timeout)
+            status, reason = _verdict(run, index, timeout, frozenset(where.values()))
         out.append(_row(student, name, gid, pts if status == "passed" else 0, pts, status, reason))
     return out
 
 
-def _verdict(run: NotebookRun, index: int, timeout: int) -> tuple[str, str]:
+def _broke(cell: CellRun) -> bool:
+    """A cell that failed for a reason other than an exercise's expected failure."""
+    expected = ("AssertionError", "NotImplementedError")
+    return cell.status == "timeout" or (cell.status == "error" and cell.ename not in expected)
+
+
+def _verdict(
+    run: NotebookRun, index: int, timeout: int, check_indices: frozenset[int] = frozenset()
+) -> tuple[str, str]:
+    """(status, reason) of the check cell at ``index``; ``check_indices`` are never blamed as the cause."""
     cell = run.cells.get(index, CellRun(index, "not run"))
     k = index + 1  # cells are counted from 1, markdown included, as a reader counts them
     if cell.status == "ok":
@@ -743,12 +791,26 @@ def _verdict(run: NotebookRun, index: int, timeout: int) -> tuple[str, str]:
     if cell.status == "error":
         if cell.ename == "NotImplementedError":
             return "failed", "NotImplementedError: not attempted"
-        return "failed", f"{cell.ename}: {_first_line(cell.evalue)}" if cell.evalue else cell.ename
+        reason = f"{cell.ename}: {_first_line(cell.evalue)}" if cell.evalue else cell.ename
+        if cell.ename != "AssertionError":  # e.g. a NameError: say which earlier cell broke first
+            earlier = [
+                c
+                for i, c in sorted(run.cells.items())
+                if i < index and i not in check_indices and _broke(c)
+            ]
+            if earlier:
+                first = earlier[-1]
+                what = "timed out" if first.status == "timeout" else f"raised {first.ename}"
+                reason += f" (cell {first.index + 1} {what} before)"
+        return "failed", reason
     if run.kernel_died_in is not None:
         at = f" in cell {run.kernel_died_in + 1}" if run.kernel_died_in >= 0 else ""
         return "failed", f"kernel died{at}"
     if run.stuck_after_timeout_in is not None:
-        return "failed", f"timeout after {timeout} s in cell {run.stuck_after_timeout_in + 1} (kernel did not recover)"
+        return (
+            "failed",
+            f"timeout after {timeout} s in cell {run.stuck_after_timeout_in + 1} (kernel did not recover)",
+        )
     return "error", "cell not run"
 
 
@@ -768,7 +830,9 @@ def _match_reference(path: Path, refs: dict[str, Reference]) -> Reference | None
 
 def _submitted_notebooks(folder: Path) -> list[Path]:
     return sorted(
-        p for p in folder.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts and not p.name.startswith(".")
+        p
+        for p in folder.rglob("*.ipynb")
+        if ".ipynb_checkpoints" not in p.parts and not p.name.startswith(".")
     )
 
 
@@ -788,10 +852,15 @@ def grade(submissions: Path, reference: Path, timeout: int = 600) -> list[dict[s
     if not submissions.is_dir():
         raise FileNotFoundError(f"{submissions} is not a folder of student folders.")
     for stray in sorted(submissions.glob("*.ipynb")):
-        print(f"ignored {stray}: put each student's notebooks in {submissions}/<student id>/", file=sys.stderr)
+        print(
+            f"ignored {stray}: put each student's notebooks in {submissions}/<student id>/",
+            file=sys.stderr,
+        )
     students = sorted(p for p in submissions.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not students:
-        raise FileNotFoundError(f"{submissions} has no student folders ({submissions}/<student id>/<notebook>.ipynb).")
+        raise FileNotFoundError(
+            f"{submissions} has no student folders ({submissions}/<student id>/<notebook>.ipynb)."
+        )
 
     chosen: dict[str, dict[str, Path]] = {}  # student -> reference name -> submitted file
     rows: list[dict[str, Any]] = []
@@ -801,15 +870,23 @@ def grade(submissions: Path, reference: Path, timeout: int = 600) -> list[dict[s
         for path in notebooks:
             ref = _match_reference(path, refs)
             if ref is None:
-                print(f"ignored {path}: matches no reference notebook in {reference}", file=sys.stderr)
+                print(
+                    f"ignored {path}: matches no reference notebook in {reference}", file=sys.stderr
+                )
                 continue
             current = chosen[folder.name].get(ref.path.name)
             if current is None or _prefer(path, current, ref):
                 if current is not None:
-                    print(f"ignored {current}: {path} is graded as {ref.path.name} instead", file=sys.stderr)
+                    print(
+                        f"ignored {current}: {path} is graded as {ref.path.name} instead",
+                        file=sys.stderr,
+                    )
                 chosen[folder.name][ref.path.name] = path
             else:
-                print(f"ignored {path}: {current} is graded as {ref.path.name} instead", file=sys.stderr)
+                print(
+                    f"ignored {path}: {current} is graded as {ref.path.name} instead",
+                    file=sys.stderr,
+                )
         if not notebooks:
             rows.append(_row(folder.name, "", "", 0, 0, "missing", "no notebook submitted"))
     assignment = sorted({name for per_student in chosen.values() for name in per_student})
@@ -819,7 +896,10 @@ def grade(submissions: Path, reference: Path, timeout: int = 600) -> list[dict[s
             ref = refs[name]
             path = chosen[folder.name].get(name)
             if path is None:
-                rows.extend(_row(folder.name, name, g, 0, p, "missing", "notebook not submitted") for g, p in ref.points.items())
+                rows.extend(
+                    _row(folder.name, name, g, 0, p, "missing", "notebook not submitted")
+                    for g, p in ref.points.items()
+                )
                 continue
             print(f"grading {path} against {ref.path} ...", file=sys.stderr, flush=True)
             rows.extend(grade_notebook(path, ref, folder.name, timeout))
@@ -853,22 +933,35 @@ def totals_table(rows: list[dict[str, Any]]) -> str:
     width = max([len("student")] + [len(s) for s in per])
     lines = [f"{'student':<{width}}  {'points':>12}  {'checks passed':>13}"]
     for student, (pts, max_pts, passed, checks) in per.items():
-        lines.append(f"{student:<{width}}  {_fmt(pts) + ' / ' + _fmt(max_pts):>12}  {f'{passed} / {checks}':>13}")
+        lines.append(
+            f"{student:<{width}}  {_fmt(pts) + ' / ' + _fmt(max_pts):>12}  {f'{passed} / {checks}':>13}"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``make-student`` and ``grade`` (see docs/grading.md)."""
-    parser = argparse.ArgumentParser(prog="python -m helpers.grading", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m helpers.grading", description=__doc__.splitlines()[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     ms = sub.add_parser("make-student", help="write student versions of the exercise notebooks")
-    ms.add_argument("notebooks", nargs="?", default="notebooks", help="folder of solution notebooks, or one notebook (default: notebooks)")
-    ms.add_argument("--out", default="student", help="folder for the student versions (default: student)")
+    ms.add_argument(
+        "notebooks",
+        nargs="?",
+        default="notebooks",
+        help="folder of solution notebooks, or one notebook (default: notebooks)",
+    )
+    ms.add_argument(
+        "--out", default="student", help="folder for the student versions (default: student)"
+    )
     gr = sub.add_parser("grade", help="execute and grade submissions/<student>/<notebook>.ipynb")
     gr.add_argument("submissions", help="folder with one sub-folder per student id")
     gr.add_argument("--out", default="grades.csv", help="CSV to write (default: grades.csv)")
     gr.add_argument("--timeout", type=int, default=600, help="seconds per cell (default: 600)")
-    gr.add_argument("--reference", default="notebooks", help="folder of solution notebooks (default: notebooks)")
+    gr.add_argument(
+        "--reference", default="notebooks", help="folder of solution notebooks (default: notebooks)"
+    )
     args = parser.parse_args(argv)
 
     try:
