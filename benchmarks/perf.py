@@ -28,7 +28,21 @@ VARIANTS = {
     "reduce-overhead": {"compile": "reduce-overhead"},
     "foreach-adamw": {"optimizer": "foreach"},
     "no-clip": {"grad_clip": None},
+    # experiments that are not RunConfig switches (yet): applied by ``experiment()`` below
+    "coord-descent": {},
+    "max-autotune-nocg": {"compile": "max-autotune-no-cudagraphs"},
 }
+
+
+def experiment(name: str):
+    """Context for variants that change global inductor settings; restores them afterwards."""
+    import contextlib
+
+    import torch._inductor.config as inductor_config
+
+    if name == "coord-descent":
+        return inductor_config.patch(coordinate_descent_tuning=True)
+    return contextlib.nullcontext()
 
 FAMILIES = [  # (family, regex on the kernel name), first match wins
     ("attention", r"flash|fmha|attention|sdpa|cudnn"),
@@ -91,7 +105,8 @@ def main(argv=None) -> int:
             memory.reset_peak(device)
             trainer = build(run, cfg, device)
             loader = data.BatchLoader(tokens, B, 1024, device)
-            t = timing.measure(lambda: trainer.step(loader), device, warmup=3, iters=10)  # noqa: B023
+            with experiment(v):  # compilation happens in the warm-up steps, inside the context
+                t = timing.measure(lambda: trainer.step(loader), device, warmup=3, iters=10)  # noqa: B023
             tok_s = timing.tokens_per_second(B * 1024, t.median_ms)
             row = {"variant": v, "batch_size": B, "ms_per_step": t.median_ms, "spread_pct": t.spread_pct,
                    "tokens_per_s": tok_s, "tflops": flops_per_token(cfg) * tok_s / 1e12,

@@ -41,6 +41,10 @@ SECTIONS = {
     "ch00_tflops": "chapter 00, section 3 (From FLOPs and milliseconds to TFLOP/s)",
     "ch01_loss_at_init": "chapter 01, section 4 (The loss before training)",
     "ch01_block_params": "chapter 01, section 2 (Where the parameters are)",
+    "ch02_step_timer": "chapter 02, section 4 (Exercise: a step timer that is right on a GPU)",
+    "ch02_mfu": "chapter 02, section 5 (From a step time to tokens/s and MFU)",
+    "ch03_adamw_bytes": "chapter 03, section 1 (Memory accounting for GPT-2 124M)",
+    "ch03_batch_probe": "chapter 03, section 3 (Probing for the largest batch, done right)",
 }
 
 
@@ -230,11 +234,337 @@ def check_block_params(fn: Callable[[int], int]) -> None:
     print(f"PASS {gid}: block_parameters(C) matches helpers.model.Block for C in {widths}")
 
 
+# --------------------------------------------------------------------------------------------
+# Chapters 02 and 03
+# --------------------------------------------------------------------------------------------
+
+
+class FakeAsyncDevice:
+    """A stand-in for a GPU, for :func:`check_step_timer`: ``step()`` returns at once but queues
+    ``work_ms`` of "device" work that only ``synchronize()`` waits for, like a CUDA launch. The
+    first ``slow_calls`` steps queue ``first_extra_ms`` more, like a first CUDA step."""
+
+    def __init__(self, work_ms: float = 20.0, first_extra_ms: float = 150.0, slow_calls: int = 2):
+        import time
+
+        self._clock = time.perf_counter
+        self._sleep = time.sleep
+        self.work_ms, self.first_extra_ms, self.slow_calls = work_ms, first_extra_ms, slow_calls
+        self.busy_until = self._clock()
+        self.calls = 0
+
+    def step(self) -> None:
+        self.calls += 1
+        extra = self.first_extra_ms if self.calls <= self.slow_calls else 0.0
+        self.busy_until = max(self.busy_until, self._clock()) + (self.work_ms + extra) / 1e3
+
+    def synchronize(self) -> None:
+        delay = self.busy_until - self._clock()
+        if delay > 0:
+            self._sleep(delay)
+
+
+def check_step_timer(fn: Callable[..., list[float]]) -> None:
+    """Check ``time_steps(step, synchronize, warmup, iters) -> list[float]`` (ms per timed step)
+    against :class:`FakeAsyncDevice`: 2 warm-up calls of ~170 ms, then steps of 20 ms of queued work.
+
+    Raises:
+        AssertionError: with a hint, for a timer that does not synchronise, reports warm-up steps,
+            returns the wrong number of times, or calls step() the wrong number of times.
+    """
+    gid = "ch02_step_timer"
+    dev = FakeAsyncDevice()
+    warmup, iters = 2, 5
+    times = fn(dev.step, dev.synchronize, warmup, iters)
+    dev.synchronize()
+    if times is None:
+        raise AssertionError(f"time_steps returned None: return the list of step times. {_reread(gid)}")
+    times = [_as_number(t, "time_steps(...)[i]", gid) for t in times]
+    if dev.calls != warmup + iters:
+        raise AssertionError(
+            f"step() was called {dev.calls} times for warmup={warmup}, iters={iters}: call it warmup + iters = "
+            f"{warmup + iters} times. {_reread(gid)}")
+    if len(times) != iters:
+        raise AssertionError(
+            f"time_steps returned {len(times)} times for iters={iters}: return one time per timed step, "
+            f"and none for the warm-up steps. {_reread(gid)}")
+    if max(times) < 5:
+        raise AssertionError(
+            f"your times are {[round(t, 2) for t in times]} ms, but each step queues 20 ms of device work: "
+            f"step() only launched it. Call synchronize() before reading the clock. {_reread(gid)}")
+    if max(times) > 100:
+        raise AssertionError(
+            f"a timed step took {max(times):.0f} ms although each step is 20 ms: warm-up work leaked into it. "
+            f"Synchronize after the warm-up steps and exclude them from the times. {_reread(gid)}")
+    if not all(12 < t < 60 for t in times):
+        raise AssertionError(
+            f"times {[round(t, 1) for t in times]} ms: each should be about 20 ms (one step's work). "
+            f"Start the clock after the previous step finished and stop it after synchronize(). {_reread(gid)}")
+    print(f"PASS {gid}: time_steps synchronises, skips {warmup} warm-up steps and times each step (fake 20 ms device)")
+
+
+MFU_CASES = [  # (step_ms, tokens_per_step, flops_per_token, peak_flops)
+    (33.7, 16 * 1024, 855_166_464, 989.4e12),
+    (366.8, 16 * 1024, 855_166_464, 989.4e12),
+    (1000.0, 512, 6e6, 65e12),
+]
+
+
+def check_mfu(fn: Callable[[float, int, float, float], float]) -> None:
+    """Check ``mfu(step_ms, tokens_per_step, flops_per_token, peak_flops) -> float`` (a fraction)
+    against ``flops_per_token * tokens_per_step / (step_ms / 1e3) / peak_flops``.
+
+    Raises:
+        AssertionError: with a hint, when a case differs by more than a relative 1e-6.
+    """
+    gid = "ch02_mfu"
+    for step_ms, tokens, fpt, peak in MFU_CASES:
+        call = f"mfu({step_ms}, {tokens}, {fpt}, {peak:g})"
+        got = _as_number(fn(step_ms, tokens, fpt, peak), call, gid)
+        want = fpt * tokens / (step_ms / 1e3) / peak
+        if _close(got, want):
+            continue
+        if _close(got, want / 1e3) or _close(got, want * 1e3):
+            why = f"{call} returned {got:g}, off by 1000x: convert step_ms to seconds (step_ms / 1e3)."
+        elif _close(got, 100 * want):
+            why = f"{call} returned {got:g}: that is a percentage; return the fraction (e.g. 0.42)."
+        elif got > 0 and _close(1 / got, want):
+            why = f"{call} returned {got:g}: inverted. MFU = achieved FLOP/s / peak FLOP/s."
+        else:
+            why = f"{call} returned {got:g}, expected {want:.6g} = flops_per_token * tokens/s / peak_flops."
+        raise AssertionError(f"{why} {_reread(gid)}")
+    print(f"PASS {gid}: mfu(...) == flops_per_token * tokens_per_s / peak_flops for {len(MFU_CASES)} cases")
+
+
+ADAMW_CASES = [1, 1000, 124_439_808]
+
+
+def check_adamw_bytes(fn: Callable[[int], int]) -> None:
+    """Check ``adamw_state_bytes(n_params) -> int`` = 2 moments x 4 bytes x n_params.
+
+    Raises:
+        AssertionError: with a hint, for a wrong count of moments or bytes.
+    """
+    gid = "ch03_adamw_bytes"
+    for n in ADAMW_CASES:
+        call = f"adamw_state_bytes({n:,})"
+        got = _as_number(fn(n), call, gid)
+        want = 8 * n
+        if got == want:
+            continue
+        if got == 4 * n:
+            why = f"{call} returned {got:,.0f} = 4 bytes x n: AdamW keeps *two* moments (exp_avg and exp_avg_sq)."
+        elif got == 2 * n:
+            why = f"{call} returned {got:,.0f}: the moments are counted, but each is a 4-byte fp32 number."
+        elif got in (16 * n, 12 * n):
+            why = f"{call} returned {got:,.0f}: count only the optimizer state, not the parameters or gradients."
+        else:
+            why = f"{call} returned {got:,.0f}, expected {want:,}."
+        raise AssertionError(f"{why} {_reread(gid)}")
+    print(f"PASS {gid}: adamw_state_bytes(n) == 8*n (two fp32 moments) for n in {ADAMW_CASES}")
+
+
+class _FakeBlock:
+    """Memory a fake training step holds while its frame (or a traceback to it) is alive."""
+
+    def __init__(self, units: int):
+        self.units = units
+
+
+class FakeMemory:
+    """A GPU memory of ``capacity`` units for :func:`check_batch_probe`. ``step(B)`` takes B units;
+    memory still referenced by an earlier failed step (kept exception, traceback or outputs) counts
+    as used, and a step called while an OOM is being handled fails, as on a real GPU."""
+
+    def __init__(self, capacity: int, max_calls: int = 200):
+        import weakref
+
+        self.capacity, self.max_calls, self.calls = capacity, max_calls, 0
+        self.live: "weakref.WeakSet[_FakeBlock]" = weakref.WeakSet()
+        self.flags: set[str] = set()
+
+    def step(self, B: int):
+        import torch
+
+        self.calls += 1
+        if self.calls > self.max_calls:
+            raise AssertionError(f"the probe called try_step more than {self.max_calls} times: does it stop?")
+        if sys.exc_info()[0] is not None:
+            self.flags.add("inside-except")
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (fake): the failed step's memory is still held")
+        held = sum(b.units for b in self.live)
+        if held:
+            self.flags.add("kept-reference")
+        block = _FakeBlock(B)  # the step's tensors: alive while this frame is referenced
+        self.live.add(block)
+        if held + B > self.capacity:
+            raise torch.cuda.OutOfMemoryError(f"CUDA out of memory (fake): B={B} needs {B} units, {self.capacity - held} free")
+        del block
+
+
+PROBE_CASES = [(37, 1), (1, 1), (100, 3), (64, 1)]  # (hidden largest B, start)
+
+
+def check_batch_probe(fn: Callable[..., int]) -> None:
+    """Check ``find_max_batch(try_step, start=1) -> int`` against fake steps that raise
+    ``torch.cuda.OutOfMemoryError`` above a hidden batch size (:class:`FakeMemory`).
+
+    Raises:
+        AssertionError: with a hint, for a wrong answer, a retry inside ``except``, a kept reference
+            to a failed step, or a probe that does not stop.
+    """
+    gid = "ch03_batch_probe"
+    import gc
+
+    for hidden, start in PROBE_CASES:
+        mem = FakeMemory(hidden)
+        got = fn(mem.step, start=start)
+        gc.collect()
+        if "inside-except" in mem.flags:
+            raise AssertionError(
+                "try_step was called while an OOM was still being handled (inside `except`): the failed step's "
+                f"tensors are still referenced there. Record the failure, leave the except block, then retry. {_reread(gid)}")
+        if "kept-reference" in mem.flags:
+            raise AssertionError(
+                "memory of a failed step was still referenced at the next try (a kept exception, traceback or "
+                f"output). Drop every reference before retrying. {_reread(gid)}")
+        got = _as_number(got, f"find_max_batch(..., start={start})", gid)
+        if got != hidden:
+            why = "too large: it reported a size that raised OOM." if got > hidden else \
+                "too small: bisect between the last size that fit and the first that failed."
+            raise AssertionError(f"find_max_batch returned {got:g}, but the largest fitting B is {hidden}: {why} {_reread(gid)}")
+    print(f"PASS {gid}: find_max_batch finds the largest B for {len(PROBE_CASES)} hidden limits, retrying outside `except`")
+
+
+def _timer_no_sync(step, synchronize, warmup, iters):
+    import time
+
+    for _ in range(warmup):
+        step()
+    out = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        step()
+        out.append(1e3 * (time.perf_counter() - t0))
+    return out
+
+
+def _timer_includes_warmup(step, synchronize, warmup, iters):
+    import time
+
+    out = []
+    for _ in range(warmup + iters):
+        t0 = time.perf_counter()
+        step()
+        synchronize()
+        out.append(1e3 * (time.perf_counter() - t0))
+    return out
+
+
+def _timer_no_sync_after_warmup(step, synchronize, warmup, iters):
+    import time
+
+    for _ in range(warmup):
+        step()
+    out = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        step()
+        synchronize()
+        out.append(1e3 * (time.perf_counter() - t0))
+    return out
+
+
+def _mfu_ms_as_s(step_ms, tokens, fpt, peak):
+    return fpt * tokens / step_ms / peak
+
+
+def _mfu_percent(step_ms, tokens, fpt, peak):
+    return 100 * fpt * tokens / (step_ms / 1e3) / peak
+
+
+def _adamw_one_moment(n):
+    return 4 * n
+
+
+def _adamw_with_params_and_grads(n):
+    return 16 * n
+
+
+def _probe_retry_inside_except(try_step, start=1):
+    import torch
+
+    def fits(B):
+        try:
+            try_step(B)
+            return True
+        except torch.cuda.OutOfMemoryError:
+            return False
+
+    B = start
+    while fits(2 * B):
+        B *= 2
+    try:
+        try_step(2 * B)
+    except torch.cuda.OutOfMemoryError:  # the seed's mistake: shrink and retry inside except
+        lo, hi = B, 2 * B
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid
+        return lo
+    return B
+
+
+def _probe_keeps_exception(try_step, start=1):
+    import torch
+
+    errors = []
+    good, bad = start, None
+    while bad is None:
+        try:
+            try_step(2 * good)
+            good *= 2
+        except torch.cuda.OutOfMemoryError as e:
+            errors.append(e)  # keeps the traceback, and with it the failed step's memory
+            bad = 2 * good
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        try:
+            try_step(mid)
+            good = mid
+        except torch.cuda.OutOfMemoryError as e:
+            errors.append(e)
+            bad = mid
+    return good
+
+
+def _probe_doubling_only(try_step, start=1):
+    import torch
+
+    B = start
+    while True:
+        failed = False
+        try:
+            try_step(2 * B)
+        except torch.cuda.OutOfMemoryError:
+            failed = True
+        if failed:
+            return B
+        B *= 2
+
+
 CHECKS: dict[str, Callable[[Callable[..., Any]], None]] = {
     "ch00_matmul_flops": check_matmul_flops,
     "ch00_tflops": check_tflops,
     "ch01_loss_at_init": check_loss_at_init,
     "ch01_block_params": check_block_params,
+    "ch02_step_timer": check_step_timer,
+    "ch02_mfu": check_mfu,
+    "ch03_adamw_bytes": check_adamw_bytes,
+    "ch03_batch_probe": check_batch_probe,
 }
 
 
@@ -329,6 +659,10 @@ WRONG_ANSWERS: dict[str, list[Callable[..., Any]]] = {
         _block_attention_only,
         _block_mlp_hidden_c,
     ],
+    "ch02_step_timer": [_timer_no_sync, _timer_includes_warmup, _timer_no_sync_after_warmup],
+    "ch02_mfu": [_mfu_ms_as_s, _mfu_percent],
+    "ch03_adamw_bytes": [_adamw_one_moment, _adamw_with_params_and_grads],
+    "ch03_batch_probe": [_probe_retry_inside_except, _probe_keeps_exception, _probe_doubling_only],
 }
 
 

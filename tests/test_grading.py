@@ -38,11 +38,44 @@ def block_parameters(n_embd: int) -> int:
     return 12 * n_embd * n_embd + 13 * n_embd
 
 
+def time_steps(step, synchronize, warmup, iters):
+    import time
+
+    for _ in range(warmup):
+        step()
+    synchronize()
+    out = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        step()
+        synchronize()
+        out.append(1e3 * (time.perf_counter() - t0))
+    return out
+
+
+def mfu(step_ms, tokens_per_step, flops_per_token, peak_flops):
+    return flops_per_token * tokens_per_step / (step_ms / 1e3) / peak_flops
+
+
+def adamw_state_bytes(n_params):
+    return 8 * n_params
+
+
+def find_max_batch(try_step, start=1):
+    from helpers import memory
+
+    return memory.find_max_batch_size(try_step, "cpu", start=start)["max_batch_size"]
+
+
 RIGHT_ANSWERS = {
     "ch00_matmul_flops": matmul_flops,
     "ch00_tflops": achieved_tflops,
     "ch01_loss_at_init": expected_initial_loss,
     "ch01_block_params": block_parameters,
+    "ch02_step_timer": time_steps,
+    "ch02_mfu": mfu,
+    "ch03_adamw_bytes": adamw_state_bytes,
+    "ch03_batch_probe": find_max_batch,
 }
 
 
