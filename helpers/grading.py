@@ -45,6 +45,10 @@ SECTIONS = {
     "ch02_mfu": "chapter 02, section 5 (From a step time to tokens/s and MFU)",
     "ch03_adamw_bytes": "chapter 03, section 1 (Memory accounting for GPT-2 124M)",
     "ch03_batch_probe": "chapter 03, section 3 (Probing for the largest batch, done right)",
+    "ch06_sdpa_attention": "chapter 06, section 2 (Exercise: SDPA in the attention block)",
+    "ch06_online_softmax": "chapter 06, section 3 (The idea behind FlashAttention: online softmax)",
+    "ch07_pad_vocab": "chapter 07, section 2 (Padding the vocabulary)",
+    "ch07_masked_sampling": "chapter 07, section 3 (Padded ids must never be sampled)",
 }
 
 
@@ -556,6 +560,225 @@ def _probe_doubling_only(try_step, start=1):
         B *= 2
 
 
+# --------------------------------------------------------------------------------------------
+# Chapters 06 and 07
+# --------------------------------------------------------------------------------------------
+
+
+def check_sdpa_attention(fn: Callable[..., Any]) -> None:
+    """Check ``causal_attention(q, k, v)`` written with SDPA: same output and gradients as the manual
+    reference (fp32, relative error < 1e-4), and no (T, T) tensor allocated in forward or backward,
+    measured by recording the shape of every tensor the ops return.
+
+    Raises:
+        AssertionError: with a hint, for a wrong result or a materialised (T, T) tensor.
+    """
+    import torch
+
+    from helpers import attention
+
+    gid = "ch06_sdpa_attention"
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 96, 16) for _ in range(3))
+    out = fn(q, k, v)
+    if out is None:
+        raise AssertionError(f"causal_attention returned None: return the attention output. {_reread(gid)}")
+    ref = attention.manual_attention(q, k, v)
+    if tuple(out.shape) != tuple(ref.shape):
+        raise AssertionError(f"causal_attention returned shape {tuple(out.shape)}, expected {tuple(ref.shape)} = (B, nh, T, hs). {_reread(gid)}")
+    err = attention.relative_error(out, ref)
+    if not err < 1e-4:
+        noncausal = attention.relative_error(torch.nn.functional.scaled_dot_product_attention(q, k, v), out)
+        why = ("the output matches attention *without* the causal mask: pass is_causal=True."
+               if noncausal < 1e-4 else f"relative error {err:.2e} against the manual causal attention.")
+        raise AssertionError(f"{why} {_reread(gid)}")
+    square = attention.square_score_tensors(fn, q, k, v)
+    if square:
+        ops = sorted({op for op, _ in square})
+        raise AssertionError(
+            f"{len(square)} tensors of shape (..., T, T) were allocated (by {', '.join(ops[:4])}): build no score matrix or "
+            f"mask tensor; call F.scaled_dot_product_attention(q, k, v, is_causal=True). {_reread(gid)}")
+    print(f"PASS {gid}: same output as manual attention (rel. error {err:.1e}) and no (T, T) tensor in forward or backward")
+
+
+def check_online_softmax(fn: Callable[..., Any]) -> None:
+    """Check ``combine_two_tiles(s1, v1, s2, v2)`` = softmax([s1, s2]) @ [v1; v2], computed with the
+    online-softmax recurrence: exact on random and on huge scores (1e4, where exp overflows), and
+    without building the concatenated (N, t1 + t2) scores.
+
+    Raises:
+        AssertionError: with a hint.
+    """
+    import torch
+
+    from helpers import attention
+
+    gid = "ch06_online_softmax"
+    g = torch.Generator().manual_seed(0)
+    N, t1, t2, d = 5, 7, 11, 3
+    for scale in (1.0, 1e4):
+        s1, s2 = torch.randn(N, t1, generator=g) * scale, torch.randn(N, t2, generator=g) * scale
+        v1, v2 = torch.randn(t1, d, generator=g), torch.randn(t2, d, generator=g)
+        ref = torch.cat([s1, s2], dim=1).double().softmax(dim=1) @ torch.cat([v1, v2]).double()
+        rec = attention.TensorShapeRecorder()
+        with rec:
+            out = fn(s1, v1, s2, v2)
+        if out is None:
+            raise AssertionError(f"combine_two_tiles returned None. {_reread(gid)}")
+        if any(len(shape) >= 1 and shape[-1] == t1 + t2 for _, shape in rec.shapes):
+            raise AssertionError(
+                f"a tensor with {t1 + t2} = t1 + t2 columns was built: that is the full score row. Keep one tile at a "
+                f"time: a running max, a running denominator and a running output. {_reread(gid)}")
+        if not torch.isfinite(out).all():
+            raise AssertionError(
+                f"with scores of size ~{scale:g} the result has inf/nan: subtract the running max before exp(). {_reread(gid)}")
+        err = attention.relative_error(out, ref)
+        if not err < 1e-5:
+            raise AssertionError(
+                f"relative error {err:.2e} (scores ~{scale:g}): when the max grows from m1 to m, rescale the first tile's "
+                f"denominator and output by exp(m1 - m) before adding the second tile. {_reread(gid)}")
+    print(f"PASS {gid}: two tiles combined exactly (also with scores of 1e4), never building the full score row")
+
+
+PAD_CASES = [(50257, 64, 50304), (50257, 128, 50304), (50304, 64, 50304), (768, 64, 768), (1, 8, 8), (65, 64, 128)]
+
+
+def check_pad_vocab(fn: Callable[[int, int], int]) -> None:
+    """Check ``pad_vocab(n, multiple) -> int``: the smallest multiple of ``multiple`` that is >= n.
+
+    Raises:
+        AssertionError: with a hint.
+    """
+    gid = "ch07_pad_vocab"
+    for n, m, want in PAD_CASES:
+        call = f"pad_vocab({n}, {m})"
+        got = _as_number(fn(n, m), call, gid)
+        if got == want:
+            continue
+        if got < n:
+            why = f"{call} returned {got:g} < {n}: rounding down drops real tokens; round up."
+        elif n % m == 0:
+            why = f"{call} returned {got:g}: {n} is already a multiple of {m}, so it must stay {n}."
+        elif got % m:
+            why = f"{call} returned {got:g}, which is not a multiple of {m}."
+        else:
+            why = f"{call} returned {got:g}, expected {want} (the *smallest* multiple >= n)."
+        raise AssertionError(f"{why} {_reread(gid)}")
+    print(f"PASS {gid}: pad_vocab rounds up to the next multiple for {len(PAD_CASES)} cases, aligned ones included")
+
+
+def check_masked_sampling(fn: Callable[..., Any]) -> None:
+    """Check ``sample_next(logits, vocab_size, generator) -> (B, 1) int64``: samples from the softmax
+    of the logits of real ids only. Run on a seeded untrained GPT with padded vocab whose padded
+    rows are made the most likely ids, so only masking keeps them out; the samples must also vary.
+
+    Raises:
+        AssertionError: with a hint.
+    """
+    import torch
+
+    from helpers.model import GPT, GPTConfig
+
+    gid = "ch07_masked_sampling"
+    torch.manual_seed(0)
+    cfg = GPTConfig(block_size=16, vocab_size=100, vocab_multiple=64, n_layer=1, n_head=2, n_embd=16)
+    model = GPT(cfg).eval()
+    with torch.no_grad():  # make the padded ids by far the most likely: only masking keeps them out
+        model.transformer.ln_f.weight.zero_()
+        model.transformer.ln_f.bias.fill_(1.0)
+        model.lm_head.weight[100:] = 1.0
+        logits, _ = model(torch.zeros(8, 4, dtype=torch.long))
+    logits = logits[:, -1, :]  # (8, 128)
+    if logits.argmax(dim=-1).max() < 100:
+        raise AssertionError("internal: the padded ids are not the most likely ones")
+    g = torch.Generator().manual_seed(0)
+    samples = [fn(logits.clone(), 100, g) for _ in range(25)]
+    if any(s is None for s in samples):
+        raise AssertionError(f"sample_next returned None. {_reread(gid)}")
+    ids = torch.cat([torch.as_tensor(s).reshape(-1) for s in samples])
+    if ids.max().item() >= 100:
+        raise AssertionError(
+            f"sample_next returned id {ids.max().item()} >= vocab_size = 100: padded ids must get logit -inf (or be "
+            f"sliced off) before sampling. {_reread(gid)}")
+    if ids.unique().numel() < 10:
+        raise AssertionError(
+            f"only {ids.unique().numel()} distinct ids in {ids.numel()} draws: sample with torch.multinomial from the "
+            f"softmax, not argmax. {_reread(gid)}")
+    print(f"PASS {gid}: {ids.numel()} samples from a padded untrained model, none >= vocab_size, {ids.unique().numel()} distinct ids")
+
+
+def _attention_manual(q, k, v):
+    from helpers import attention
+
+    return attention.manual_attention(q, k, v)
+
+
+def _attention_not_causal(q, k, v):
+    import torch
+
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+def _attention_mask_tensor(q, k, v):
+    import torch
+
+    T = q.size(-2)
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def _tiles_concatenate(s1, v1, s2, v2):
+    import torch
+
+    return torch.cat([s1, s2], dim=1).softmax(dim=1) @ torch.cat([v1, v2])
+
+
+def _tiles_no_rescale(s1, v1, s2, v2):
+    import torch
+
+    m1 = s1.amax(dim=1, keepdim=True)
+    p1 = torch.exp(s1 - m1)
+    m = torch.maximum(m1, s2.amax(dim=1, keepdim=True))
+    p2 = torch.exp(s2 - m)
+    return (p1 @ v1 + p2 @ v2) / (p1.sum(1, keepdim=True) + p2.sum(1, keepdim=True))  # p1 not rescaled
+
+
+def _tiles_no_max(s1, v1, s2, v2):
+    import torch
+
+    p1, p2 = torch.exp(s1), torch.exp(s2)
+    return (p1 @ v1 + p2 @ v2) / (p1.sum(1, keepdim=True) + p2.sum(1, keepdim=True))
+
+
+def _pad_always_add(n, m):
+    return n + m - n % m
+
+
+def _pad_round_down(n, m):
+    return n // m * m
+
+
+def _pad_next_always(n, m):
+    return (n // m + 1) * m
+
+
+def _sample_unmasked(logits, vocab_size, generator):
+    import torch
+
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator)
+
+
+def _sample_off_by_one(logits, vocab_size, generator):
+    import torch
+
+    logits[:, vocab_size + 1 :] = float("-inf")
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator)
+
+
+def _sample_argmax(logits, vocab_size, generator):
+    return logits[:, :vocab_size].argmax(dim=-1, keepdim=True)
+
+
 CHECKS: dict[str, Callable[[Callable[..., Any]], None]] = {
     "ch00_matmul_flops": check_matmul_flops,
     "ch00_tflops": check_tflops,
@@ -565,6 +788,10 @@ CHECKS: dict[str, Callable[[Callable[..., Any]], None]] = {
     "ch02_mfu": check_mfu,
     "ch03_adamw_bytes": check_adamw_bytes,
     "ch03_batch_probe": check_batch_probe,
+    "ch06_sdpa_attention": check_sdpa_attention,
+    "ch06_online_softmax": check_online_softmax,
+    "ch07_pad_vocab": check_pad_vocab,
+    "ch07_masked_sampling": check_masked_sampling,
 }
 
 
@@ -663,6 +890,10 @@ WRONG_ANSWERS: dict[str, list[Callable[..., Any]]] = {
     "ch02_mfu": [_mfu_ms_as_s, _mfu_percent],
     "ch03_adamw_bytes": [_adamw_one_moment, _adamw_with_params_and_grads],
     "ch03_batch_probe": [_probe_retry_inside_except, _probe_keeps_exception, _probe_doubling_only],
+    "ch06_sdpa_attention": [_attention_manual, _attention_not_causal, _attention_mask_tensor],
+    "ch06_online_softmax": [_tiles_concatenate, _tiles_no_rescale, _tiles_no_max],
+    "ch07_pad_vocab": [_pad_always_add, _pad_round_down, _pad_next_always],
+    "ch07_masked_sampling": [_sample_unmasked, _sample_off_by_one, _sample_argmax],
 }
 
 

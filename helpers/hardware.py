@@ -146,6 +146,15 @@ def tf32_supported(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
 
 
+def tensor_core_multiple(dtype: torch.dtype) -> int:
+    """Smallest dimension multiple (in elements) that lets cuBLAS use tensor cores for ``dtype``:
+    16 bytes' worth (8 for fp16/bf16, 4 for tf32/fp32, 16 for 8-bit types). Larger multiples (64,
+    128) also avoid partly empty tiles ("tile quantization"). Source: NVIDIA Deep Learning Performance
+    Guide, "Matrix Multiplication Background" and "Tensor Core Requirements"
+    (https://docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication/)."""
+    return max(1, 16 // (torch.finfo(dtype).bits // 8))
+
+
 def default_device() -> torch.device:
     """``cuda`` when a CUDA GPU is visible, else ``cpu``."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")

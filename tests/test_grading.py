@@ -67,6 +67,31 @@ def find_max_batch(try_step, start=1):
     return memory.find_max_batch_size(try_step, "cpu", start=start)["max_batch_size"]
 
 
+def causal_attention(q, k, v):
+    import torch
+
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def combine_two_tiles(s1, v1, s2, v2):
+    import torch
+
+    m1 = s1.amax(dim=1, keepdim=True)
+    m = torch.maximum(m1, s2.amax(dim=1, keepdim=True))
+    p1, p2 = torch.exp(s1 - m), torch.exp(s2 - m)
+    return (p1 @ v1 + p2 @ v2) / (p1.sum(1, keepdim=True) + p2.sum(1, keepdim=True))
+
+
+def pad_vocab(n, multiple):
+    return -(-n // multiple) * multiple
+
+
+def sample_next(logits, vocab_size, generator):
+    import torch
+
+    return torch.multinomial(logits[:, :vocab_size].float().softmax(-1), 1, generator=generator)
+
+
 RIGHT_ANSWERS = {
     "ch00_matmul_flops": matmul_flops,
     "ch00_tflops": achieved_tflops,
@@ -76,6 +101,10 @@ RIGHT_ANSWERS = {
     "ch02_mfu": mfu,
     "ch03_adamw_bytes": adamw_state_bytes,
     "ch03_batch_probe": find_max_batch,
+    "ch06_sdpa_attention": causal_attention,
+    "ch06_online_softmax": combine_two_tiles,
+    "ch07_pad_vocab": pad_vocab,
+    "ch07_masked_sampling": sample_next,
 }
 
 

@@ -1,0 +1,61 @@
+import pytest
+import torch
+
+from helpers import attention as A
+from helpers import hardware
+
+
+@pytest.fixture
+def qkv():
+    torch.manual_seed(0)
+    return tuple(torch.randn(2, 3, 100, 16) for _ in range(3))
+
+
+def test_tiled_online_softmax_is_exact(qkv):
+    ref = A.manual_attention(*qkv)
+    for tile in (7, 32, 100, 128):
+        assert A.relative_error(A.tiled_attention(*qkv, tile=tile), ref) < 1e-6
+
+
+def test_tiled_attention_survives_huge_scores():
+    q = torch.randn(1, 1, 20, 8) * 300  # scores of ~1e5: a naive exp overflows
+    out = A.tiled_attention(q, q, q, tile=8)
+    assert torch.isfinite(out).all()
+    assert A.relative_error(out, A.manual_attention(q, q, q)) < 1e-5
+
+
+def test_manual_and_sdpa_agree_on_outputs_and_grads(qkv):
+    res = A.compare_outputs_and_grads(*qkv)
+    assert all(r["ok"] for r in res.values()), res
+
+
+def test_only_manual_attention_allocates_t_by_t_tensors(qkv):
+    assert A.square_score_tensors(A.manual_attention, *qkv)
+    assert A.square_score_tensors(A.sdpa_attention, *qkv) == []
+
+
+def test_forcing_a_backend_that_cannot_run_returns_the_reason(qkv):
+    results = {b: A.run_forced_backend(*qkv, b) for b in A.sdpa_backend_names()}
+    assert results["MATH"][1] == "ok"
+    failed = [(b, why) for b, (out, why) in results.items() if out is None]
+    assert failed and all(why for _, why in failed)  # on a CPU the CUDA-only kernels cannot run
+
+
+def test_pitfalls_are_shown_by_measurement():
+    assert "raised" in A.pitfall_mask_and_is_causal("cpu")
+    errs = A.pitfall_single_query_is_causal("cpu")
+    assert errs["is_causal=True"] > 0.1 and errs["is_causal=False"] < 1e-5
+
+
+def test_attention_and_lm_head_sweeps_on_cpu():
+    rows = A.attention_sweep("cpu", [32, 64], B=1, n_head=2, head_size=8)
+    assert [(r["impl"], r["T"]) for r in rows] == [("manual", 32), ("sdpa", 32), ("manual", 64), ("sdpa", 64)]
+    assert all(r["ms"] > 0 and r["peak_mem_bytes"] is None for r in rows)
+    lm = A.lm_head_sweep("cpu", [100, 128], n_tokens=64, n_embd=32)
+    assert [r["multiple_of_64"] for r in lm] == [False, True] and all(r["ms"] > 0 for r in lm)
+
+
+def test_tensor_core_multiples():
+    assert hardware.tensor_core_multiple(torch.bfloat16) == 8
+    assert hardware.tensor_core_multiple(torch.float16) == 8
+    assert hardware.tensor_core_multiple(torch.float32) == 4
