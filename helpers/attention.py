@@ -179,16 +179,19 @@ def attention_sweep(device, seq_lens, B: int = 8, n_head: int = 12, head_size: i
     return rows
 
 
-def pitfall_mask_and_is_causal(device) -> str:
-    """Pass an explicit causal mask *and* ``is_causal=True``. PyTorch documents this combination as
-    an error; what this device's kernel does with it is returned as text (raised or not)."""
-    q = torch.randn(1, 2, 8, 16, device=device)
+def pitfall_mask_and_is_causal(device) -> dict:
+    """Pass an explicit causal mask *and* ``is_causal=True``, which PyTorch's documentation calls an
+    error. Returns {"raised": bool, "message": str, "rel_error_vs_causal": float | None}: whether this
+    device's kernel raised, and if not, how far its output is from plain causal attention."""
+    g = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(1, 2, 8, 16, device=device, generator=g)
     mask = torch.ones(8, 8, dtype=torch.bool, device=device).tril()
     try:
-        F.scaled_dot_product_attention(q, q, q, attn_mask=mask, is_causal=True)
+        out = F.scaled_dot_product_attention(q, q, q, attn_mask=mask, is_causal=True)
     except RuntimeError as e:
-        return f"raised RuntimeError: {str(e).strip().splitlines()[0]}"
-    return "no error raised: the mistake would go unnoticed here"
+        return {"raised": True, "message": str(e).strip().splitlines()[0], "rel_error_vs_causal": None}
+    err = relative_error(out, F.scaled_dot_product_attention(q, q, q, is_causal=True))
+    return {"raised": False, "message": "no error raised: the mistake goes unnoticed here", "rel_error_vs_causal": err}
 
 
 def pitfall_single_query_is_causal(device, n_keys: int = 16) -> dict:

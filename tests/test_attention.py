@@ -41,8 +41,17 @@ def test_forcing_a_backend_that_cannot_run_returns_the_reason(qkv):
     assert failed and all(why for _, why in failed)  # on a CPU the CUDA-only kernels cannot run
 
 
-def test_pitfalls_are_shown_by_measurement():
-    assert "raised" in A.pitfall_mask_and_is_causal("cpu")
+def test_pitfalls_are_shown_by_measurement(monkeypatch):
+    res = A.pitfall_mask_and_is_causal("cpu")
+    assert res["raised"] or res["rel_error_vs_causal"] is not None  # torch-version dependent, both reported
+
+    def strict(*args, **kwargs):
+        raise RuntimeError("Explicit attn_mask should not be set when is_causal=True")
+
+    monkeypatch.setattr(A.F, "scaled_dot_product_attention", strict)
+    res = A.pitfall_mask_and_is_causal("cpu")
+    assert res["raised"] and "is_causal" in res["message"] and res["rel_error_vs_causal"] is None
+    monkeypatch.undo()
     errs = A.pitfall_single_query_is_causal("cpu")
     assert errs["is_causal=True"] > 0.1 and errs["is_causal=False"] < 1e-5
 
