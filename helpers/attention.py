@@ -130,9 +130,13 @@ def sdpa_backend_names() -> list[str]:
     return [n for n in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH") if hasattr(SDPBackend, n)]
 
 
+_BACKEND_WORDS = {"FLASH_ATTENTION": "flash", "EFFICIENT_ATTENTION": "efficient", "CUDNN_ATTENTION": "cudnn", "MATH": "math"}
+
+
 def run_forced_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str) -> tuple[torch.Tensor | None, str]:
     """Causal SDPA forced to one backend (``torch.nn.attention.sdpa_kernel``). Returns (output, "ok"),
-    or (None, PyTorch's reason) when the backend cannot run these inputs — never raises for that."""
+    or (None, reason) when the backend cannot run these inputs — never raises for that. The reason
+    is PyTorch's own warning about that backend where it gave one, else its error message."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     try:
@@ -141,9 +145,14 @@ def run_forced_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backen
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return out, "ok"
     except RuntimeError as e:
-        reasons = [str(w.message).split("\n")[0] for w in caught if "attention" in str(w.message).lower()]
-        first = str(e).strip().split("\n")[0]
-        return None, "; ".join(reasons[:2]) or first
+        word = _BACKEND_WORDS.get(backend, backend.lower())
+        texts = [str(w.message).split("(Triggered internally")[0].strip() for w in caught]
+        # PyTorch warns "<Backend> kernel not used because:" and gives the reason(s) in the next warning(s).
+        for i, t in enumerate(texts):
+            if word in t.lower() and "not used because" in t.lower():
+                reasons = [r for r in texts[i + 1 : i + 3] if "disabled" not in r.lower() and "not used because" not in r.lower()]
+                return None, " ".join([t, *reasons])
+        return None, str(e).strip().split("\n")[0]
 
 
 def attention_sweep(device, seq_lens, B: int = 8, n_head: int = 12, head_size: int = 64, dtype=None) -> list[dict]:

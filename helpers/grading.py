@@ -1079,6 +1079,10 @@ def make_student(source: Path, out: Path) -> list[Path]:
 # 3. Executing notebooks and grading submissions
 # --------------------------------------------------------------------------------------------
 
+# Prepended to every check cell when grading: re-executes helpers.grading in the kernel so that
+# checks a submission replaced are restored (a limit, not a sandbox: grade untrusted code in a container).
+FRESH_CHECKS_PRELUDE = "import importlib as _il, helpers.grading as _hg; grading = _il.reload(_hg)\n"
+
 TIMEOUT_ENAME = "CellTimeoutError"
 REPO_ROOT = Path(__file__).resolve().parents[1]  # the folder that holds helpers/
 
@@ -1320,7 +1324,9 @@ def grade_notebook(path: Path, ref: Reference, student: str, timeout: int) -> li
     for index, cell in enumerate(nb.cells):
         gid = nbgrader_metadata(cell).get("grade_id")
         if gid in ref.points and is_check_cell(cell):
-            cell.source = ref.sources[gid]
+            # The reference's check code, run against a freshly re-executed helpers.grading: a
+            # submission that reassigned grading.check_* (or the name `grading`) cannot pass that way.
+            cell.source = FRESH_CHECKS_PRELUDE + ref.sources[gid]
             where[gid] = index
     run = execute_notebook(nb, cwd=path.parent, timeout=timeout)
 

@@ -68,3 +68,19 @@ def test_tensor_core_multiples():
     assert hardware.tensor_core_multiple(torch.bfloat16) == 8
     assert hardware.tensor_core_multiple(torch.float16) == 8
     assert hardware.tensor_core_multiple(torch.float32) == 4
+
+
+def test_forced_backend_reason_includes_pytorchs_explanation(monkeypatch, qkv):
+    import warnings
+
+    def fake_sdpa(*args, **kwargs):
+        warnings.warn("Memory efficient kernel not used because: (Triggered internally at x.cpp)", stacklevel=1)
+        warnings.warn("Flash attention kernel not used because: (Triggered internally at y.cpp)", stacklevel=1)
+        warnings.warn("Expected query, key and value to all be of dtype: {Half, BFloat16}. Got Float.", stacklevel=1)
+        raise RuntimeError("No available kernel. Aborting execution.")
+
+    monkeypatch.setattr(A.F, "scaled_dot_product_attention", fake_sdpa)
+    out, why = A.run_forced_backend(*qkv, "FLASH_ATTENTION")
+    assert out is None
+    assert why.startswith("Flash attention kernel not used because:") and "Expected query, key and value" in why
+    assert "Triggered internally" not in why

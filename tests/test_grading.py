@@ -518,3 +518,22 @@ def test_student_version_of_real_notebook_fails_exactly_the_graded_cells(path):
                 f"cell {index + 1} (not graded): {cell.status} {cell.ename} {cell.evalue[:80]}"
             )
     assert not problems, "\n".join(problems)
+
+
+def test_a_submission_that_replaces_the_checks_does_not_pass(tmp_path):
+    import nbformat
+
+    nb = nbformat.read(FIXTURE, as_version=4)
+    for cell in nb.cells:
+        if grading.is_solution_cell(cell):
+            cell.source = cell.source + "\ngrading.check_matmul_flops = lambda fn: print('PASS')\n"
+            cell.source = cell.source + "grading.check_tflops = lambda fn: print('PASS')\n"
+    (tmp_path / "cheat").mkdir()
+    nbformat.write(nb, tmp_path / "cheat" / FIXTURE.name)
+    # the cheat also answers wrongly, so only the real checks can fail it
+    text = (tmp_path / "cheat" / FIXTURE.name).read_text().replace("return 2 * multiply_adds", "return 0")
+    (tmp_path / "cheat" / FIXTURE.name).write_text(text)
+    out = tmp_path / "grades.csv"
+    assert grading.main(["grade", str(tmp_path), "--out", str(out), "--reference", str(FIXTURE.parent), "--timeout", "60"]) == 0
+    rows = {r["grade_id"]: r for r in csv.DictReader(out.open())}
+    assert rows["ch00_matmul_flops"]["status"] == "failed"
