@@ -101,6 +101,8 @@ def fetch(into: "str | paths.Path | None" = None) -> dict[str, "paths.Path"]:
     }
     if into is not None:
         target = paths.Path(into)
+        if target.exists() and not target.is_dir():
+            raise paths.DataFileError(f"--into {target} is a file, not a folder: name a new or existing folder")
         target.mkdir(parents=True, exist_ok=True)
         for name, src in list(found.items()):
             if src.resolve() != (target / name).resolve():

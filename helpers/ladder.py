@@ -99,6 +99,21 @@ def run_rung(
     return row
 
 
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``device`` as a torch.device (default: cuda if available), or ValueError saying what exists."""
+    if device is None:
+        return hardware.default_device()
+    try:
+        device = torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"unknown device {device!r}: use 'cpu', 'cuda' or 'cuda:N' ({str(e).splitlines()[0][:80]})") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"the ladder runs on 'cpu' or 'cuda', not {device.type!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda asked, but this PyTorch sees no CUDA GPU (a CPU-only build, or no driver): use --device cpu")
+    return device
+
+
 def run_ladder(
     batch_size: int | None = None,
     seq_len: int | None = None,
@@ -112,10 +127,12 @@ def run_ladder(
     """Run the ladder and return the results dict (see README for its shape)."""
     from tqdm.auto import tqdm
 
-    device = torch.device(device) if device is not None else hardware.default_device()
+    device = resolve_device(device)
     model_config, default_b, default_t = default_shapes(device)
-    B = batch_size or default_b
-    T = seq_len or default_t
+    B = default_b if batch_size is None else batch_size
+    T = default_t if seq_len is None else seq_len
+    if B < 1 or T < 1 or iters < 1 or warmup < 0:
+        raise ValueError(f"need --batch-size >= 1, --seq-len >= 1, --iters >= 1, --warmup >= 0; got {B}, {T}, {iters}, {warmup}")
     if T > model_config.block_size:
         raise ValueError(f"--seq-len {T} > block_size {model_config.block_size} of the {device.type} model config")
     tokens = data.load_tokens()
@@ -153,17 +170,24 @@ def run_ladder(
 
 def format_table(results: dict) -> str:
     """The results as a fixed-width text table (one line per rung)."""
-    head = f"{'rung':<20} {'status':<9} {'ms/step':>9} {'tokens/s':>11} {'speed-up':>8} {'MFU':>6} {'peak mem':>10}  note"
+    head = f"{'rung':<20} {'status':<9} {'ms/step':>9} {'spread':>7} {'tokens/s':>11} {'speed-up':>8} {'MFU':>6} {'peak mem':>10}  note"
+    base = next((r["name"] for r in results["rungs"] if r["status"] == "measured"), None)
     lines = [f"{results['device']} | torch {results['torch']} | B={results['config']['batch_size']} "
-             f"T={results['config']['seq_len']} | {results['date']}", head, "-" * len(head)]
+             f"T={results['config']['seq_len']} | {results['date']}",
+             f"speed-up is relative to the first measured rung ({base}); spread = (max - min) / median of the timed steps",
+             head, "-" * len(head)]
     for r in results["rungs"]:
         if r["status"] == "measured":
             mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
             note = "" if r["reason"] == "ok" else r["reason"]
-            lines.append(f"{r['name']:<20} {r['status']:<9} {r['ms_per_step']:>9.1f} {r['tokens_per_s']:>11,.0f} "
+            lines.append(f"{r['name']:<20} {r['status']:<9} {r['ms_per_step']:>9.1f} {r.get('spread_pct', 0):>6.0f}% {r['tokens_per_s']:>11,.0f} "
                          f"{r['speedup']:>7.2f}x {mfu:>6} {memory.format_bytes(r['peak_mem_bytes']):>10}  {note}")
         else:
-            lines.append(f"{r['name']:<20} {r['status']:<9} {'-':>9} {'-':>11} {'-':>8} {'-':>6} {'-':>10}  {r['reason']}")
+            lines.append(f"{r['name']:<20} {r['status']:<9} {'-':>9} {'-':>7} {'-':>11} {'-':>8} {'-':>6} {'-':>10}  {r['reason']}")
+    noisy = [r["name"] for r in results["rungs"] if r["status"] == "measured" and r.get("spread_pct", 0) > 25]
+    if noisy:
+        lines.append(f"warning: steps varied by more than 25% in {noisy}: the machine was busy or the GPU was not warm; "
+                     f"re-run with more --iters before trusting small differences")
     return "\n".join(lines)
 
 
@@ -178,7 +202,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default=None, help="'cuda', 'cuda:1' or 'cpu' (default: cuda if available)")
     p.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps per rung (default 3; compile happens here)")
     p.add_argument("--iters", type=int, default=10, help="timed steps per rung; the median is reported (default 10)")
-    p.add_argument("--rungs", nargs="*", default=None, help="run only these rungs, by name (default: all)")
+    p.add_argument("--rungs", nargs="*", default=None,
+                   help="run only these rungs, by name, quoted where they contain spaces (default: all): "
+                   + ", ".join(repr(n.lstrip("+ ")) for n, _ in RUNGS))
     p.add_argument("--compile-mode", default="default", choices=["default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead"],
                    help="torch.compile mode of the compiled rungs (default: 'default')")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON to this file")
@@ -203,8 +229,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         from helpers import plots
 
+        args.plot.parent.mkdir(parents=True, exist_ok=True)
         plots.ladder_bars(results, args.plot)
         print(f"wrote {args.plot}")
+    if not any(r["status"] == "measured" for r in results["rungs"]):
+        print("error: no rung could be measured (see the reasons above)", file=sys.stderr)
+        return 1
     return 0
 
 

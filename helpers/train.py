@@ -55,8 +55,11 @@ class RunConfig:
         for name, value, allowed in checks:
             if value not in allowed:
                 raise ValueError(f"RunConfig.{name} must be one of {allowed}, got {value!r}")
-        if self.grad_accum_steps < 1:
-            raise ValueError(f"grad_accum_steps must be >= 1, got {self.grad_accum_steps}")
+        if self.attention not in ("manual", "sdpa"):
+            raise ValueError(f"RunConfig.attention must be 'manual' or 'sdpa', got {self.attention!r}")
+        for name in ("batch_size", "seq_len", "grad_accum_steps", "vocab_multiple"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RunConfig.{name} must be >= 1, got {getattr(self, name)}")
 
     def replace(self, **changes) -> "RunConfig":
         """A copy with some switches changed (``cfg.replace(name="tf32", matmul_precision="tf32")``)."""

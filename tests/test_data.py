@@ -103,3 +103,10 @@ def test_fetch_cli_copies_verified_files_into_a_folder(tmp_path):
     assert data.main(["fetch", "--into", str(tmp_path)]) == 0
     assert (tmp_path / "tinyshakespeare.txt").stat().st_size == 1_115_394
     assert paths.sha256_of(tmp_path / "gpt2.tiktoken") == "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+
+
+def test_fetch_into_an_existing_file_is_a_clear_error(tmp_path, capsys):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    assert data.main(["fetch", "--into", str(f)]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err

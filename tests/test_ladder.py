@@ -47,3 +47,24 @@ def test_unknown_rung_and_too_long_sequence_are_clear_errors(capsys):
     assert ladder.main(["--device", "cpu", "--seq-len", "4096"]) == 2
     err = capsys.readouterr().err
     assert "unknown rung" in err and "block_size" in err
+
+
+def test_bad_arguments_are_refused_not_replaced(capsys):
+    for argv in (["--batch-size", "0"], ["--seq-len", "0"], ["--iters", "0"], ["--warmup", "-1"], ["--device", "tpu"]):
+        assert ladder.main(["--device", "cpu", *argv] if argv[0] != "--device" else argv) == 2, argv
+    err = capsys.readouterr().err
+    assert "--batch-size >= 1" in err and "unknown device 'tpu'" in err
+
+
+def test_cuda_asked_without_cuda_is_a_clear_error(capsys, monkeypatch):
+    monkeypatch.setattr(ladder.torch.cuda, "is_available", lambda: False)
+    assert ladder.main(["--device", "cuda"]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
+
+
+def test_table_shows_spread_and_the_speedup_baseline():
+    res = {"device": "cpu", "torch": "x", "date": "d", "config": {"batch_size": 1, "seq_len": 8}, "rungs": [
+        {"name": "fp32", "status": "measured", "ms_per_step": 10.0, "spread_pct": 40.0, "tokens_per_s": 800.0,
+         "speedup": 1.0, "mfu": None, "peak_mem_bytes": None, "reason": "ok"}]}
+    text = ladder.format_table(res)
+    assert "relative to the first measured rung (fp32)" in text and "40%" in text and "warning" in text

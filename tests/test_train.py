@@ -84,3 +84,13 @@ def test_every_compiled_build_starts_from_a_fresh_dynamo_state(monkeypatch):
     assert len(calls) == 2  # a stale graph from the previous rung can never be reused
     train.build(run.replace(compile=None), CFG, "cpu")
     assert len(calls) == 2
+
+
+def test_shape_switches_must_be_positive():
+    for field in ("batch_size", "seq_len", "vocab_multiple", "grad_accum_steps"):
+        with pytest.raises(ValueError, match=field):
+            train.RunConfig(**{field: 0})
+    with pytest.raises(ValueError, match="attention"):
+        train.RunConfig(attention="flash")
+    with pytest.raises(ValueError, match="block_size"):
+        GPTConfig(block_size=0)
