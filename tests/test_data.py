@@ -46,27 +46,29 @@ def test_missing_data_offline_says_how_to_fix(tmp_path, monkeypatch):
     assert not (tmp_path / "cache" / data.SHAKESPEARE_FILE).exists()
 
 
+class _FakeResponse:
+    """Stands in for urllib's response: serves ``body`` in chunks."""
+
+    def __init__(self, body: bytes):
+        self.left = body
+
+    def read(self, n):
+        chunk, self.left = self.left[:n], self.left[n:]
+        return chunk
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
 def test_download_is_verified_and_cached(tmp_path, monkeypatch):
     good = (paths.data_dir() / data.SHAKESPEARE_FILE).read_bytes()
     monkeypatch.setenv(paths.DATA_DIR_ENV, "")
     monkeypatch.setenv(paths.CACHE_DIR_ENV, str(tmp_path))
     served = {"body": good[:5000]}  # first a truncated download, then the real file
-
-    class Response:
-        def __init__(self):
-            self.left = served["body"]
-
-        def read(self, n):
-            chunk, self.left = self.left[:n], self.left[n:]
-            return chunk
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *a):
-            return False
-
-    monkeypatch.setattr("urllib.request.urlopen", lambda url, timeout: Response())
+    monkeypatch.setattr("urllib.request.urlopen", lambda url, timeout: _FakeResponse(served["body"]))
     with pytest.raises(paths.DataFileError):
         data.shakespeare_path()
     assert not (tmp_path / data.SHAKESPEARE_FILE).exists()  # nothing corrupt left to train on
@@ -80,21 +82,7 @@ def test_corrupted_cache_is_set_aside_and_fetched_again(tmp_path, monkeypatch):
     monkeypatch.setenv(paths.DATA_DIR_ENV, "")
     monkeypatch.setenv(paths.CACHE_DIR_ENV, str(tmp_path))
     (tmp_path / data.SHAKESPEARE_FILE).write_bytes(good[:-10])
-
-    class Response:
-        left = good
-
-        def read(self, n):
-            chunk, Response.left = Response.left[:n], Response.left[n:]
-            return chunk
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *a):
-            return False
-
-    monkeypatch.setattr("urllib.request.urlopen", lambda url, timeout: Response())
+    monkeypatch.setattr("urllib.request.urlopen", lambda url, timeout: _FakeResponse(good))
     assert data.shakespeare_path().read_bytes() == good
     assert (tmp_path / (data.SHAKESPEARE_FILE + ".corrupt")).exists()
 
