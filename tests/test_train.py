@@ -94,3 +94,25 @@ def test_shape_switches_must_be_positive():
         train.RunConfig(attention="flash")
     with pytest.raises(ValueError, match="block_size"):
         GPTConfig(block_size=0)
+
+
+def test_a_failing_compile_falls_back_to_eager_and_says_so():
+    class BackendCompilerFailed(RuntimeError):
+        pass
+
+    BackendCompilerFailed.__module__ = "torch._dynamo.exc"
+
+    def broken(*args, **kwargs):
+        raise BackendCompilerFailed("inductor could not compile")
+
+    tokens = data.load_tokens()[:5000]
+    loader = data.BatchLoader(tokens, 2, 32, "cpu")
+    trainer = train.build(train.RunConfig(batch_size=2, seq_len=32), CFG, "cpu", compile_fallback=True)
+    trainer.forward = broken
+    loss = trainer.step(loader)
+    assert torch.isfinite(loss) and trainer.forward is trainer.model
+    assert "fell back to eager" in trainer.notes[0]
+    strict = train.build(train.RunConfig(batch_size=2, seq_len=32), CFG, "cpu", compile_fallback=False)
+    strict.forward = broken
+    with pytest.raises(BackendCompilerFailed):
+        strict.step(loader)  # the ladder never substitutes eager for a compiled rung
