@@ -215,3 +215,65 @@ def summary(device: str | torch.device | None = None, probe_sdpa: bool = True) -
     if probe_sdpa:
         s.sdpa = sdpa_backends(device)
     return s
+
+
+@dataclass(frozen=True)
+class RecipeChoice:
+    """One switch of the recommended configuration, with the reason for it."""
+
+    switch: str  # a RunConfig field name
+    value: object
+    reason: str
+
+
+def recommend_recipe(target: GPUProfile | torch.device | str | None = None) -> list[RecipeChoice]:
+    """The fastest *correct* configuration for a GPU profile (e.g. ``PROFILES["T4"]``) or a device
+    (default: this one), switch by switch with the reason. The batch size is not guessed: measure it
+    with ``memory.find_max_batch_size``. Turn the choices into a RunConfig with
+    ``helpers.train.recipe_run_config``.
+
+    Rules: bf16 autocast only with native bf16 (compute capability >= 8.0), else fp16 + GradScaler;
+    TF32 only from 8.0; torch.compile where Triton runs (>= 7.0); SDPA always (FlashAttention-2 from
+    8.0, the memory-efficient kernel on 7.x); vocab padded to a multiple of 64; fused AdamW on CUDA.
+    """
+    if target is None or isinstance(target, (str, torch.device)):
+        device = torch.device(target) if target is not None else default_device()
+        if device.type == "cuda":
+            props = torch.cuda.get_device_properties(device)
+            cap, name = (props.major, props.minor), props.name
+            compile_ok, compile_reason = compile_support(device)
+        else:
+            cap, name, compile_ok = None, "CPU", compile_support(device)[0]
+            compile_reason = compile_support(device)[1]
+    else:
+        cap, name, compile_ok, compile_reason = target.capability, target.name, target.capability >= (7, 0), "Triton supports >= 7.0"
+    c = []
+    if cap is None:
+        c.append(RecipeChoice("matmul_precision", "fp32", "TF32 is a tensor-core mode of NVIDIA GPUs; a CPU computes fp32"))
+        c.append(RecipeChoice("autocast", None, "CPU runs are for correctness: keep fp32 (bf16 autocast runs, but its speed depends on the CPU)"))
+    else:
+        ampere = cap >= (8, 0)
+        c.append(RecipeChoice("matmul_precision", "tf32" if ampere else "fp32",
+                              "TF32 tensor cores (compute capability >= 8.0)" if ampere
+                              else f"sm{cap[0]}{cap[1]} has no TF32 tensor cores: the switch would do nothing"))
+        c.append(RecipeChoice("autocast", "bf16" if ampere else "fp16",
+                              "native bf16: fp32's range, no loss scaling needed" if ampere
+                              else f"sm{cap[0]}{cap[1]} has no native bf16 (emulated, slow): fp16 tensor cores + GradScaler"))
+    c.append(RecipeChoice("compile", "default" if compile_ok else None,
+                          f"torch.compile: {compile_reason}" if compile_ok else f"eager: {compile_reason}"))
+    kernel = ("FlashAttention-2 / cuDNN kernels" if cap is not None and cap >= (8, 0)
+              else "the memory-efficient kernel (no FlashAttention-2 below sm80)" if cap is not None
+              else "the fused CPU kernel")
+    c.append(RecipeChoice("attention", "sdpa", f"SDPA never stores the (T, T) scores; here it uses {kernel}"))
+    c.append(RecipeChoice("vocab_multiple", 64, "50257 -> 50304 rows: aligned shapes for the LM head and the loss (chapter 07)"))
+    c.append(RecipeChoice("optimizer", "fused" if cap is not None else "foreach",
+                          "fused AdamW: one kernel for all parameters" if cap is not None else "foreach AdamW: the CPU default"))
+    c.append(RecipeChoice("batch_size", None, f"measure it on the {name}: memory.find_max_batch_size with a 10% margin"))
+    return c
+
+
+def format_recipe(choices: list[RecipeChoice]) -> str:
+    """The choices as a fixed-width table: switch, value, reason."""
+    lines = [f"{'switch':<18} {'value':<10} reason"]
+    lines += [f"{ch.switch:<18} {ch.value!s:<10} {ch.reason}" for ch in choices]
+    return "\n".join(lines)

@@ -39,3 +39,32 @@ def test_native_bf16_and_tf32_on_cpu():
     cpu = torch.device("cpu")
     assert hardware.native_bf16(cpu) is True
     assert hardware.tf32_supported(cpu) is False
+
+
+def _as_dict(choices):
+    return {c.switch: c.value for c in choices}
+
+
+def test_recipe_for_a_t4_is_fp16_with_gradscaler_and_no_tf32():
+    r = hardware.recommend_recipe(hardware.PROFILES["T4"])
+    d = _as_dict(r)
+    assert d["autocast"] == "fp16" and d["matmul_precision"] == "fp32" and d["compile"] == "default"
+    assert d["attention"] == "sdpa" and d["vocab_multiple"] == 64 and d["batch_size"] is None
+    reasons = {c.switch: c.reason for c in r}
+    assert "GradScaler" in reasons["autocast"] and "memory-efficient" in reasons["attention"]
+
+
+def test_recipe_for_ampere_and_hopper_uses_bf16_and_tf32():
+    for key in ("A100-80GB", "H100-SXM", "H200", "L4"):
+        d = _as_dict(hardware.recommend_recipe(hardware.PROFILES[key]))
+        assert (d["autocast"], d["matmul_precision"], d["optimizer"]) == ("bf16", "tf32", "fused"), key
+
+
+def test_recipe_on_this_cpu_builds_a_runconfig_that_runs_here():
+    from helpers import train
+
+    choices = hardware.recommend_recipe("cpu")
+    assert _as_dict(choices)["autocast"] is None
+    run = train.recipe_run_config(choices, batch_size=2, seq_len=16)
+    assert train.unsupported_reason(run, torch.device("cpu")) is None
+    assert "switch" in hardware.format_recipe(choices).splitlines()[0]
