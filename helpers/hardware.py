@@ -7,6 +7,7 @@ Peak numbers are *dense* (no 2:4 sparsity) per-GPU figures from each vendor data
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import warnings
@@ -88,7 +89,7 @@ def compile_support(device: torch.device) -> tuple[bool, str]:
     CUDA needs Triton and compute capability >= 7.0; CPU needs a C++ compiler on PATH.
     """
     if device.type == "cuda":
-        cap = torch.cuda.get_device_capability(device)
+        cap = capability(device)
         if cap < (7, 0):
             return False, f"inductor's Triton backend needs compute capability >= 7.0, this GPU is {cap[0]}.{cap[1]}"
         try:
@@ -130,20 +131,98 @@ def sdpa_backends(device: torch.device, dtype: torch.dtype | None = None) -> dic
     return result
 
 
+# --------------------------------------------------------------------------------------------
+# Emulating a smaller GPU (a T4) on a bigger one
+# --------------------------------------------------------------------------------------------
+
+EMULATE_ENV = "COURSE_EMULATE_GPU"  # e.g. COURSE_EMULATE_GPU=T4: apply_env_emulation() emulates it
+T4_USABLE_BYTES = 15 * 10**9  # a Colab T4 offers about 15 GB of its 16 GB to PyTorch
+_emulated: GPUProfile | None = None
+_emulated_memory: int | None = None  # the memory cap while emulating, bytes
+
+
+def emulated_profile() -> GPUProfile | None:
+    """The profile being emulated (see :func:`emulate`), or None."""
+    return _emulated
+
+
+def capability(device: torch.device) -> tuple[int, int] | None:
+    """Compute capability of a CUDA ``device`` (the emulated profile's while emulating); None on CPU."""
+    if device.type != "cuda":
+        return None
+    if _emulated is not None:
+        return _emulated.capability
+    return torch.cuda.get_device_capability(device)
+
+
+def emulate(profile_key: str = "T4", device: torch.device | str = "cuda", memory_bytes: int | None = None) -> dict:
+    """Make this process behave like the GPU ``profile_key`` (default a T4) on a bigger CUDA GPU, so the
+    fallback paths really run: usable memory capped with ``torch.cuda.set_per_process_memory_fraction``
+    (T4: 15 GB), bf16 and TF32 refused (they need compute capability 8.0), SDPA limited to the kernels
+    the profile's GPU has (no FlashAttention-2 or cuDNN attention below sm80), and the recipe chosen as
+    for that GPU. Speed is still the real GPU's: MFU is not reported while emulating, and results say
+    "emulated". Undo with :func:`stop_emulation`.
+
+    Raises:
+        ValueError: no CUDA GPU, an unknown profile, or a real GPU with less memory than the cap.
+    """
+    global _emulated, _emulated_memory
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise ValueError("emulation caps a bigger CUDA GPU: it needs one (on a CPU there is nothing to emulate)")
+    if profile_key not in PROFILES:
+        raise ValueError(f"unknown profile {profile_key!r}; known: {sorted(PROFILES)}")
+    prof = PROFILES[profile_key]
+    props = torch.cuda.get_device_properties(device)
+    cap_bytes = memory_bytes or (T4_USABLE_BYTES if prof.key == "T4" else int(prof.memory_gb * 10**9))
+    if cap_bytes > props.total_memory:
+        raise ValueError(f"{props.name} has {props.total_memory / 1e9:.0f} GB, less than the {cap_bytes / 1e9:.0f} GB to emulate")
+    torch.cuda.set_per_process_memory_fraction(cap_bytes / props.total_memory, device)
+    disabled = []
+    if prof.capability < (8, 0):
+        for name in ("enable_flash_sdp", "enable_cudnn_sdp"):
+            if hasattr(torch.backends.cuda, name):
+                getattr(torch.backends.cuda, name)(False)
+                disabled.append(name.replace("enable_", "").replace("_sdp", ""))
+        torch.backends.cuda.matmul.allow_tf32 = False
+    _emulated, _emulated_memory = prof, cap_bytes
+    return {"profile": prof.key, "real_gpu": props.name, "memory_cap_bytes": cap_bytes, "sdpa_disabled": disabled}
+
+
+def stop_emulation(device: torch.device | str = "cuda") -> None:
+    """Undo :func:`emulate`: full memory, every SDPA kernel allowed again."""
+    global _emulated, _emulated_memory
+    if _emulated is None:
+        return
+    torch.cuda.set_per_process_memory_fraction(1.0, torch.device(device))
+    for name in ("enable_flash_sdp", "enable_cudnn_sdp"):
+        if hasattr(torch.backends.cuda, name):
+            getattr(torch.backends.cuda, name)(True)
+    _emulated, _emulated_memory = None, None
+
+
+def apply_env_emulation(device: torch.device | str = "cuda") -> dict | None:
+    """Emulate the profile named by ``$COURSE_EMULATE_GPU`` (e.g. T4), if set and a GPU is present."""
+    key = os.environ.get(EMULATE_ENV, "").strip()
+    if not key or not torch.cuda.is_available():
+        return None
+    return emulate(key, device)
+
+
 def native_bf16(device: torch.device) -> bool:
     """True when bf16 math is native: CUDA compute capability >= 8.0 (Ampere+), or a CPU.
 
     ``torch.cuda.is_bf16_supported()`` alone is not enough: it can say True on a T4 (sm75), where
-    bf16 is emulated and slow.
+    bf16 is emulated and slow. While emulating (see :func:`emulate`) the emulated GPU answers.
     """
     if device.type == "cuda":
-        return torch.cuda.get_device_capability(device) >= (8, 0)
+        return capability(device) >= (8, 0)
     return device.type == "cpu"
 
 
 def tf32_supported(device: torch.device) -> bool:
     """TF32 tensor-core matmuls exist on NVIDIA GPUs of compute capability >= 8.0 only."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
+    return device.type == "cuda" and capability(device) >= (8, 0)
 
 
 def tensor_core_multiple(dtype: torch.dtype) -> int:
@@ -199,10 +278,11 @@ def summary(device: str | torch.device | None = None, probe_sdpa: bool = True) -
     ok, reason = compile_support(device)
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        prof = match_profile(props.name, props.total_memory)
+        prof = _emulated or match_profile(props.name, props.total_memory)
+        name = props.name if _emulated is None else f"{props.name} emulating {_emulated.name}"
         s = DeviceSummary(
-            device="cuda", name=props.name, capability=(props.major, props.minor),
-            total_memory_bytes=props.total_memory, native_bf16=native_bf16(device),
+            device="cuda", name=name, capability=capability(device),
+            total_memory_bytes=_emulated_memory or props.total_memory, native_bf16=native_bf16(device),
             tf32=tf32_supported(device), compile_ok=ok, compile_reason=reason,
             profile=prof.key if prof else None,
         )
@@ -239,8 +319,8 @@ def recommend_recipe(target: GPUProfile | torch.device | str | None = None) -> l
     if target is None or isinstance(target, (str, torch.device)):
         device = torch.device(target) if target is not None else default_device()
         if device.type == "cuda":
-            props = torch.cuda.get_device_properties(device)
-            cap, name = (props.major, props.minor), props.name
+            cap = capability(device)
+            name = _emulated.name if _emulated is not None else torch.cuda.get_device_name(device)
             compile_ok, compile_reason = compile_support(device)
         else:
             cap, name, compile_ok = None, "CPU", compile_support(device)[0]

@@ -209,6 +209,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="torch.compile mode of the compiled rungs (default: 'default')")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON to this file")
     p.add_argument("--plot", type=Path, default=None, help="save a bar chart of ms/step per rung to this PNG file")
+    p.add_argument("--emulate", default=None, metavar="PROFILE",
+                   help="emulate a smaller GPU on this one (e.g. T4: 15 GB memory cap, no bf16/TF32, sm75 attention "
+                   "kernels); speed stays this GPU's, so no MFU is reported (also: $COURSE_EMULATE_GPU)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return p.parse_args(argv)
 
@@ -216,11 +219,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        emulated = hardware.emulate(args.emulate, args.device or "cuda") if args.emulate else \
+            hardware.apply_env_emulation(args.device or "cuda")
         results = run_ladder(args.batch_size, args.seq_len, args.device, args.warmup, args.iters, args.rungs,
                              args.compile_mode, progress=not args.no_progress)
     except (ValueError, data.paths.DataFileError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if emulated:
+        results["emulated"] = emulated
+        results["device"] = f"{emulated['real_gpu']} emulating {emulated['profile']}"
     print(format_table(results))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -105,6 +105,8 @@ def peak_flops(device: torch.device | str) -> tuple[float | None, str]:
     device = torch.device(device)
     if device.type != "cuda":
         return None, f"no peak FLOP/s table for device type '{device.type}'"
+    if hardware.emulated_profile() is not None:
+        return None, f"emulating a {hardware.emulated_profile().key}: the speed is the real GPU's, so no MFU is claimed"
     name = torch.cuda.get_device_name(device)
     prof = hardware.match_profile(name, torch.cuda.get_device_properties(device).total_memory)
     if prof is None:

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from helpers import hardware
@@ -68,3 +69,47 @@ def test_recipe_on_this_cpu_builds_a_runconfig_that_runs_here():
     run = train.recipe_run_config(choices, batch_size=2, seq_len=16)
     assert train.unsupported_reason(run, torch.device("cpu")) is None
     assert "switch" in hardware.format_recipe(choices).splitlines()[0]
+
+
+class _FakeProps:
+    name, total_memory, major, minor = "NVIDIA H200", 150 * 10**9, 9, 0
+
+
+def test_t4_emulation_on_a_big_gpu_answers_like_a_t4(monkeypatch):
+    calls = {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: _FakeProps())
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d=None: calls.setdefault("fraction", []).append(f))
+    for name in ("enable_flash_sdp", "enable_cudnn_sdp"):
+        monkeypatch.setattr(torch.backends.cuda, name, lambda on, name=name: calls.setdefault(name, []).append(on))
+    old_tf32 = torch.backends.cuda.matmul.allow_tf32
+    cuda = torch.device("cuda")
+    try:
+        assert hardware.native_bf16(cuda) and hardware.tf32_supported(cuda)  # the real (fake) H200
+        info = hardware.emulate("T4", cuda)
+        assert info["memory_cap_bytes"] == 15 * 10**9 and calls["fraction"] == [0.1]
+        assert set(info["sdpa_disabled"]) == {"flash", "cudnn"}
+        assert not hardware.native_bf16(cuda) and not hardware.tf32_supported(cuda)
+        d = {c.switch: c.value for c in hardware.recommend_recipe(cuda)}
+        assert (d["autocast"], d["matmul_precision"]) == ("fp16", "fp32")
+        from helpers import timing, train
+
+        peak, why = timing.peak_flops(cuda)
+        assert peak is None and "emulating" in why  # never claims T4 speed
+        with pytest.raises(ValueError, match="bf16 is not native"):
+            train.build(train.RunConfig(autocast="bf16", batch_size=1, seq_len=8), train.small_model_config(), cuda)
+    finally:
+        hardware.stop_emulation(cuda)
+        torch.backends.cuda.matmul.allow_tf32 = old_tf32
+    assert hardware.emulated_profile() is None and calls["fraction"][-1] == 1.0
+    assert calls["enable_flash_sdp"][-1] is True
+
+
+def test_emulation_needs_a_gpu_and_a_known_profile(monkeypatch):
+    with pytest.raises(ValueError, match="needs one"):
+        hardware.emulate("T4", "cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ValueError, match="unknown profile"):
+        hardware.emulate("TPU", "cuda")

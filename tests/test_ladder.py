@@ -68,3 +68,8 @@ def test_table_shows_spread_and_the_speedup_baseline():
          "speedup": 1.0, "mfu": None, "peak_mem_bytes": None, "reason": "ok"}]}
     text = ladder.format_table(res)
     assert "relative to the first measured rung (fp32)" in text and "40%" in text and "warning" in text
+
+
+def test_emulation_without_a_gpu_is_a_clear_error(capsys):
+    assert ladder.main(["--device", "cpu", "--emulate", "T4"]) == 2
+    assert "needs one" in capsys.readouterr().err
