@@ -45,6 +45,8 @@ SECTIONS = {
     "ch02_mfu": "chapter 02, section 5 (From a step time to tokens/s and MFU)",
     "ch03_adamw_bytes": "chapter 03, section 1 (Memory accounting for GPT-2 124M)",
     "ch03_batch_probe": "chapter 03, section 3 (Probing for the largest batch, done right)",
+    "ch04_autocast_step": "chapter 04 (mixed precision), the section on a correct autocast step",
+    "ch04_autocast_dtype": "chapter 04 (mixed precision), the section on which format each GPU runs natively",
     "ch06_sdpa_attention": "chapter 06, section 2 (Exercise: SDPA in the attention block)",
     "ch06_online_softmax": "chapter 06, section 3 (The idea behind FlashAttention: online softmax)",
     "ch07_pad_vocab": "chapter 07, section 2 (Padding the vocabulary)",
@@ -779,6 +781,148 @@ def _sample_argmax(logits, vocab_size, generator):
     return logits[:, :vocab_size].argmax(dim=-1, keepdim=True)
 
 
+# --------------------------------------------------------------------------------------------
+# Chapter 04 (checks ready; the notebook is not written yet)
+# --------------------------------------------------------------------------------------------
+
+
+class _SpyScaler:
+    """Wraps a GradScaler and records which of its methods the learner called."""
+
+    def __init__(self, scaler):
+        self._scaler, self.calls = scaler, []
+
+    def __getattr__(self, name):
+        attr = getattr(self._scaler, name)
+        if callable(attr):
+            def spy(*args, **kwargs):
+                self.calls.append(name)
+                return attr(*args, **kwargs)
+            return spy
+        return attr
+
+
+def _tiny_gpt():
+    import torch
+
+    from helpers.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=16, vocab_size=128, n_layer=1, n_head=2, n_embd=32))
+    x = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    y = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(2))
+    return model, x, y
+
+
+def check_autocast_step(fn: Callable[..., Any]) -> None:
+    """Check ``autocast_step(model, optimizer, x, y, dtype, scaler=None) -> (logits, loss)`` on a tiny
+    GPT on the CPU: logits in the autocast dtype, master weights still fp32, loss within 2% of the fp32
+    loss, the weights updated; with fp16 the GradScaler's scale/step/update are used.
+
+    Raises:
+        AssertionError: with a hint.
+    """
+    import torch
+
+    gid = "ch04_autocast_step"
+    for dtype in (torch.bfloat16, torch.float16):
+        model, x, y = _tiny_gpt()
+        with torch.no_grad():
+            _, ref_loss = model(x, y)
+        before = model.transformer.h[0].mlp.c_fc.weight.detach().clone()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        scaler = _SpyScaler(torch.amp.GradScaler("cpu")) if dtype is torch.float16 else None
+        out = fn(model, opt, x, y, dtype, scaler)
+        if not isinstance(out, tuple) or len(out) != 2:
+            raise AssertionError(f"autocast_step must return (logits, loss). {_reread(gid)}")
+        logits, loss = out
+        name = str(dtype).replace("torch.", "")
+        if logits.dtype != dtype:
+            raise AssertionError(
+                f"with dtype={name} the logits came out in {logits.dtype}: run the forward pass inside "
+                f"torch.autocast(device_type=x.device.type, dtype=dtype). {_reread(gid)}")
+        wrong = sorted({str(p.dtype) for p in model.parameters() if p.dtype != torch.float32})
+        if wrong:
+            raise AssertionError(
+                f"parameters are now {wrong}: keep the master weights in fp32 (autocast casts per operation; "
+                f"never call model.to({name})). {_reread(gid)}")
+        loss_value, ref_value = float(torch.as_tensor(loss).detach()), float(ref_loss)
+        rel = abs(loss_value - ref_value) / ref_value
+        if rel > 0.02:
+            raise AssertionError(f"loss {loss_value:.4f} vs fp32 {ref_value:.4f} ({100 * rel:.1f}% apart). {_reread(gid)}")
+        if torch.equal(before, model.transformer.h[0].mlp.c_fc.weight.detach()):
+            raise AssertionError(f"the weights did not change: call the optimizer step. {_reread(gid)}")
+        if scaler is not None:
+            missing = [m for m in ("scale", "step", "update") if m not in scaler.calls]
+            if missing:
+                raise AssertionError(
+                    f"with fp16 the GradScaler's {missing} were not called: backward on scaler.scale(loss), then "
+                    f"scaler.step(optimizer) and scaler.update(). {_reread(gid)}")
+    print(f"PASS {gid}: bf16 and fp16 (+ GradScaler) steps: logits in the autocast dtype, fp32 master weights, loss within 2% of fp32")
+
+
+CAPABILITY_CASES = [((7, 0), "float16"), ((7, 5), "float16"), ((8, 0), "bfloat16"), ((8, 6), "bfloat16"), ((9, 0), "bfloat16")]
+
+
+def check_autocast_dtype(fn: Callable[..., Any]) -> None:
+    """Check ``pick_autocast_dtype(capability) -> torch.dtype | None``: fp16 below compute capability
+    8.0 (no native bf16), bf16 from 8.0; for a CPU (``None``) bf16 or None are both accepted.
+
+    Raises:
+        AssertionError: with a hint.
+    """
+    import torch
+
+    gid = "ch04_autocast_dtype"
+    for cap, want in CAPABILITY_CASES:
+        got = fn(cap)
+        if got is not getattr(torch, want):
+            why = ("bf16 needs compute capability >= 8.0; below it, use fp16 with a GradScaler"
+                   if want == "float16" else "from compute capability 8.0 bf16 is native and needs no loss scaling")
+            raise AssertionError(f"pick_autocast_dtype({cap}) returned {got}, expected torch.{want}: {why}. {_reread(gid)}")
+    cpu = fn(None)
+    if cpu not in (None, torch.bfloat16):
+        raise AssertionError(f"pick_autocast_dtype(None) (a CPU) returned {cpu}: use torch.bfloat16 or None (fp32). {_reread(gid)}")
+    print(f"PASS {gid}: fp16 below sm80, bf16 from sm80, CPU -> {cpu}")
+
+
+def _step_weights_to_low_precision(model, optimizer, x, y, dtype, scaler=None):
+    model.to(dtype)
+    logits, loss = model(x, y)
+    loss.backward()
+    optimizer.step()
+    return logits, loss
+
+
+def _step_without_autocast(model, optimizer, x, y, dtype, scaler=None):
+    logits, loss = model(x, y)
+    loss.backward()
+    optimizer.step()
+    return logits, loss
+
+
+def _step_fp16_without_scaler(model, optimizer, x, y, dtype, scaler=None):
+    import torch
+
+    with torch.autocast(device_type=x.device.type, dtype=dtype):
+        logits, loss = model(x, y)
+    loss.backward()
+    optimizer.step()
+    return logits, loss
+
+
+def _dtype_always_bf16(capability):
+    import torch
+
+    return torch.bfloat16
+
+
+def _dtype_trusts_is_bf16_supported(capability):
+    import torch
+
+    return torch.bfloat16 if capability is None or capability >= (7, 0) else torch.float16
+
+
 CHECKS: dict[str, Callable[[Callable[..., Any]], None]] = {
     "ch00_matmul_flops": check_matmul_flops,
     "ch00_tflops": check_tflops,
@@ -792,6 +936,8 @@ CHECKS: dict[str, Callable[[Callable[..., Any]], None]] = {
     "ch06_online_softmax": check_online_softmax,
     "ch07_pad_vocab": check_pad_vocab,
     "ch07_masked_sampling": check_masked_sampling,
+    "ch04_autocast_step": check_autocast_step,
+    "ch04_autocast_dtype": check_autocast_dtype,
 }
 
 
@@ -894,6 +1040,8 @@ WRONG_ANSWERS: dict[str, list[Callable[..., Any]]] = {
     "ch06_online_softmax": [_tiles_concatenate, _tiles_no_rescale, _tiles_no_max],
     "ch07_pad_vocab": [_pad_always_add, _pad_round_down, _pad_next_always],
     "ch07_masked_sampling": [_sample_unmasked, _sample_off_by_one, _sample_argmax],
+    "ch04_autocast_step": [_step_weights_to_low_precision, _step_without_autocast, _step_fp16_without_scaler],
+    "ch04_autocast_dtype": [_dtype_always_bf16, _dtype_trusts_is_bf16_supported],
 }
 
 

@@ -92,6 +92,30 @@ def sample_next(logits, vocab_size, generator):
     return torch.multinomial(logits[:, :vocab_size].float().softmax(-1), 1, generator=generator)
 
 
+def autocast_step(model, optimizer, x, y, dtype, scaler=None):
+    import torch
+
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=x.device.type, dtype=dtype):
+        logits, loss = model(x, y)
+    if scaler is not None:
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        loss.backward()
+        optimizer.step()
+    return logits, loss
+
+
+def pick_autocast_dtype(capability):
+    import torch
+
+    if capability is None:
+        return torch.bfloat16
+    return torch.bfloat16 if capability >= (8, 0) else torch.float16
+
+
 RIGHT_ANSWERS = {
     "ch00_matmul_flops": matmul_flops,
     "ch00_tflops": achieved_tflops,
@@ -101,6 +125,8 @@ RIGHT_ANSWERS = {
     "ch02_mfu": mfu,
     "ch03_adamw_bytes": adamw_state_bytes,
     "ch03_batch_probe": find_max_batch,
+    "ch04_autocast_step": autocast_step,
+    "ch04_autocast_dtype": pick_autocast_dtype,
     "ch06_sdpa_attention": causal_attention,
     "ch06_online_softmax": combine_two_tiles,
     "ch07_pad_vocab": pad_vocab,
