@@ -1045,6 +1045,37 @@ WRONG_ANSWERS: dict[str, list[Callable[..., Any]]] = {
 }
 
 
+# Chapters after 07 keep their checks in their own module, ``helpers/checks_chNN.py``, which
+# defines ``SECTIONS``, ``CHECKS`` and ``WRONG_ANSWERS`` exactly like the dicts above (and never
+# imports this module at import time). They are merged here, so ``grading.check_x`` and the three
+# dicts cover every chapter. A module already imported is reloaded, so the grader's fresh import
+# (FRESH_CHECKS_PRELUDE) also undoes a submission that patched a chapter module.
+def _chapter_check_modules() -> list[str]:
+    import pkgutil
+
+    import helpers
+
+    return sorted(f"helpers.{m.name}" for m in pkgutil.iter_modules(helpers.__path__) if m.name.startswith("checks_ch"))
+
+
+def _merge_chapter_checks() -> None:
+    import importlib
+
+    for name in _chapter_check_modules():
+        module = sys.modules.get(name)
+        module = importlib.reload(module) if module is not None else importlib.import_module(name)
+        for table, extra in ((SECTIONS, module.SECTIONS), (CHECKS, module.CHECKS), (WRONG_ANSWERS, module.WRONG_ANSWERS)):
+            clash = set(table) & set(extra)
+            if clash:
+                raise RuntimeError(f"{name} redefines grade ids {sorted(clash)}")
+            table.update(extra)
+        for check in module.CHECKS.values():
+            globals()[check.__name__] = check
+
+
+_merge_chapter_checks()
+
+
 # --------------------------------------------------------------------------------------------
 # 2. nbgrader's notebook format and student versions
 # --------------------------------------------------------------------------------------------

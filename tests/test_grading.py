@@ -134,6 +134,23 @@ RIGHT_ANSWERS = {
 }
 
 
+def _chapter_right_answers() -> dict:
+    """Right answers of the chapters whose checks live in helpers/checks_chNN.py: each chapter has
+    tests/answers_chNN.py defining RIGHT_ANSWERS (kept out of the package students install)."""
+    import importlib.util
+
+    found = {}
+    for path in sorted(Path(__file__).parent.glob("answers_ch*.py")):
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        found.update(module.RIGHT_ANSWERS)
+    return found
+
+
+RIGHT_ANSWERS.update(_chapter_right_answers())
+
+
 def test_every_check_has_a_right_answer_wrong_answers_and_a_section():
     assert (
         set(grading.CHECKS)
@@ -563,3 +580,35 @@ def test_a_submission_that_replaces_the_checks_does_not_pass(tmp_path):
     assert grading.main(["grade", str(tmp_path), "--out", str(out), "--reference", str(FIXTURE.parent), "--timeout", "60"]) == 0
     rows = {r["grade_id"]: r for r in csv.DictReader(out.open())}
     assert rows["ch00_matmul_flops"]["status"] == "failed"
+
+
+def test_chapter_check_modules_are_merged_and_reloaded(tmp_path, monkeypatch):
+    import importlib
+
+    import helpers
+
+    (tmp_path / "checks_ch99.py").write_text(
+        "SECTIONS = {'ch99_demo': 'chapter 99, section 1 (Demo)'}\n"
+        "def check_demo(fn):\n    assert fn() == 1, 'Reread chapter 99.'\n    print('PASS ch99_demo: ok')\n"
+        "CHECKS = {'ch99_demo': check_demo}\n"
+        "WRONG_ANSWERS = {'ch99_demo': [lambda: 2]}\n"
+    )
+    monkeypatch.setattr(helpers, "__path__", [*helpers.__path__, str(tmp_path)])
+    try:
+        fresh = importlib.reload(grading)
+        assert fresh.CHECKS["ch99_demo"] is fresh.check_demo and "ch99_demo" in fresh.SECTIONS
+        sys.modules["helpers.checks_ch99"].check_demo = lambda fn: None  # a submission patches it
+        fresh = importlib.reload(grading)  # the grader's fresh import undoes the patch
+        with pytest.raises(AssertionError):
+            fresh.CHECKS["ch99_demo"](lambda: 2)
+        (tmp_path / "checks_ch98.py").write_text(
+            "SECTIONS = {'ch99_demo': 'x'}\nCHECKS = {'ch99_demo': print}\nWRONG_ANSWERS = {'ch99_demo': []}\n"
+        )
+        with pytest.raises(RuntimeError, match="redefines grade ids"):
+            importlib.reload(grading)
+    finally:
+        monkeypatch.undo()
+        sys.modules.pop("helpers.checks_ch99", None)
+        sys.modules.pop("helpers.checks_ch98", None)
+        importlib.reload(grading)
+    assert "ch99_demo" not in grading.CHECKS
