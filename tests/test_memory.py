@@ -66,6 +66,13 @@ def test_estimate_parts_for_gpt2_124m():
     assert manual["activations"] - est["activations"] == 12 * 2 * 12 * 1024 * 1024 * 16 * 2  # the (T, T) tensors
 
 
+def test_logits_term_counts_the_fp32_cross_entropy_tensors():
+    # compute-dtype logits + fp32 log-softmax output + fp32 grads of it and of its input in backward
+    n_logits = 16 * 1024 * 50257
+    assert memory.training_step_estimate(GPTConfig(), 16, 1024, autocast=True)["logits"] == n_logits * (2 + 4 + 8)
+    assert memory.training_step_estimate(GPTConfig(), 16, 1024, autocast=False)["logits"] == n_logits * (4 + 4 + 8)
+
+
 def test_simulated_limit_exercises_the_real_probe_on_cpu():
     cfg = GPTConfig(block_size=32, n_layer=1, n_head=2, n_embd=32)
     trainer = train.build(train.RunConfig(batch_size=1, seq_len=32), cfg, "cpu")
