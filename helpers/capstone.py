@@ -1,0 +1,462 @@
+"""Chapter 12, the capstone: the whole speed-up ladder on this device, compared, trained and summed up.
+
+Everything here works on the results dict of :func:`helpers.ladder.run_ladder` (or a committed
+``results/*-ladder-*.json``), whose rows are read as they are: rung names, counts and switches
+come from the rows, never from a list written here. Published figures (the seed articles' A100
+and T4 step times, ``results/published-seed-figures.json``) are kept apart from measured ones:
+they appear in their own columns, labelled "published".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from helpers import memory
+from helpers.model import GPT, GPTConfig
+from helpers.train import RunConfig
+
+PUBLISHED_FILE = "published-seed-figures.json"
+
+# Fields of a ladder row's "switches" that are not speed switches (the batch shape and AdamW's
+# hyper-parameters): equal across one ladder, ignored when looking for what a rung changed.
+_NOT_SWITCHES = ("batch_size", "seq_len", "grad_clip", "lr", "weight_decay", "betas", "seed")
+
+# When to use each optimisation: static advice keyed by the switch a rung changes, or by
+# (switch, value) where the value matters. The measured gain next to it comes from the table.
+WHEN_TO_USE: dict[str | tuple[str, object], str] = {
+    ("matmul_precision", "tf32"): "fp32 matmuls on an NVIDIA GPU of compute capability >= 8.0 (A100, H100/H200, RTX 30xx+): "
+    "one line, torch.set_float32_matmul_precision('high'); nothing to gain on a T4/V100 or a CPU",
+    "matmul_precision": "choose TF32 ('high') on compute capability >= 8.0; keep 'highest' only to check numerics",
+    ("autocast", "bf16"): "training on compute capability >= 8.0 (or a CPU with bf16 kernels): same exponent range as fp32, "
+    "no loss scaling; keep the weights and AdamW state in fp32",
+    ("autocast", "fp16"): "GPUs without native bf16 (T4, V100): fp16 autocast plus GradScaler, so small gradients do not "
+    "underflow to zero",
+    "autocast": "mixed precision: bf16 where native (compute capability >= 8.0), else fp16 + GradScaler",
+    "compile": "runs long enough to repay the first-step compile time (compare first_step_ms with the ms saved per step); "
+    "needs Triton (GPU, compute capability >= 7.0) or a C++ compiler (CPU); leave it off while the code changes every run",
+    ("attention", "sdpa"): "always for causal attention: F.scaled_dot_product_attention picks a fused kernel (Flash, "
+    "memory-efficient or cuDNN) and never stores the (T, T) scores, so memory drops and the gain grows with T",
+    "attention": "prefer F.scaled_dot_product_attention over hand-written attention",
+    "vocab_multiple": "when a matmul dimension is odd (GPT-2's 50257 tokens): pad it to a multiple of 64 and mask the "
+    "padded ids when sampling",
+    ("optimizer", "fused"): "on CUDA (and CPU) with many parameter tensors: one fused AdamW kernel instead of several per "
+    "step; small once the step is compiled and the batch is large",
+    "optimizer": "AdamW: fused where available, else foreach; the for-loop version only for debugging",
+    "grad_accum_steps": "when the batch you want does not fit in memory: the same gradient in several micro-steps; "
+    "it saves memory, not time",
+    ("cross_entropy", "recompute"): "when the (B*T, V) fp32 log-probabilities dominate peak memory: recompute them in "
+    "backward instead of storing them; trades a little time for memory",
+    "checkpoint_every": "activation checkpointing: when activations do not fit; recomputes blocks in backward "
+    "(about a third more compute for those blocks) to fit a larger B",
+    "batch_size": "the largest B that fits (chapter 03) while tokens/s still grows",
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Reading ladder rows
+# --------------------------------------------------------------------------------------------
+
+
+def _switches(row: dict) -> dict:
+    return {k: v for k, v in row.get("switches", {}).items() if k not in _NOT_SWITCHES}
+
+
+def rung_changes(results: dict) -> list[dict]:
+    """What each rung turns on, derived from the rows' ``switches`` (nothing hard-coded).
+
+    The ladder is cumulative, and a skipped rung's switch is not carried forward, so rung i's
+    change is its switches minus those of the last rung before it that was not skipped.
+    Returns one dict per row, ``{switch: new value}`` ({} for the first row).
+    """
+    changes, previous = [], None
+    for row in results["rungs"]:
+        sw = _switches(row)
+        changes.append({} if previous is None else {k: v for k, v in sw.items() if previous.get(k) != v})
+        if row["status"] != "skipped":
+            previous = sw
+    return changes
+
+
+def measured_rows(results: dict) -> list[dict]:
+    """The rows with status "measured", in ladder order."""
+    return [r for r in results["rungs"] if r["status"] == "measured"]
+
+
+def fastest_rung(results: dict) -> dict:
+    """The configuration to train: the last measured rung (it carries every switch that runs here).
+
+    Raises:
+        ValueError: if no rung was measured.
+    """
+    rows = measured_rows(results)
+    if not rows:
+        raise ValueError(f"no rung of the ladder on {results.get('device')} was measured: nothing to train")
+    return rows[-1]
+
+
+def run_config_of(row: dict) -> RunConfig:
+    """The :class:`RunConfig` a ladder row was measured with (from its ``switches``)."""
+    sw = dict(row["switches"])
+    if "betas" in sw:
+        sw["betas"] = tuple(sw["betas"])  # JSON stores tuples as lists
+    return RunConfig(name=row["name"], **sw)
+
+
+def model_config_of(results: dict) -> GPTConfig:
+    """The :class:`GPTConfig` the ladder ran (``results["config"]["model"]``)."""
+    return GPTConfig(**results["config"]["model"])
+
+
+def ladder_settings(device: torch.device | str) -> dict:
+    """Warm-up and timed steps per rung for this chapter: 3 and 10 on a GPU (GPT-2 124M, ~2.5 min on
+    an H200), 1 and 2 on a CPU (the small config; one warm-up step still absorbs the compile)."""
+    return dict(warmup=3, iters=10) if torch.device(device).type == "cuda" else dict(warmup=1, iters=2)
+
+
+# --------------------------------------------------------------------------------------------
+# A time budget for training
+# --------------------------------------------------------------------------------------------
+
+
+def steps_for_budget(
+    step_ms: float, budget_s: float, first_step_ms: float | None = None, min_steps: int = 1, max_steps: int | None = None
+) -> int:
+    """How many training steps fit in ``budget_s`` seconds at ``step_ms`` milliseconds per step.
+
+    ``first_step_ms`` (the measured first step: compile, allocator warm-up) is paid once and taken
+    out of the budget first. The result is clipped to [min_steps, max_steps].
+
+    Raises:
+        ValueError: step_ms <= 0, budget_s <= 0, min_steps < 1 or max_steps < min_steps.
+    """
+    if not step_ms > 0 or not budget_s > 0:
+        raise ValueError(f"need step_ms > 0 and budget_s > 0, got {step_ms} ms and {budget_s} s")
+    if min_steps < 1 or (max_steps is not None and max_steps < min_steps):
+        raise ValueError(f"need 1 <= min_steps <= max_steps, got {min_steps}, {max_steps}")
+    extra = max(first_step_ms or 0.0, step_ms) - step_ms  # the first step's cost above a normal step
+    steps = math.floor((1000.0 * budget_s - extra) / step_ms)
+    steps = max(steps, min_steps)
+    return steps if max_steps is None else min(steps, max_steps)
+
+
+def training_budget(device: torch.device | str) -> dict:
+    """The chapter's training budget: 100 s, 100..3000 steps on a GPU; 10 s, 20..40 steps on a CPU."""
+    if torch.device(device).type == "cuda":
+        return dict(budget_s=100.0, min_steps=100, max_steps=3000)
+    return dict(budget_s=10.0, min_steps=20, max_steps=40)
+
+
+def sample_text(model: GPT, prompt: str, max_new_tokens: int, seed: int = 0, temperature: float = 0.8, top_k: int = 50) -> str:
+    """Generate ``max_new_tokens`` GPT-2 tokens after ``prompt`` with a seeded generator on the
+    model's device and return the decoded text (prompt included). Padded ids are never sampled
+    (:meth:`helpers.model.GPT.generate` masks them)."""
+    from helpers import tokenizer
+
+    device = next(model.parameters()).device
+    idx = torch.tensor([tokenizer.encode(prompt)], dtype=torch.long, device=device)  # (1, T0)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen)  # (1, T0 + n)
+    return tokenizer.decode(out[0].tolist())
+
+
+# --------------------------------------------------------------------------------------------
+# The final checklist, derived from a measured table
+# --------------------------------------------------------------------------------------------
+
+
+def when_to_use(switch: str, value: object) -> str:
+    """The static advice for turning ``switch`` to ``value`` (see :data:`WHEN_TO_USE`)."""
+    if (switch, value) in WHEN_TO_USE:
+        return WHEN_TO_USE[(switch, value)]
+    if switch in WHEN_TO_USE:
+        return WHEN_TO_USE[switch]
+    return f"no advice written for switch {switch!r} yet: see the chapter that introduced it"
+
+
+def checklist(results: dict, noise_floor: float = 0.03) -> list[dict]:
+    """One row per optimisation (every rung after the first): what it changed, its measured gain
+    on this device, a verdict, when to use it and, if it did not run, why.
+
+    gain = (ms/step of the last measured rung before it) / (its ms/step): 1.25 means 25% more steps
+    per second. A gain within the noise, max(noise_floor, the larger spread_pct of the two rows) is
+    called "no clear gain here". Returns dicts with keys optimisation, switches, status, gain
+    (float or None), compared_with, verdict, when, skipped_reason.
+    """
+    rows, changes = results["rungs"], rung_changes(results)
+    out, previous = [], None
+    for i, (row, change) in enumerate(zip(rows, changes, strict=True)):
+        if i > 0:
+            item = {"optimisation": row["name"], "switches": change, "status": row["status"], "gain": None,
+                    "compared_with": None, "verdict": "", "skipped_reason": None,
+                    "when": "; ".join(when_to_use(k, v) for k, v in change.items()) or when_to_use(row["name"], None)}
+            if row["status"] != "measured":
+                item["skipped_reason"] = row.get("reason")
+                item["verdict"] = "not run here" if row["status"] == "skipped" else "failed here"
+            elif previous is None:
+                item["verdict"] = "no earlier measured rung to compare with"
+            else:
+                gain = previous["ms_per_step"] / row["ms_per_step"]
+                noise = max(noise_floor, max(previous.get("spread_pct") or 0.0, row.get("spread_pct") or 0.0) / 100)
+                item["gain"], item["compared_with"] = gain, previous["name"]
+                if gain > 1 + noise:
+                    item["verdict"] = f"faster here: {gain:.2f}x"
+                elif gain < 1 - noise:
+                    item["verdict"] = f"slower here: {gain:.2f}x"
+                else:
+                    item["verdict"] = f"no clear gain here: {gain:.2f}x (noise {100 * noise:.0f}%)"
+            out.append(item)
+        if row["status"] == "measured":
+            previous = row
+    return out
+
+
+def format_checklist(items: list[dict], width: int = 100) -> str:
+    """The checklist as text: one block per optimisation (name, verdict, when to use it, reason if skipped)."""
+    import textwrap
+
+    lines = []
+    for n, it in enumerate(items, 1):
+        lines.append(f"[{n}] {it['optimisation']:<22} {it['verdict']}")
+        if it["skipped_reason"]:
+            lines.append(f"    why not: {it['skipped_reason']}")
+        lines += textwrap.wrap(f"when: {it['when']}", width, initial_indent="    ", subsequent_indent="          ")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# Measured next to published, never in one column
+# --------------------------------------------------------------------------------------------
+
+
+def published_problems(pub: dict) -> list[str]:
+    """What is wrong with a published-figures dict (empty list = valid): kind "published", sources
+    with file/title/author/url fields, every figure's source known, stages with a label, a
+    ``requires`` that is a dict or "last", and positive step times."""
+    problems = []
+    if pub.get("kind") != "published":
+        problems.append("kind must be 'published'")
+    sources = pub.get("sources") or {}
+    if not sources:
+        problems.append("no sources")
+    for key, src in sources.items():
+        for field in ("file", "title", "author", "url"):
+            if field not in src:
+                problems.append(f"source {key} lacks the field {field!r} (use null when the seed does not give it)")
+        for field in ("title", "author", "url"):
+            if src.get(field) is None and not (src.get("title_note") if field == "title" else src.get("provenance_note")):
+                problems.append(f"source {key}: {field} is null without a note saying why")
+    for gpu, info in (pub.get("gpus") or {}).items():
+        if info.get("source") not in sources:
+            problems.append(f"gpu {gpu}: unknown source {info.get('source')!r}")
+    stages = pub.get("stages") or []
+    if not stages:
+        problems.append("no stages")
+    for st in stages:
+        if not st.get("label"):
+            problems.append(f"stage {st.get('id')!r}: no label")
+        if st.get("source") not in sources:
+            problems.append(f"stage {st.get('id')!r}: unknown source {st.get('source')!r}")
+        if not (isinstance(st.get("requires"), dict) or st.get("requires") == "last"):
+            problems.append(f"stage {st.get('id')!r}: requires must be a dict or 'last'")
+        for gpu, ms in (st.get("ms_per_step") or {}).items():
+            if gpu not in (pub.get("gpus") or {}):
+                problems.append(f"stage {st.get('id')!r}: unknown gpu {gpu!r}")
+            if ms is not None and not (isinstance(ms, (int, float)) and ms > 0):
+                problems.append(f"stage {st.get('id')!r}: ms_per_step[{gpu}] must be > 0 or null")
+    return problems
+
+
+def matching_rung(results: dict, requires: dict | str) -> dict | None:
+    """The measured row of ``results`` that corresponds to a published stage.
+
+    ``requires`` = "last": the last measured rung. Otherwise {switch: accepted values}, or
+    {switch: "on"} meaning "changed from the first row's value"; the first measured row whose
+    (cumulative) switches satisfy every requirement is returned, None if there is none.
+    """
+    rows = measured_rows(results)
+    if not rows:
+        return None
+    if requires == "last":
+        return rows[-1]
+    base = _switches(results["rungs"][0])
+    for row in rows:
+        sw = _switches(row)
+        if all((sw.get(k) != base.get(k)) if want == "on" else (sw.get(k) in want) for k, want in requires.items()):
+            return row
+    return None
+
+
+def comparison_rows(measured: dict[str, dict], published: dict | None) -> list[dict]:
+    """One row per published stage: {"stage", "published": {gpu: ms or None},
+    "measured": {label: {"ms", "speedup", "rung"} or None}}.
+
+    ``measured`` maps a column label (e.g. "H200 B=16") to a ladder results dict. Published and
+    measured figures live under different keys, so no column ever holds both. Measured speed-up is
+    relative to that column's first measured rung; published speed-up to the published FP32 time.
+    """
+    if published is None:
+        raise ValueError(f"no published figures: {PUBLISHED_FILE} was not found")
+    gpus = list(published["gpus"])
+    base_pub = {g: published["stages"][0]["ms_per_step"].get(g) for g in gpus}
+    out = []
+    for st in published["stages"]:
+        row = {"stage": st["label"], "published": {}, "measured": {}}
+        for g in gpus:
+            ms = st["ms_per_step"].get(g)
+            row["published"][g] = None if ms is None else {"ms": float(ms), "speedup": base_pub[g] / ms if base_pub[g] else None}
+        for label, res in measured.items():
+            m = matching_rung(res, st["requires"])
+            first = measured_rows(res)[0]["ms_per_step"] if measured_rows(res) else None
+            row["measured"][label] = None if m is None else {"ms": m["ms_per_step"], "speedup": first / m["ms_per_step"], "rung": m["name"]}
+        out.append(row)
+    return out
+
+
+def format_comparison(rows: list[dict], published: dict, measured: dict[str, dict]) -> str:
+    """The comparison as a text table: published columns first (A100, T4, labelled "published"),
+    then measured columns (labelled "measured"), each cell "ms (speed-up)"; then where each number
+    comes from and which measured rung each stage was matched to."""
+    pub_cols = [f"{g} published" for g in published["gpus"]]
+    mes_cols = [f"{label} measured" for label in measured]
+    w = max(18, *(len(c) for c in pub_cols + mes_cols))
+    head = f"{'stage':<26}" + "".join(f"{c:>{w + 2}}" for c in pub_cols + mes_cols)
+    lines = ["ms per training step (speed-up over the same column's FP32 row); '-' = no such step",
+             head, "-" * len(head)]
+
+    def cell(v):
+        return "-" if v is None else f"{v['ms']:.1f} ({v['speedup']:.2f}x)" if v["speedup"] else f"{v['ms']:.1f}"
+
+    for r in rows:
+        cells = [cell(r["published"][g]) for g in published["gpus"]] + [cell(r["measured"][m]) for m in measured]
+        lines.append(f"{r['stage']:<26}" + "".join(f"{c:>{w + 2}}" for c in cells))
+    lines.append("published:")
+    for key in sorted({published["gpus"][g]["source"] for g in published["gpus"]}):
+        src = published["sources"][key]
+        title = src["title"] or f"untitled ({src.get('title_note', '')})"
+        lines.append(f"  {key}: {title}; author: {src['author'] or 'not given'}; url: {src['url'] or 'not given'}; "
+                     f"file {src['file']}")
+    setup = published.get("setup", {})
+    batch = setup.get("batch_size") or {}
+    for g, info in published["gpus"].items():
+        b = batch.get(g) if isinstance(batch, dict) else batch
+        lines.append(f"  {g}: {info['name']}, T={setup.get('seq_len')}, B={b if b is not None else 'not stated'}")
+    if setup.get("compile_mode"):
+        lines.append(f"  torch.compile mode: {setup['compile_mode']}")
+    lines.append("measured:")
+    for label, res in measured.items():
+        cfg = res["config"]
+        mapping = ", ".join(f"{r['stage']} = {r['measured'][label]['rung']}" for r in rows if r["measured"][label])
+        lines.append(f"  {label}: {res['device']}, torch {res['torch']}, {res['date']}, B={cfg['batch_size']}, "
+                     f"T={cfg['seq_len']}; rungs: {mapping}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# The explorer: which measured row does a set of switches correspond to?
+# --------------------------------------------------------------------------------------------
+
+
+def _row_line(row: dict) -> str:
+    mfu = f"{100 * row['mfu']:.1f}%" if row.get("mfu") is not None else "not reported"
+    return (f"{row['ms_per_step']:.1f} ms/step, {row['tokens_per_s']:,.0f} tokens/s, {row['speedup']:.2f}x over the "
+            f"first rung, MFU {mfu}, peak memory {memory.format_bytes(row.get('peak_mem_bytes'))}")
+
+
+def describe_selection(results: dict, enabled: Sequence[bool]) -> str:
+    """What the ladder measured for the optimisations switched on in ``enabled``.
+
+    ``enabled`` has one bool per rung after the first (the first rung is the baseline, always on).
+    The ladder measured cumulative configurations only: rungs 1..k on, the rest off (skipped rungs
+    must stay off: they never ran). Any other selection is explained, not guessed.
+
+    Raises:
+        ValueError: if ``enabled`` does not have one entry per optimisation rung.
+    """
+    rows = results["rungs"]
+    if len(enabled) != len(rows) - 1:
+        raise ValueError(f"need {len(rows) - 1} switches (one per rung after {rows[0]['name']!r}), got {len(enabled)}")
+    on = [True, *enabled]
+    header = f"{results['device']}, B={results['config']['batch_size']}, T={results['config']['seq_len']}, {results['date']}"
+    bad = [r["name"] for r, o in zip(rows, on, strict=True) if o and r["status"] == "skipped"]
+    if bad:
+        why = "; ".join(f"{r['name']}: {r['reason']}" for r in rows if r["name"] in bad)
+        return f"{header}\nnot measured: {', '.join(bad)} could not run on this device ({why})"
+    k = max(i for i, o in enumerate(on) if o)
+    gaps = [r["name"] for r, o in zip(rows[:k], on[:k], strict=True) if not o and r["status"] != "skipped"]
+    if gaps:
+        return (f"{header}\nnot measured: the ladder adds switches in order, so {rows[k]['name']!r} was only measured "
+                f"together with {', '.join(repr(g) for g in gaps)}. To time this combination, build it with "
+                f"train.RunConfig and time it with timing.measure.")
+    row = rows[k]
+    if row["status"] != "measured":
+        return f"{header}\n{row['name']}: {row['status']} ({row['reason']})"
+    names = " ".join(r["name"] for r, o in zip(rows[: k + 1], on[: k + 1], strict=True) if o and r["status"] == "measured")
+    return f"{header}\n{names}\n  -> {_row_line(row)}"
+
+
+def explorer(sources: dict[str, dict]):
+    """An ipywidgets explorer: pick a results source, tick optimisations, read the measured row.
+
+    ``sources`` maps a label (e.g. "this device", "H200 B=16 (committed)") to a ladder results dict.
+    Returns the widget (display it); the text also goes to its Output area.
+    """
+    import ipywidgets as widgets
+
+    pick = widgets.Dropdown(options=list(sources), description="results")
+    boxes = widgets.VBox()
+    out = widgets.Output()
+
+    def show(*_):
+        res = sources[pick.value]
+        out.clear_output()
+        with out:
+            print(describe_selection(res, [b.value for b in boxes.children]))
+
+    def rebuild(*_):
+        res = sources[pick.value]
+        new = []
+        for r in res["rungs"][1:]:
+            b = widgets.Checkbox(value=r["status"] == "measured", description=r["name"], indent=False)
+            b.observe(show, names="value")
+            new.append(b)
+        boxes.children = tuple(new)
+        show()
+
+    pick.observe(rebuild, names="value")
+    rebuild()
+    return widgets.VBox([pick, boxes, out])
+
+
+# --------------------------------------------------------------------------------------------
+# Figure
+# --------------------------------------------------------------------------------------------
+
+
+def ladder_figure(results: dict):
+    """Four bar charts of one ladder: ms/step, tokens/s, MFU (%) and peak memory (GiB) per rung;
+    rungs that did not run are drawn empty and labelled. Returns the matplotlib Figure."""
+    import matplotlib.pyplot as plt
+
+    rows = results["rungs"]
+    panels = [("ms_per_step", "ms per step (median)", 1.0), ("tokens_per_s", "tokens/s", 1.0),
+              ("mfu", "MFU (%)", 100.0), ("peak_mem_bytes", "peak memory (GiB)", 1 / 2**30)]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 6.5))
+    x = range(len(rows))
+    for ax, (key, label, scale) in zip(axes.flat, panels, strict=True):
+        vals = [(r.get(key) or 0.0) * scale for r in rows]
+        ax.bar(x, vals, color=["tab:blue" if r["status"] == "measured" else "lightgrey" for r in rows])
+        for i, r in enumerate(rows):
+            if r["status"] != "measured":
+                ax.annotate(r["status"], (i, 0), ha="center", va="bottom", fontsize=7, rotation=90)
+            elif r.get(key) is None:
+                ax.annotate("n/a", (i, 0), ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(list(x), [r["name"] for r in rows], rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel(label)
+    cfg = results["config"]
+    fig.suptitle(f"Speed-up ladder on {results['device']}, B={cfg['batch_size']}, T={cfg['seq_len']} "
+                 f"(torch {results['torch']}, {results['date']})", fontsize=10)
+    fig.tight_layout()
+    return fig
