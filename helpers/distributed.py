@@ -1,0 +1,606 @@
+"""More than one GPU: data-parallel training (DDP), fully sharded training (FSDP), and scaling.
+
+One script runs the course's training step on one process or on N, without a code change:
+
+    python -m helpers.distributed train --steps 20                         # one process
+    torchrun --standalone --nproc_per_node=2 -m helpers.distributed train --steps 20   # 2 GPUs (or 2 CPU processes)
+
+``torchrun`` starts N copies and gives each one ``WORLD_SIZE``, ``RANK`` and ``LOCAL_RANK``;
+:func:`init` reads them. On CUDA each process drives ``cuda:LOCAL_RANK`` and talks over NCCL; on a
+CPU it uses gloo. Several machines (nodes) take the same command on every node, plus where to meet:
+
+    torchrun --nnodes=2 --node_rank=<0 or 1> --nproc_per_node=8 \\
+             --rdzv_backend=c10d --rdzv_endpoint=<host of node 0>:29500 -m helpers.distributed train ...
+
+What each process does (data parallelism): it holds a full copy of the model, reads its own
+``B`` rows of each global batch of ``B * WORLD_SIZE`` rows (:class:`ShardedBatchLoader`), and runs
+forward and backward on them. ``DistributedDataParallel`` then averages the gradients over the
+processes (an all-reduce), so every copy takes the same AdamW step and stays identical; the result
+is the step a single process would take over the global batch. DDP groups gradients into buckets
+(~25 MB) and starts each bucket's all-reduce as soon as backward has produced all its gradients,
+so the communication overlaps with the rest of backward. During gradient accumulation only the
+last micro-step needs the average: the others run under ``no_sync()`` (:func:`distributed_step`).
+
+FSDP (``fully_shard``) keeps only 1/WORLD_SIZE of every parameter, gradient and AdamW moment on
+each process and gathers a block's full weights just before it runs: the memory of the model
+state falls by about WORLD_SIZE, paid for with more communication (:func:`state_bytes`).
+
+Sources: PyTorch DDP notes (https://pytorch.org/docs/stable/notes/ddp.html), Li et al. 2020,
+"PyTorch Distributed: Experiences on Accelerating Data Parallel Training" (VLDB), the FSDP2 API
+(https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html), torchrun
+(https://pytorch.org/docs/stable/elastic/run.html).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from helpers import data, timing, train
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+# --------------------------------------------------------------------------------------------
+# Who am I: the process group
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """This process's place in the job (from torchrun's environment variables)."""
+
+    rank: int  # 0 .. world_size-1, unique over all nodes
+    local_rank: int  # index of this process on its node: picks the GPU
+    world_size: int  # number of processes (= GPUs) in the job
+    device: torch.device  # cuda:LOCAL_RANK, or cpu
+    backend: str | None  # "nccl" (CUDA), "gloo" (CPU), None when world_size == 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one process that logs and writes files."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def env_from_environ(device: str | None = None, environ: dict | None = None) -> DistEnv:
+    """The :class:`DistEnv` described by ``WORLD_SIZE``/``RANK``/``LOCAL_RANK`` (all default to a
+    single process: 1/0/0). ``device``: "cuda", "cpu" or None (CUDA when available). Pure: it
+    starts nothing.
+
+    Raises:
+        ValueError: CUDA asked for but not available, or LOCAL_RANK >= the number of visible GPUs.
+    """
+    environ = os.environ if environ is None else environ
+    world_size = int(environ.get("WORLD_SIZE", 1))
+    rank = int(environ.get("RANK", 0))
+    local_rank = int(environ.get("LOCAL_RANK", 0))
+    kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device 'cuda' asked for but no CUDA GPU is visible: use --device cpu (gloo)")
+        if local_rank >= torch.cuda.device_count():
+            raise ValueError(
+                f"LOCAL_RANK={local_rank} but only {torch.cuda.device_count()} GPU(s) are visible: "
+                f"lower --nproc_per_node to at most {torch.cuda.device_count()}"
+            )
+        dev = torch.device("cuda", local_rank)
+    elif kind == "cpu":
+        dev = torch.device("cpu")
+    else:
+        raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
+    backend = None if world_size == 1 else ("nccl" if dev.type == "cuda" else "gloo")
+    return DistEnv(rank, local_rank, world_size, dev, backend)
+
+
+def init(device: str | None = None) -> DistEnv:
+    """Read torchrun's variables and, when WORLD_SIZE > 1, join the process group (NCCL on CUDA,
+    gloo on a CPU). Call :func:`shutdown` at the end. A plain ``python -m`` run is world size 1."""
+    env = env_from_environ(device)
+    if env.device.type == "cuda":
+        torch.cuda.set_device(env.device)
+    if env.distributed and not dist.is_initialized():
+        dist.init_process_group(backend=env.backend)
+    return env
+
+
+def shutdown(env: DistEnv) -> None:
+    """Leave the process group (no-op for a single process)."""
+    if env.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier(env: DistEnv) -> None:
+    """Wait until every process got here (no-op for a single process)."""
+    if env.distributed:
+        if env.backend == "nccl":
+            dist.barrier(device_ids=[env.local_rank])
+        else:
+            dist.barrier()
+
+
+# --------------------------------------------------------------------------------------------
+# Each rank reads its own rows
+# --------------------------------------------------------------------------------------------
+
+
+def shard_rows(n_rows: int, world_size: int, rank: int) -> slice:
+    """Rows of a global batch of ``n_rows`` that ``rank`` trains on: the rank-th contiguous block
+    of ``n_rows // world_size`` rows. Disjoint over ranks, and their union is every row.
+
+    Raises:
+        ValueError: ``n_rows`` not divisible by ``world_size`` (ranks would get unequal work and
+            the gradient average would weight rows unequally), or rank outside [0, world_size).
+    """
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+    if n_rows % world_size:
+        raise ValueError(f"{n_rows} rows cannot be split evenly over {world_size} ranks")
+    per_rank = n_rows // world_size
+    return slice(rank * per_rank, (rank + 1) * per_rank)
+
+
+class ShardedBatchLoader:
+    """This rank's (x, y) rows of each global batch of ``batch_size * world_size`` rows.
+
+    Every rank reads the same global batch from the token stream (the same positions as a single
+    :class:`helpers.data.BatchLoader` with B = batch_size * world_size) and keeps its
+    :func:`shard_rows` block: (B, T) int64 on ``env.device``. Over the ranks the rows are exactly
+    the single-process global batch, which is what makes DDP's result equal a single-process step.
+    """
+
+    def __init__(self, tokens: torch.Tensor, batch_size: int, seq_len: int, env: DistEnv):
+        self.env = env
+        self.B, self.T = batch_size, seq_len
+        self.global_loader = data.BatchLoader(tokens, batch_size * env.world_size, seq_len, "cpu")
+        self.rows = shard_rows(batch_size * env.world_size, env.world_size, env.rank)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.global_loader.next_batch()  # (B * world_size, T) on the CPU
+        x, y = x[self.rows], y[self.rows]  # (B, T): this rank's rows
+        if self.env.device.type == "cuda":
+            return x.pin_memory().to(self.env.device, non_blocking=True), y.pin_memory().to(self.env.device, non_blocking=True)
+        return x, y
+
+
+# --------------------------------------------------------------------------------------------
+# Wrapping the model: DDP or FSDP
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class AllReduceCounter:
+    """How many bucket all-reduces DDP launched, and their bytes (see :func:`counting_allreduce_hook`)."""
+
+    calls: int = 0
+    bytes: int = 0
+
+
+def counting_allreduce_hook(state: AllReduceCounter, bucket) -> torch.futures.Future[torch.Tensor]:
+    """A DDP communication hook: count the bucket, then do what DDP does by default (average the
+    bucket's gradients over the ranks with one all-reduce)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    buffer = bucket.buffer()
+    state.calls += 1
+    state.bytes += buffer.numel() * buffer.element_size()
+    return default_hooks.allreduce_hook(None, bucket)
+
+
+# DDP compares the hook's annotation with the real type, not with the string this module's
+# `from __future__ import annotations` leaves there.
+counting_allreduce_hook.__annotations__["return"] = torch.futures.Future[torch.Tensor]
+
+
+def wrap_ddp(trainer: train.Trainer, env: DistEnv, bucket_cap_mb: float = 25.0,
+             count_allreduces: bool = False) -> tuple[torch.nn.Module, AllReduceCounter | None]:
+    """Wrap ``trainer.model`` in DistributedDataParallel and make it the trainer's forward.
+
+    DDP shares the model's parameters (it broadcasts rank 0's values once, at construction), so
+    ``trainer.model.parameters()`` and ``trainer.optimizer`` stay the ones the step clips and steps.
+    Returns (the DDP module, the all-reduce counter or None).
+
+    Raises:
+        ValueError: world size 1 (nothing to average), or a compiled run (not wired in this chapter).
+    """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if not env.distributed:
+        raise ValueError("DDP needs WORLD_SIZE > 1: launch with torchrun --nproc_per_node=N")
+    if trainer.run.compile is not None:
+        raise ValueError("torch.compile + DDP is not wired in this chapter: use compile=None")
+    ddp = DDP(trainer.model, device_ids=[env.local_rank] if env.device.type == "cuda" else None,
+              bucket_cap_mb=bucket_cap_mb)
+    counter = None
+    if count_allreduces:
+        counter = AllReduceCounter()
+        ddp.register_comm_hook(counter, counting_allreduce_hook)
+    trainer.forward = ddp
+    return ddp, counter
+
+
+def fully_shard_api():
+    """``fully_shard`` from ``torch.distributed.fsdp`` (torch >= 2.6), else from the older
+    ``torch.distributed._composable.fsdp``.
+
+    Raises:
+        ImportError: this torch has neither (FSDP2 needs torch >= 2.4).
+    """
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        from torch.distributed._composable.fsdp import fully_shard
+    return fully_shard
+
+
+def wrap_fsdp(trainer: train.Trainer, env: DistEnv) -> torch.nn.Module:
+    """Shard ``trainer.model`` over all ranks with FSDP2: each transformer block is one unit
+    (its full weights are gathered just before it runs, then freed), the rest (embeddings, final
+    LayerNorm) is the root unit. The parameters become DTensors holding 1/world_size of the rows,
+    so a new AdamW is made over them (its moments are sharded too). Returns the sharded model,
+    which is also the trainer's model and forward.
+
+    Raises:
+        ValueError: world size 1, or a compiled run.
+    """
+    if not env.distributed:
+        raise ValueError("FSDP needs WORLD_SIZE > 1: launch with torchrun --nproc_per_node=N")
+    if trainer.run.compile is not None:
+        raise ValueError("torch.compile + FSDP is not wired in this chapter: use compile=None")
+    from torch.distributed.device_mesh import init_device_mesh
+
+    fully_shard = fully_shard_api()
+    mesh = init_device_mesh(env.device.type, (env.world_size,))
+    for block in trainer.model.transformer.h:
+        fully_shard(block, mesh=mesh)
+    fully_shard(trainer.model, mesh=mesh)
+    trainer.forward = trainer.model
+    trainer.optimizer = train.make_optimizer(trainer.model, trainer.run)
+    return trainer.model
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t  # a DTensor's shard on this rank
+
+
+def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes of model state held by THIS rank: {"params", "grads", "optimizer", "total"}.
+
+    Counts the local shard of sharded (FSDP) tensors, the whole tensor otherwise; grads that are
+    None count 0; optimizer state counts AdamW's tensors (exp_avg, exp_avg_sq; the 0-d step too).
+    """
+    params = list(model.parameters())
+    nbytes = lambda ts: sum(_local(t).numel() * t.element_size() for t in ts if t is not None)  # noqa: E731
+    opt = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+    out = {"params": nbytes(params), "grads": nbytes(p.grad for p in params), "optimizer": nbytes(opt)}
+    out["total"] = sum(out.values())
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The distributed step (mirrors train.Trainer.step)
+# --------------------------------------------------------------------------------------------
+
+
+def _sync_context(forward: torch.nn.Module, sync: bool):
+    """No gradient communication on this micro-step when ``sync`` is False: ``no_sync()`` for
+    DDP, ``set_requires_gradient_sync(False)`` for FSDP; a no-op for a plain module."""
+    if sync:
+        if hasattr(forward, "set_requires_gradient_sync"):
+            forward.set_requires_gradient_sync(True)
+        return contextlib.nullcontext()
+    if hasattr(forward, "no_sync"):
+        return forward.no_sync()
+    if hasattr(forward, "set_requires_gradient_sync"):
+        forward.set_requires_gradient_sync(False)
+    return contextlib.nullcontext()
+
+
+def distributed_step(trainer: train.Trainer, batches, sync_every_micro_step: bool = False) -> torch.Tensor:
+    """One optimizer step of ``trainer`` with its forward wrapped by DDP or FSDP (or not at all).
+
+    The same work as :meth:`helpers.train.Trainer.step`, in the same order: zero_grad ->
+    for each of ``grad_accum_steps`` micro-batches: autocast forward + loss / grad_accum_steps,
+    backward (scaled for fp16) -> unscale -> clip_grad_norm_ -> optimizer step. The gradients are
+    averaged over the ranks only during the LAST micro-step's backward (``no_sync`` before it),
+    unless ``sync_every_micro_step`` (an ablation: same result, more communication).
+
+    ``batches``: anything with ``next_batch()`` giving this rank's (x, y), (B, T) int64 on the
+    device. Returns this rank's mean micro-batch loss, a detached 0-d fp32 tensor (no host sync).
+    """
+    run = trainer.run
+    torch.set_float32_matmul_precision("highest" if run.matmul_precision == "fp32" else "high")
+    trainer.optimizer.zero_grad(set_to_none=True)
+    total = None
+    for i in range(run.grad_accum_steps):
+        x, y = batches.next_batch()
+        last = i == run.grad_accum_steps - 1
+        with _sync_context(trainer.forward, sync=last or sync_every_micro_step):
+            with trainer.autocast():
+                _, loss = trainer.forward(x, y)
+            loss = loss / run.grad_accum_steps  # mean over micro-steps, not a sum
+            if trainer.scaler is not None:
+                trainer.scaler.scale(loss).backward()
+            else:
+                loss.backward()
+        total = loss.detach() if total is None else total + loss.detach()
+    if trainer.scaler is not None:
+        trainer.scaler.unscale_(trainer.optimizer)
+    if run.grad_clip is not None:
+        torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), run.grad_clip)
+    if trainer.scaler is not None:
+        trainer.scaler.step(trainer.optimizer)
+        trainer.scaler.update()
+    else:
+        trainer.optimizer.step()
+    return total
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoints: gathered everywhere, written by rank 0
+# --------------------------------------------------------------------------------------------
+
+
+def full_state(trainer: train.Trainer) -> dict:
+    """{"model": full state_dict, "optimizer": full optimizer state_dict}, on the CPU, with the
+    same keys as an unwrapped model's. A collective for FSDP (every rank must call it); for DDP
+    and a single process it is a local copy."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer, options=opts)
+    return {"model": model_sd, "optimizer": optim_sd}
+
+
+def save_checkpoint(path: str | Path, trainer: train.Trainer, env: DistEnv, step: int) -> None:
+    """Write model + optimizer state to ``path`` from rank 0 only, then wait at a barrier, so no
+    rank reads (or the job exits before) the file is complete. Every rank must call it."""
+    state = full_state(trainer)
+    if env.is_main:
+        state.update(step=step, run=dataclasses.asdict(trainer.run), world_size=env.world_size)
+        torch.save(state, path)
+    barrier(env)
+
+
+# --------------------------------------------------------------------------------------------
+# A training run on 1 or N processes
+# --------------------------------------------------------------------------------------------
+
+
+def run_config_from(args: argparse.Namespace, device: torch.device) -> tuple[train.RunConfig, object]:
+    """RunConfig and model config from the command line (B and T default to train.default_shapes)."""
+    cfg, B, T = train.default_shapes(device)
+    if args.model == "small":
+        cfg = train.small_model_config()
+    elif args.model == "gpt2":
+        from helpers.model import GPTConfig
+
+        cfg = GPTConfig()
+    run = train.RunConfig(
+        name=args.mode, batch_size=args.batch_size or B, seq_len=args.seq_len or T,
+        grad_accum_steps=args.grad_accum, autocast=args.autocast, attention=args.attention,
+        vocab_multiple=args.vocab_multiple, matmul_precision=args.matmul_precision, lr=args.lr,
+    )
+    return run, cfg
+
+
+def train_run(args: argparse.Namespace, env: DistEnv) -> dict:
+    """Train ``args.steps`` steps on this process's shard; every rank returns the same summary.
+
+    The summary (JSON-ready): world size, mode, run, tokens per step over all ranks, median step
+    time (ms, after ``args.warmup`` steps) and tokens/s, the losses averaged over the ranks,
+    all-reduces in the last step (DDP, with --count-allreduces), rank 0's state bytes, and the sum
+    of the parameters on each rank (DDP: equal on every rank). ``args.checkpoint``: rank 0 writes
+    model + optimizer state there (:func:`save_checkpoint`).
+    """
+    run, cfg = run_config_from(args, env.device)
+    trainer = train.build(run, cfg, env.device)
+    counter = None
+    if args.mode == "fsdp":
+        wrap_fsdp(trainer, env)
+    elif env.distributed:
+        _, counter = wrap_ddp(trainer, env, args.bucket_cap_mb, count_allreduces=args.count_allreduces)
+    loader = ShardedBatchLoader(data.load_tokens(), run.batch_size, run.seq_len, env)
+    losses, calls = [], []
+
+    def step() -> None:
+        before = counter.calls if counter else 0
+        losses.append(distributed_step(trainer, loader, args.sync_every_micro_step))
+        calls.append((counter.calls - before) if counter else None)
+
+    if env.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(env.device)
+    warm = min(args.warmup, args.steps - 1)
+    t = timing.measure(step, env.device, warmup=warm, iters=args.steps - warm)
+    loss_t = torch.stack(losses).float()
+    if env.distributed:
+        dist.all_reduce(loss_t)  # SUM (gloo has no AVG)
+        loss_t /= env.world_size
+    if args.checkpoint:
+        save_checkpoint(args.checkpoint, trainer, env, step=args.steps)
+    param_sums = None
+    if args.mode != "fsdp" or not env.distributed:  # DDP: every rank must hold the same parameters
+        mine = torch.stack([p.detach().double().sum() for p in trainer.model.parameters()]).sum().reshape(1)
+        gathered = [torch.zeros_like(mine) for _ in range(env.world_size)]
+        if env.distributed:
+            dist.all_gather(gathered, mine)
+        else:
+            gathered = [mine]
+        param_sums = [float(g) for g in gathered]
+    tokens_per_step = run.tokens_per_step * env.world_size
+    return {
+        "world_size": env.world_size, "mode": args.mode if env.distributed else "single",
+        "backend": env.backend, "device": _device_name(env.device),
+        "torch": torch.__version__, "date": datetime.date.today().isoformat(),
+        "run": dataclasses.asdict(run), "model": dataclasses.asdict(trainer.model_config),
+        "tokens_per_step": tokens_per_step, "step_ms": t.median_ms, "step_ms_spread_pct": t.spread_pct,
+        "tokens_per_s": timing.tokens_per_second(tokens_per_step, t.median_ms),
+        "timed_steps": len(t.times_ms), "losses": loss_t.tolist(),
+        "state_bytes_rank0": state_bytes(trainer.model, trainer.optimizer),
+        "peak_bytes_rank0": torch.cuda.max_memory_allocated(env.device) if env.device.type == "cuda" else None,
+        "allreduce_calls_last_step": calls[-1],
+        "allreduce_bytes_total": counter.bytes if counter else None,
+        "param_sum_per_rank": param_sums,
+    }
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def _train_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--steps", type=int, default=20, help="optimizer steps (default 20)")
+    p.add_argument("--warmup", type=int, default=5, help="first steps not timed (default 5)")
+    p.add_argument("--batch-size", type=int, default=None, help="B per rank per micro-step (default: train.default_shapes)")
+    p.add_argument("--seq-len", type=int, default=None, help="T (default: train.default_shapes)")
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step")
+    p.add_argument("--model", choices=("auto", "small", "gpt2"), default="auto", help="auto: GPT-2 124M on CUDA, small on CPU")
+    p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when available")
+    p.add_argument("--mode", choices=("ddp", "fsdp"), default="ddp", help="how N > 1 processes share the work")
+    p.add_argument("--autocast", choices=("bf16", "fp16"), default=None)
+    p.add_argument("--attention", choices=("manual", "sdpa"), default="manual")
+    p.add_argument("--vocab-multiple", type=int, default=1)
+    p.add_argument("--matmul-precision", choices=train.PRECISIONS, default="fp32")
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size in MB (default 25)")
+    p.add_argument("--count-allreduces", action="store_true", help="count DDP's bucket all-reduces per step")
+    p.add_argument("--sync-every-micro-step", action="store_true", help="ablation: all-reduce on every micro-step")
+    p.add_argument("--checkpoint", default=None, help="rank 0 writes model + optimizer state here")
+    p.add_argument("--json", default=None, help="rank 0 writes the summary here")
+
+
+def parse_train_args(argv: list[str]) -> argparse.Namespace:
+    """The ``train`` command's options from a list of strings (see ``python -m helpers.distributed train -h``)."""
+    p = argparse.ArgumentParser(prog="python -m helpers.distributed train")
+    _train_parser(p)
+    return p.parse_args(argv)
+
+
+def run_here(argv: list[str]) -> dict:
+    """The ``train`` command in THIS process as a single process (world size 1, no process group):
+    what ``python -m helpers.distributed train ARGV`` computes, returned instead of written.
+
+    Raises:
+        ValueError: when this process was started by torchrun (use :func:`launch` or the CLI).
+    """
+    env = env_from_environ(parse_train_args(argv).device, environ={})
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        raise ValueError("run_here is for one process; under torchrun use the train command")
+    return train_run(parse_train_args(argv), env)
+
+
+def max_param_diff(checkpoint_a: str | Path, checkpoint_b: str | Path) -> float:
+    """Largest |a - b| over every parameter of two checkpoints written by :func:`save_checkpoint`.
+
+    Raises:
+        ValueError: the checkpoints hold different parameter names or shapes.
+    """
+    a = torch.load(checkpoint_a, map_location="cpu")["model"]
+    b = torch.load(checkpoint_b, map_location="cpu")["model"]
+    if a.keys() != b.keys() or any(a[k].shape != b[k].shape for k in a):
+        raise ValueError("the two checkpoints hold different parameters")
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def main_train(args: argparse.Namespace) -> int:
+    env = init(args.device)
+    try:
+        summary = train_run(args, env)
+        if env.is_main:  # rank-0-only logging
+            losses = summary["losses"]
+            print(f"world_size={env.world_size} ({summary['mode']}, {env.backend or 'no backend'}, {summary['device']}): "
+                  f"loss {losses[0]:.4f} -> {losses[-1]:.4f}, {summary['step_ms']:.1f} ms/step, "
+                  f"{summary['tokens_per_s']:,.0f} tokens/s")
+            if args.json:
+                Path(args.json).write_text(json.dumps(summary, indent=1))
+    finally:
+        shutdown(env)
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# Launching torchrun from Python, and the scaling measurement
+# --------------------------------------------------------------------------------------------
+
+
+def launch(nproc: int, args: list[str], timeout_s: float = 600) -> dict:
+    """Run ``torchrun --standalone --nproc_per_node=nproc -m helpers.distributed train ARGS
+    --json TMP`` (or plain ``python -m`` for nproc=0) from the repository root, and return the
+    summary rank 0 wrote. ``--standalone`` picks a free port, so runs never clash.
+
+    Raises:
+        RuntimeError: the job failed; the message holds the tail of its output.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "summary.json"
+        if nproc == 0:
+            cmd = [sys.executable, "-m", "helpers.distributed", "train", *args, "--json", str(out)]
+        else:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                   "-m", "helpers.distributed", "train", *args, "--json", str(out)]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+        env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, set here so it does not warn
+        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+        if proc.returncode != 0 or not out.exists():
+            tail = (proc.stdout + proc.stderr)[-3000:]
+            raise RuntimeError(f"{' '.join(cmd[1:])} failed (exit {proc.returncode}):\n{tail}")
+        return json.loads(out.read_text())
+
+
+def scaling(nprocs: list[int], modes: list[str], train_args: list[str]) -> dict:
+    """Tokens/s of the same per-GPU work on 1..N processes (weak scaling: B per rank fixed, so the
+    global batch grows with N). Efficiency = tokens/s(N) / (N x tokens/s(1 process)); 1.0 would be
+    perfect. Runs one job per (mode, N); N=1 is a plain single process (no DDP)."""
+    rows = []
+    for mode in modes:
+        for n in nprocs:
+            if n == 1 and mode != modes[0]:
+                continue
+            summary = launch(0 if n == 1 else n, [*train_args, "--mode", mode])
+            rows.append(summary)
+            print(f"{summary['mode']:>6} N={n}: {summary['tokens_per_s']:,.0f} tokens/s, {summary['step_ms']:.1f} ms/step")
+    single = next((r for r in rows if r["world_size"] == 1), None)
+    for r in rows:
+        r["efficiency"] = r["tokens_per_s"] / (r["world_size"] * single["tokens_per_s"]) if single else None
+    return {"what": "tokens/s per world size, same per-rank batch (weak scaling)",
+            "command": "python -m helpers.distributed scaling " + " ".join(sys.argv[2:]),
+            "gpus_visible": torch.cuda.device_count(), "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m helpers.distributed", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    _train_parser(sub.add_parser("train", help="train on this process (or on each torchrun process)"))
+    s = sub.add_parser("scaling", help="tokens/s on 1..N GPUs, one torchrun job each; writes JSON")
+    s.add_argument("--out", required=True, help="JSON file to write (e.g. results/h200x2-ddp-scaling.json)")
+    s.add_argument("--nproc", type=int, nargs="+", default=None, help="world sizes (default 1 .. visible GPUs)")
+    s.add_argument("--modes", nargs="+", choices=("ddp", "fsdp"), default=["ddp"])
+    args, rest = p.parse_known_args(argv)
+    if args.command == "train":
+        if rest:
+            p.error(f"unrecognized arguments: {' '.join(rest)}")
+        return main_train(args)
+    nprocs = args.nproc or list(range(1, max(1, torch.cuda.device_count()) + 1))
+    result = scaling(nprocs, args.modes, rest)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
