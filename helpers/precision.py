@@ -8,8 +8,12 @@ NVIDIA's "A100 Tensor Core GPU Architecture" whitepaper (2020).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from helpers import train
 
 # (name, torch dtype or None for TF32, minimum compute capability with native tensor-core support)
 FORMATS = [
@@ -78,3 +82,390 @@ def autocast_dtype_for(capability: tuple[int, int] | None) -> torch.dtype | None
     if capability is None:
         return None
     return torch.bfloat16 if capability >= (8, 0) else torch.float16
+
+
+# --------------------------------------------------------------------------------------------
+# Loss scaling, TF32 and autocast, measured on this device
+# --------------------------------------------------------------------------------------------
+
+
+def gradscaler_rescue(device: torch.device | str, grad: float = 1e-8) -> dict[str, float]:
+    """The gradient of one weight that should be ``grad`` (default 1e-8), computed three ways on ``device``.
+
+    The weight matrix W (4, 4) is fp32 (master weights); the activation x is 1e-4 and the gradient
+    arriving at the matmul output is ``grad`` / 1e-4, so dL/dW = x · that = ``grad``. Returns
+    {"fp32": grad without autocast, "fp16": grad under fp16 autocast (the matmul's backward runs in
+    fp16 and its result rounds to 0 below fp16's smallest subnormal, 2⁻²⁴ ≈ 6e-8), "fp16_gradscaler":
+    the same with a real ``torch.amp.GradScaler`` (scaled loss, ``unscale_``), "scale": the scaler's
+    scale}. All gradients are read from ``W.grad`` (fp32) as Python floats.
+
+    Source: PyTorch AMP docs, "Gradient Scaling" (https://pytorch.org/docs/stable/amp.html#gradient-scaling).
+    """
+    device = torch.device(device)
+    w = torch.nn.Parameter(torch.ones(4, 4, device=device))
+    x = torch.full((1, 4), 1e-4, device=device)
+    opt = torch.optim.SGD([w], lr=0.0)  # never steps: only unscale_ needs an optimizer
+
+    def weight_grad(fp16: bool, scaler: torch.amp.GradScaler | None = None) -> float:
+        w.grad = None
+        with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=fp16):
+            out = x @ w  # (1, 4): fp16 under autocast, fp32 otherwise
+        loss = out.float().sum() * (grad / 1e-4)
+        if scaler is None:
+            loss.backward()
+        else:
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)  # divides W.grad by the scale, in fp32
+        return float(w.grad[0, 0])
+
+    scaler = torch.amp.GradScaler(device.type)
+    return {"fp32": weight_grad(False), "fp16": weight_grad(True),
+            "fp16_gradscaler": weight_grad(True, scaler), "scale": float(scaler.get_scale())}
+
+
+def tf32_matmul_error(device: torch.device | str, n: int = 1024) -> dict[str, float]:
+    """Relative error (Frobenius norm) of an fp32 (n, n) @ (n, n) matmul against a float64 reference
+    on ``device``, with ``torch.set_float32_matmul_precision("highest")`` (true fp32) and ``"high"``
+    (TF32 allowed: inputs rounded to 10 mantissa bits on GPUs of compute capability >= 8.0; nothing
+    changes on older GPUs or a CPU). Restores the global setting it changes.
+
+    Returns {"highest": error, "high": error} (dimensionless). Source:
+    https://pytorch.org/docs/stable/generated/torch.set_float32_matmul_precision.html
+    """
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(n, n, generator=gen) for _ in range(2))
+    ref = a.double() @ b.double()
+    a, b = a.to(device), b.to(device)
+    old = torch.get_float32_matmul_precision()
+    out = {}
+    try:
+        for setting in ("highest", "high"):
+            torch.set_float32_matmul_precision(setting)
+            c = (a @ b).double().cpu()
+            out[setting] = float((c - ref).norm() / ref.norm())
+    finally:
+        torch.set_float32_matmul_precision(old)
+    return out
+
+
+def autocast_op_dtypes(device: torch.device | str, dtype: torch.dtype) -> list[dict[str, str]]:
+    """Output dtype of the ops of a GPT-2 step, run on fp32 inputs under
+    ``torch.autocast(device.type, dtype)`` on ``device``: measured, not looked up.
+
+    Returns rows {"op", "input", "output"} (dtype names). Ops: linear (matmul), GELU, softmax,
+    log_softmax, layer_norm, exp, sum and cross_entropy; each gets the linear's output as input (the
+    case inside the model), so a listed fp32 op shows fp32 out of a 16-bit input. Which op goes to
+    which dtype is PyTorch's per-device op list, "Autocast Op Reference":
+    https://pytorch.org/docs/stable/amp.html#autocast-op-reference
+    """
+    device = torch.device(device)
+    F = torch.nn.functional
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 64, generator=gen).to(device)
+    w = torch.randn(64, 64, generator=gen).to(device)
+    target = torch.zeros(8, dtype=torch.long, device=device)
+    rows = []
+    with torch.no_grad(), torch.autocast(device_type=device.type, dtype=dtype):
+        h = F.linear(x, w)  # (8, 64)
+        ops = {
+            "linear (matmul)": lambda: h,
+            "gelu": lambda: F.gelu(h, approximate="tanh"),
+            "softmax": lambda: F.softmax(h, dim=-1),
+            "log_softmax": lambda: F.log_softmax(h, dim=-1),
+            "layer_norm": lambda: F.layer_norm(h, (64,)),
+            "exp": lambda: torch.exp(h),
+            "sum": lambda: h.sum(),
+            "cross_entropy": lambda: F.cross_entropy(h, target),
+        }
+        for name, op in ops.items():
+            rows.append({"op": name, "input": "float32" if name.startswith("linear") else _name(h.dtype),
+                         "output": _name(op().dtype)})
+    return rows
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def state_dtypes(trainer) -> dict[str, list[str]]:
+    """The dtypes a :class:`helpers.train.Trainer` keeps between steps: its parameters, their
+    gradients (after a step; zero_grad sets them to None only at the start of the next step) and
+    AdamW's exp_avg / exp_avg_sq. Returns {"parameters", "gradients", "optimizer state"} -> sorted
+    dtype names. Correct mixed precision keeps all three in float32."""
+    params = list(trainer.model.parameters())
+    state = [t for s in trainer.optimizer.state.values() for k, t in s.items() if k in ("exp_avg", "exp_avg_sq")]
+    return {
+        "parameters": sorted({_name(p.dtype) for p in params}),
+        "gradients": sorted({_name(p.grad.dtype) for p in params if p.grad is not None}),
+        "optimizer state": sorted({_name(t.dtype) for t in state}),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# fp32, TF32, bf16 and fp16 on the full training step
+# --------------------------------------------------------------------------------------------
+
+# Each precision turns one switch from fp32 (so bf16 and fp16 also run on a CPU).
+PRECISIONS = {
+    "fp32": dict(matmul_precision="fp32", autocast=None),
+    "tf32": dict(matmul_precision="tf32", autocast=None),
+    "bf16": dict(matmul_precision="fp32", autocast="bf16"),
+    "fp16": dict(matmul_precision="fp32", autocast="fp16"),  # + GradScaler (helpers.train.build)
+}
+
+CPU_FP16_REASON = (
+    "fp16 autocast and GradScaler run on a CPU, but CPUs lack fast fp16 matmuls (torch falls back to slow "
+    "kernels) and loss scaling matters on GPUs: fp16 is timed on GPUs only (cpu_fp16=True runs it anyway)"
+)
+
+
+def precision_run(name: str, batch_size: int, seq_len: int) -> "train.RunConfig":
+    """The :class:`helpers.train.RunConfig` of precision ``name`` (a key of :data:`PRECISIONS`), eager,
+    manual attention, vocab 50257, foreach AdamW, grad clipping at 1.0, seed 1337.
+
+    Raises:
+        ValueError: for an unknown name.
+    """
+    from helpers import train
+
+    if name not in PRECISIONS:
+        raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {name!r}")
+    return train.RunConfig(name=name, batch_size=batch_size, seq_len=seq_len, **PRECISIONS[name])
+
+
+def skip_reason(run: "train.RunConfig", device: torch.device | str, cpu_fp16: bool = False) -> str | None:
+    """Why ``run`` is not measured on ``device`` (None if it is): :func:`helpers.train.unsupported_reason`,
+    plus fp16 on a CPU unless ``cpu_fp16`` (see :data:`CPU_FP16_REASON`)."""
+    from helpers import train
+
+    reason = train.unsupported_reason(run, device)
+    if reason is None and run.autocast == "fp16" and torch.device(device).type == "cpu" and not cpu_fp16:
+        reason = CPU_FP16_REASON
+    return reason
+
+
+def train_recording(trainer, loader, steps: int, progress: bool = False) -> dict[str, list]:
+    """Train ``steps`` steps and record, after each one, the loss (nats, read with ``.item()``) and,
+    when the trainer has a GradScaler, ``scaler.get_scale()``.
+
+    A step whose scale went *down* was skipped: GradScaler found an inf/NaN gradient, did not call
+    ``optimizer.step()`` and multiplied the scale by its backoff factor (0.5). Returns
+    {"losses": [float] * steps, "grad_scale": [scale before step 1, after step 1, ...] ([] without a
+    scaler), "skipped_steps": [1-based step numbers]}. Source: ``torch.amp.GradScaler`` docs
+    (https://pytorch.org/docs/stable/amp.html#torch.amp.GradScaler).
+    """
+    from tqdm.auto import tqdm
+
+    scaler = trainer.scaler
+    losses, scales = [], ([scaler.get_scale()] if scaler is not None else [])
+    for _ in tqdm(range(steps), desc=trainer.run.name, disable=not progress):
+        losses.append(trainer.step(loader).item())
+        if scaler is not None:
+            scales.append(scaler.get_scale())
+    skipped = [i for i in range(1, len(scales)) if scales[i] < scales[i - 1]]
+    return {"losses": losses, "grad_scale": scales, "skipped_steps": skipped}
+
+
+def compare_precisions(
+    device: torch.device | str,
+    steps: int,
+    model_config=None,
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+    warmup: int = 2,
+    iters: int = 10,
+    names: tuple[str, ...] = tuple(PRECISIONS),
+    cpu_fp16: bool = False,
+    progress: bool = True,
+) -> list[dict]:
+    """Train the same model (same seed, same Tiny Shakespeare batches) in each precision of ``names``
+    on ``device``, and measure it.
+
+    Per precision: build with :func:`helpers.train.build`; train ``steps`` steps recording the loss
+    and the GradScaler's scale (:func:`train_recording`); then time ``iters`` more steps after
+    ``warmup`` untimed ones with :func:`helpers.timing.measure` (CUDA events on a GPU). Peak memory
+    covers build, training and timing (CUDA only). ``model_config``, ``batch_size`` and ``seq_len``
+    default to :func:`helpers.train.default_shapes`. A precision this device cannot run is returned
+    as ``"skipped"`` with the reason (:func:`skip_reason`), never run in another mode.
+
+    Returns one dict per name: {"name", "status" ("measured"/"skipped"), "reason", "matmul_precision",
+    "autocast", "losses" (nats per step), "final_loss", "max_loss_gap_vs_fp32" (max over steps of
+    |loss - fp32 loss|, nats; None without a measured fp32 row), "ms_per_step" (median), "spread_pct",
+    "tokens_per_s", "peak_mem_bytes" (None on CPU), "grad_scale", "skipped_steps"}. Restores the
+    global matmul precision.
+
+    Raises:
+        ValueError: steps < 1, iters < 1, warmup < 0, an unknown name, or seq_len > block_size.
+    """
+    import functools
+
+    from tqdm.auto import tqdm
+
+    from helpers import data, memory, timing, train
+
+    if steps < 1 or iters < 1 or warmup < 0:
+        raise ValueError(f"need steps >= 1, iters >= 1, warmup >= 0; got {steps}, {iters}, {warmup}")
+    device = torch.device(device)
+    cfg, B, T = train.default_shapes(device)
+    cfg = model_config if model_config is not None else cfg
+    B, T = batch_size or B, seq_len or T
+    runs = [precision_run(n, B, T) for n in names]
+    tokens = data.load_tokens()
+    old = torch.get_float32_matmul_precision()
+    rows = []
+    try:
+        for run in tqdm(runs, desc="precisions", disable=not progress):
+            row = {"name": run.name, "status": "skipped", "reason": skip_reason(run, device, cpu_fp16),
+                   "matmul_precision": run.matmul_precision, "autocast": run.autocast, "losses": [],
+                   "final_loss": None, "max_loss_gap_vs_fp32": None, "ms_per_step": None, "spread_pct": None,
+                   "tokens_per_s": None, "peak_mem_bytes": None, "grad_scale": [], "skipped_steps": []}
+            rows.append(row)
+            if row["reason"] is not None:
+                continue
+            memory.reset_peak(device)
+            trainer = train.build(run, cfg, device)
+            loader = data.BatchLoader(tokens, B, T, device)
+            rec = train_recording(trainer, loader, steps)
+            t = timing.measure(functools.partial(trainer.step, loader), device, warmup=warmup, iters=iters)
+            row.update(status="measured", reason="ok", **rec, final_loss=rec["losses"][-1],
+                       ms_per_step=t.median_ms, spread_pct=t.spread_pct,
+                       tokens_per_s=timing.tokens_per_second(run.tokens_per_step, t.median_ms),
+                       peak_mem_bytes=memory.peak_bytes(device))
+            trainer = loader = None  # free the model before the next precision
+            memory.reset_peak(device)
+    finally:
+        torch.set_float32_matmul_precision(old)
+    ref = next((r["losses"] for r in rows if r["name"] == "fp32" and r["status"] == "measured"), None)
+    for r in rows:
+        if ref is not None and r["status"] == "measured":
+            r["max_loss_gap_vs_fp32"] = max(abs(a - b) for a, b in zip(r["losses"], ref, strict=True))
+    return rows
+
+
+def format_comparison(rows: list[dict]) -> str:
+    """The rows of :func:`compare_precisions` as a fixed-width text table."""
+    from helpers import memory
+
+    head = (f"{'precision':<10} {'ms/step':>9} {'spread':>7} {'tokens/s':>10} {'peak mem':>10} {'final loss':>10} "
+            f"{'max |gap| vs fp32':>17}  note")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        if r["status"] != "measured":
+            lines.append(f"{r['name']:<10} {'skipped':>9}  {r['reason']}")
+            continue
+        gap = "-" if r["max_loss_gap_vs_fp32"] is None else f"{r['max_loss_gap_vs_fp32']:.4f} nats"
+        note = (f"GradScaler: scale {r['grad_scale'][0]:g} -> {r['grad_scale'][-1]:g}, "
+                f"{len(r['skipped_steps'])} skipped step(s)") if r["grad_scale"] else ""
+        lines.append(f"{r['name']:<10} {r['ms_per_step']:>9.1f} {r['spread_pct']:>6.0f}% {r['tokens_per_s']:>10,.0f} "
+                     f"{memory.format_bytes(r['peak_mem_bytes']):>10} {r['final_loss']:>10.4f} {gap:>17}  {note}")
+    return "\n".join(lines)
+
+
+def plot_losses(rows: list[dict], device_name: str):
+    """Loss (nats) against step for every measured precision of :func:`compare_precisions`, with
+    ``device_name`` in the title; skipped precisions are named in the legend. Returns the Figure."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for r in rows:
+        if r["status"] == "measured":
+            ax.plot(range(1, len(r["losses"]) + 1), r["losses"], label=r["name"], alpha=0.8)
+        else:
+            ax.plot([], [], ls="none", label=f"{r['name']}: skipped")
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (nats)")
+    ax.set_title(f"Same model, seed and batches in each precision, on {device_name}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_grad_scale(rows: list[dict], device_name: str):
+    """GradScaler's scale (log2 axis) before step 1 and after every step of the fp16 run, skipped steps
+    marked. Returns the Figure, or None when no row has a scale history (fp16 skipped)."""
+    import matplotlib.pyplot as plt
+
+    r = next((r for r in rows if r["grad_scale"]), None)
+    if r is None:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 3))
+    ax.step(range(len(r["grad_scale"])), r["grad_scale"], where="post", label="scale after step")
+    if r["skipped_steps"]:
+        ax.scatter(r["skipped_steps"], [r["grad_scale"][i] for i in r["skipped_steps"]], color="tab:red",
+                   zorder=3, label="skipped step (inf/NaN gradient)")
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("step (0 = before the first step)")
+    ax.set_ylabel("loss scale")
+    ax.set_title(f"GradScaler in the {r['name']} run on {device_name}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m helpers.precision compare --steps N --out results/<file>.json``"""
+    import argparse
+    import datetime
+    import json
+    import platform
+    import sys
+    from pathlib import Path
+
+    from helpers import hardware, train
+
+    p = argparse.ArgumentParser(prog="python -m helpers.precision",
+                                description="fp32 / TF32 / bf16 / fp16 + GradScaler on the same training run")
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("compare", help="train and time each precision; print a table, optionally write JSON")
+    c.add_argument("--steps", type=int, default=30, help="recorded training steps per precision (default 30)")
+    c.add_argument("--warmup", type=int, default=2, help="untimed steps before the timed ones (default 2)")
+    c.add_argument("--iters", type=int, default=10, help="timed steps; the median is reported (default 10)")
+    c.add_argument("--batch-size", type=int, default=None, help="B (default: 16 on a GPU, 4 on a CPU)")
+    c.add_argument("--seq-len", type=int, default=None, help="T (default: 1024 on a GPU, 128 on a CPU)")
+    c.add_argument("--device", default=None, help="'cuda' or 'cpu' (default: cuda if available)")
+    c.add_argument("--precisions", nargs="*", default=list(PRECISIONS), choices=list(PRECISIONS))
+    c.add_argument("--out", type=Path, default=None, help="write the results as JSON to this file")
+    c.add_argument("--plot", type=Path, default=None, help="save the loss curves to this PNG file")
+    c.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    args = p.parse_args(argv)
+    device = torch.device(args.device) if args.device else hardware.default_device()
+    cfg, B, T = train.default_shapes(device)
+    B, T = args.batch_size or B, args.seq_len or T
+    try:
+        rows = compare_precisions(device, args.steps, cfg, B, T, args.warmup, args.iters, tuple(args.precisions),
+                                  progress=not args.no_progress)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    summ = hardware.summary(device, probe_sdpa=False)
+    name = summ.name if device.type == "cuda" else f"cpu ({summ.name})"
+    print(f"{name} | torch {torch.__version__} | B={B} T={T} | {args.steps} recorded steps, median of {args.iters} timed")
+    print(format_comparison(rows))
+    if args.out:
+        record = {
+            "device": name, "capability": summ.capability, "torch": torch.__version__, "cuda": torch.version.cuda,
+            "python": platform.python_version(), "date": datetime.date.today().isoformat(),
+            "config": {"model": {k: v for k, v in cfg.__dict__.items()}, "batch_size": B, "seq_len": T,
+                       "recorded_steps": args.steps, "warmup_steps": args.warmup, "timed_steps": args.iters,
+                       "data": "Tiny Shakespeare, GPT-2 BPE, sequential batches, same for every precision",
+                       "step": "zero_grad, forward+loss (autocast), backward (GradScaler for fp16), unscale_, "
+                               "clip_grad_norm_(1.0), AdamW (foreach) step; eager, manual attention, vocab 50257",
+                       "timing": "median of timed steps after the recorded ones; CUDA events on GPU, perf_counter on CPU"},
+            "precisions": rows,
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"wrote {args.out}")
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        fig = plot_losses(rows, name)
+        args.plot.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(args.plot, dpi=120)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
