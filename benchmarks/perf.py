@@ -107,12 +107,12 @@ def main(argv=None) -> int:
             loader = data.BatchLoader(tokens, B, 1024, device)
             with experiment(v):  # compilation happens in the warm-up steps, inside the context
                 t = timing.measure(lambda: trainer.step(loader), device, warmup=3, iters=10)  # noqa: B023
-            tok_s = timing.tokens_per_second(B * 1024, t.median_ms)
-            row = {"variant": v, "batch_size": B, "ms_per_step": t.median_ms, "spread_pct": t.spread_pct,
-                   "tokens_per_s": tok_s, "tflops": flops_per_token(cfg) * tok_s / 1e12,
-                   "peak_mem_bytes": memory.peak_bytes(device), "first_step_s": t.warmup_ms[0] / 1e3}
-            if args.profile and v == "final":
-                row["profile"] = profile(trainer, loader)
+                tok_s = timing.tokens_per_second(B * 1024, t.median_ms)
+                row = {"variant": v, "batch_size": B, "ms_per_step": t.median_ms, "spread_pct": t.spread_pct,
+                       "tokens_per_s": tok_s, "tflops": flops_per_token(cfg) * tok_s / 1e12,
+                       "peak_mem_bytes": memory.peak_bytes(device), "first_step_s": t.warmup_ms[0] / 1e3}
+                if args.profile:
+                    row["profile"] = profile(trainer, loader)
             rows.append(row)
             print(f"B={B:<3} {v:<16} {t.median_ms:8.1f} ms  {tok_s:10,.0f} tok/s  {row['tflops']:6.1f} TFLOP/s  "
                   f"spread {t.spread_pct:4.1f}%  compile+first step {row['first_step_s']:.1f} s", flush=True)
@@ -120,7 +120,10 @@ def main(argv=None) -> int:
                 for fam, ms in row["profile"]["families_ms"].items():
                     print(f"      {fam:<48} {ms:7.2f} ms/step")
             trainer = None
-    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}
+    import datetime
+
+    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "date": datetime.date.today().isoformat(), "rows": rows}
     if args.out:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
