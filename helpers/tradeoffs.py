@@ -1,0 +1,564 @@
+"""Memory and throughput trade-offs (chapter 09): gradient accumulation, activation checkpointing,
+data loading and the optimizer step, each measured on the course's real model and data.
+
+- Gradient accumulation: N micro-batches, each loss divided by N before ``backward``, give the
+  gradient of one N-times larger batch; the logged loss is the mean of the detached micro-losses.
+- Activation checkpointing (``torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)``,
+  switched by ``RunConfig.checkpoint_every``): keep only each checkpointed block's input and
+  recompute its activations during backward. PyTorch docs: https://pytorch.org/docs/stable/checkpoint.html
+- Data loading: pinned memory + ``non_blocking`` copies, a one-batch prefetch, and DataLoader
+  workers that tokenise on the fly (:class:`TokenizingDataset`) against a pre-tokenised array.
+- AdamW implementations (for-loop / foreach / fused), weight-decay groups and gradient clipping.
+
+Command line (writes the committed H200 results):
+``python -m helpers.tradeoffs checkpointing --out results/h200-checkpointing.json`` and
+``python -m helpers.tradeoffs accumulation --out results/h200-accumulation.json``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime
+import time
+import warnings
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.nn as nn
+import torch.utils.checkpoint
+
+from helpers import data, hardware, memory, timing, tokenizer, train
+from helpers.model import GPT, GPTConfig
+
+# --------------------------------------------------------------------------------------------
+# Gradient accumulation
+# --------------------------------------------------------------------------------------------
+
+
+def accumulate(model: nn.Module, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], divide: bool = True) -> torch.Tensor:
+    """Forward + backward over each (x, y) micro-batch, adding into ``p.grad`` (zero them first).
+
+    Each micro-loss is divided by N = len(micro_batches) before ``backward`` (``divide=False`` is
+    the mistake this chapter measures). ``model(x, y)`` must return ``(logits, mean loss)``.
+    Returns the logged loss: the mean of the detached micro-losses, a 0-d fp32 tensor (nats).
+    """
+    n = len(micro_batches)
+    total = torch.zeros((), device=micro_batches[0][0].device)
+    for x, y in micro_batches:
+        _, loss = model(x, y)
+        (loss / n if divide else loss).backward()
+        total += loss.detach()
+    return total / n
+
+
+def gradients(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of every parameter's ``.grad`` by name (fp32; parameters with no gradient left out)."""
+    return {n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def grad_norm(grads: dict[str, torch.Tensor]) -> float:
+    """Global L2 norm of a gradient dict (the number ``clip_grad_norm_`` compares with its limit)."""
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads.values()])).item()
+
+
+def max_relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """max over parameters of ||a - b|| / ||b|| (L2 norms). Raises KeyError if the names differ."""
+    if a.keys() != b.keys():
+        raise KeyError(f"gradient dicts differ in names: {sorted(set(a) ^ set(b))[:3]}")
+    return max((torch.linalg.vector_norm(a[k] - b[k]) / torch.linalg.vector_norm(b[k]).clamp_min(1e-30)).item() for k in a)
+
+
+def _split(x: torch.Tensor, y: torch.Tensor, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    if x.shape[0] % n != 0:
+        raise ValueError(f"batch of {x.shape[0]} sequences does not split into {n} equal micro-batches")
+    return list(zip(x.chunk(n), y.chunk(n), strict=True))
+
+
+def accumulation_report(
+    model_config: GPTConfig, B: int, T: int, micro_steps: int, device: torch.device | str, clip: float = 1.0, lr: float = 6e-4
+) -> dict:
+    """Gradients of one (B, T) batch against ``micro_steps`` micro-batches of B / micro_steps
+    sequences, accumulated with and without dividing each loss; fp32 (TF32 off), real text.
+
+    Then, for each of the three gradients, what one clipped AdamW step (:func:`train.make_optimizer`)
+    does with it: the global norm before clipping, the clip coefficient min(1, clip / norm), the norm
+    handed to AdamW, and the size of the parameter update ||delta theta||.
+
+    Returns {"big_loss", "logged_loss", "rel_diff_divided", "rel_diff_undivided", "norm_ratio",
+    "rows": [{"how", "norm_before", "clip_coef", "norm_after", "update_norm"}]}.
+    Raises ValueError if B is not a multiple of ``micro_steps``.
+    """
+    device = torch.device(device)
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        x, y = data.BatchLoader(data.load_tokens(), B, T, device).next_batch()
+        torch.manual_seed(1337)
+        base = GPT(model_config).to(device)
+        models = {how: copy.deepcopy(base) for how in ("one big batch", "accumulated, divided", "accumulated, not divided")}
+        _, big_loss = models["one big batch"](x, y)
+        big_loss.backward()
+        logged = accumulate(models["accumulated, divided"], _split(x, y, micro_steps))
+        accumulate(models["accumulated, not divided"], _split(x, y, micro_steps), divide=False)
+        grads = {how: gradients(m) for how, m in models.items()}
+        rows = []
+        for how, m in models.items():
+            before = [p.detach().clone() for p in m.parameters()]
+            norm = torch.nn.utils.clip_grad_norm_(m.parameters(), clip).item()
+            opt = train.make_optimizer(m, train.RunConfig(lr=lr, optimizer="for-loop"))
+            after_clip = grad_norm(gradients(m))
+            opt.step()
+            update = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.detach() - b) for p, b in zip(m.parameters(), before, strict=True)])).item()
+            rows.append(dict(how=how, norm_before=norm, clip_coef=min(1.0, clip / (norm + 1e-6)), norm_after=after_clip, update_norm=update))
+    finally:
+        torch.set_float32_matmul_precision(old)
+    ref = grads["one big batch"]
+    return dict(
+        big_loss=big_loss.item(), logged_loss=logged.item(), micro_steps=micro_steps, clip=clip,
+        rel_diff_divided=max_relative_difference(grads["accumulated, divided"], ref),
+        rel_diff_undivided=max_relative_difference(grads["accumulated, not divided"], ref),
+        norm_ratio=grad_norm(grads["accumulated, not divided"]) / grad_norm(ref), rows=rows,
+    )
+
+
+class FixedBatch:
+    """``next_batch()`` returning the same (x, y) every time: a step with no data loading at all."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor):
+        self.x, self.y = x, y
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x, self.y
+
+
+def accumulation_sweep(
+    run: train.RunConfig, model_config: GPTConfig, device: torch.device | str, accum_steps: list[int], warmup: int = 1, iters: int = 3
+) -> list[dict]:
+    """Time one optimizer step for each number of micro-steps (one model, real text).
+
+    Returns one row per entry: {"grad_accum_steps", "tokens_per_step", "ms", "tokens_per_s",
+    "peak_bytes" (None on CPU), "loss" (the logged loss of the last timed step, nats)}.
+    ms = median of ``iters`` steps after ``warmup``; peak over all of them.
+    """
+    device = torch.device(device)
+    trainer = train.build(run, model_config, device)
+    loader = data.BatchLoader(data.load_tokens(), run.batch_size, run.seq_len, device)
+    rows = []
+    for n in accum_steps:
+        trainer.run = run.replace(grad_accum_steps=n)
+        memory.reset_peak(device)
+        losses = []
+        t = timing.measure(lambda losses=losses: losses.append(trainer.step(loader)), device, warmup=warmup, iters=iters)
+        peak = memory.peak_bytes(device)
+        loss = losses[-1].item()
+        tokens = trainer.run.tokens_per_step
+        rows.append(dict(grad_accum_steps=n, tokens_per_step=tokens, ms=t.median_ms,
+                         tokens_per_s=timing.tokens_per_second(tokens, t.median_ms), peak_bytes=peak, loss=loss))
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# Activation checkpointing
+# --------------------------------------------------------------------------------------------
+
+
+class Checkpointed(nn.Module):
+    """Wraps a module so that its forward runs under ``torch.utils.checkpoint.checkpoint``.
+
+    ``use_reentrant=False`` (the default here, and PyTorch's recommendation) gives the wrapped
+    parameters their gradients whatever the input; ``use_reentrant=True`` is kept only to show its trap:
+    with an input that does not require grad, the wrapped parameters get no gradient at all.
+    """
+
+    def __init__(self, module: nn.Module, use_reentrant: bool = False):
+        super().__init__()
+        self.module = module
+        self.use_reentrant = use_reentrant
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.utils.checkpoint.checkpoint(self.module, x, use_reentrant=self.use_reentrant)
+
+
+def saved_activation_bytes(fn: Callable[[], object], exclude: list[torch.Tensor] = ()) -> tuple[object, int]:
+    """Run ``fn()`` and count the bytes of the tensors autograd keeps for backward.
+
+    Every tensor autograd saves passes a ``torch.autograd.graph.saved_tensors_hooks`` pack hook; the
+    storages are counted once each, and those of ``exclude`` (pass the parameters) not at all.
+    Inside a non-reentrant checkpoint the checkpoint's own hook takes over, so what it drops is not
+    counted: this is the activation memory a step holds between forward and backward, on any device.
+    Returns (fn's result, bytes).
+    """
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    seen: dict[tuple, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        if s.data_ptr() not in skip:
+            seen[(t.device, s.data_ptr())] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, sum(seen.values())
+
+
+def checkpointing_sweep(
+    run: train.RunConfig, model_config: GPTConfig, device: torch.device | str, settings: list[int], warmup: int = 2, iters: int = 5
+) -> list[dict]:
+    """Step time, peak memory and saved-activation bytes for each ``checkpoint_every`` setting.
+
+    Returns rows {"checkpoint_every", "checkpointed_blocks", "ms", "tokens_per_s", "peak_bytes"
+    (CUDA only, else None), "saved_bytes"} with ms the median of ``iters`` full training steps and
+    the peak over all steps (warm-up included); saved_bytes from :func:`saved_activation_bytes` of one
+    extra forward (parameters excluded).
+    """
+    device = torch.device(device)
+    tokens = data.load_tokens()
+    rows = []
+    for k in settings:
+        trainer = train.build(run.replace(checkpoint_every=k), model_config, device)
+        loader = data.BatchLoader(tokens, run.batch_size, run.seq_len, device)
+        memory.reset_peak(device)
+        t = timing.measure(lambda trainer=trainer, loader=loader: trainer.step(loader), device, warmup=warmup, iters=iters)
+        peak = memory.peak_bytes(device)
+        trainer.optimizer.zero_grad(set_to_none=True)
+        x, y = loader.next_batch()
+        with trainer.autocast():
+            (_, loss), saved = saved_activation_bytes(lambda m=trainer.model, x=x, y=y: m(x, y), list(trainer.model.parameters()))
+        del loss
+        n_layer = trainer.model_config.n_layer
+        rows.append(dict(checkpoint_every=k, checkpointed_blocks=0 if k == 0 else len(range(0, n_layer, k)),
+                         ms=t.median_ms, tokens_per_s=timing.tokens_per_second(run.batch_size * run.seq_len, t.median_ms),
+                         peak_bytes=peak, saved_bytes=saved))
+        trainer = loader = None
+        memory.reset_peak(device)
+    return rows
+
+
+def max_batch_under_limit(
+    run: train.RunConfig, model_config: GPTConfig, device: torch.device | str, limit_bytes: int, settings: list[int], start: int = 8, limit_b: int = 512
+) -> list[dict]:
+    """Largest B whose *measured* peak memory of one full training step stays under ``limit_bytes``,
+    for each ``checkpoint_every`` setting (CUDA only: the peak is ``torch.cuda.max_memory_allocated``).
+
+    A step whose peak exceeds the limit counts as out of memory (the real GPU may be larger), so
+    :func:`helpers.memory.find_max_batch_size` doubles and bisects exactly as on a smaller GPU.
+    Returns rows {"checkpoint_every", "max_batch_size", "peak_bytes"}.
+    Raises ValueError on a CPU (no peak-memory counter there).
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError("max_batch_under_limit measures CUDA peak memory: run it on a GPU")
+    rows = []
+    for k in settings:
+        trainer = train.build(run.replace(checkpoint_every=k), model_config, device)
+        probe = memory.make_step_probe(trainer, run.seq_len)
+
+        def try_step(B: int, probe=probe) -> None:
+            probe(B)
+            used = memory.peak_bytes(device)
+            if used > limit_bytes:
+                raise torch.cuda.OutOfMemoryError(f"measured peak {memory.format_bytes(used)} > limit {memory.format_bytes(limit_bytes)}")
+
+        found = memory.find_max_batch_size(try_step, device, start=start, limit=limit_b)
+        rows.append(dict(checkpoint_every=k, max_batch_size=found["max_batch_size"], peak_bytes=found["peak_mem_bytes"]))
+        trainer = probe = None
+        memory.reset_peak(device)
+    return rows
+
+
+def reentrant_trap(model_config: GPTConfig, device: torch.device | str, use_reentrant: bool) -> dict:
+    """Fine-tuning with frozen embeddings and every block checkpointed: which parameters get a gradient?
+
+    The token and position embeddings (and the LM head tied to the token embedding) are frozen, so
+    the first block's input does not require grad. Every block is wrapped in :class:`Checkpointed`;
+    one forward + backward on real text. Warnings are caught, not printed.
+    Returns {"use_reentrant", "trainable" (tensors), "without_grad" (trainable tensors whose .grad is
+    None), "without_grad_params" (their element count), "warnings": [first line of each message]}.
+    """
+    device = torch.device(device)
+    torch.manual_seed(1337)
+    m = GPT(dataclasses.replace(model_config, checkpoint_every=0)).to(device)
+    m.transformer.wte.weight.requires_grad_(False)
+    m.transformer.wpe.weight.requires_grad_(False)
+    m.transformer.h = nn.ModuleList([Checkpointed(b, use_reentrant) for b in m.transformer.h])
+    x, y = data.BatchLoader(data.load_tokens(), 2, min(64, model_config.block_size), device).next_batch()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, loss = m(x, y)
+        loss.backward()
+    trainable = [p for p in m.parameters() if p.requires_grad]
+    missing = [p for p in trainable if p.grad is None]
+    return dict(use_reentrant=use_reentrant, trainable=len(trainable), without_grad=len(missing),
+                without_grad_params=sum(p.numel() for p in missing),
+                warnings=[str(w.message).splitlines()[0] for w in caught])
+
+
+# --------------------------------------------------------------------------------------------
+# Data loading
+# --------------------------------------------------------------------------------------------
+
+
+class TokenizingDataset(torch.utils.data.Dataset):
+    """Samples tokenised on the fly: item i is the GPT-2 tokens of a slice of raw text.
+
+    Item i tokenises ``chars_per_sample`` characters starting at i * ``chars_per_sample`` and returns
+    (x, y), each (T,) int64, y = x shifted by one. A top-level class holding only a str and ints, so it
+    pickles into DataLoader worker processes (fork or spawn).
+    Raises ValueError from ``__getitem__`` if a slice yields fewer than T + 1 tokens.
+    """
+
+    def __init__(self, text: str, seq_len: int, chars_per_token: float = 6.0):
+        self.text = text
+        self.T = seq_len
+        self.chars_per_sample = int(seq_len * chars_per_token)
+        self.n = len(text) // self.chars_per_sample
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        start = i * self.chars_per_sample
+        ids = tokenizer.encode(self.text[start : start + self.chars_per_sample])
+        if len(ids) < self.T + 1:
+            raise ValueError(f"sample {i}: {len(ids)} tokens < T + 1 = {self.T + 1}; raise chars_per_token")
+        buf = torch.tensor(ids[: self.T + 1], dtype=torch.long)
+        return buf[:-1], buf[1:]
+
+
+class PrefetchLoader:
+    """``next_batch()`` over a DataLoader, one batch ahead: the host-to-device copy of batch i + 1
+    (pinned, ``non_blocking``) is queued before batch i is returned, so it overlaps with the GPU's
+    work on batch i. Cycles through the DataLoader forever. On a CPU it only moves tensors.
+    """
+
+    def __init__(self, loader: torch.utils.data.DataLoader, device: torch.device | str):
+        self.loader = loader
+        self.device = torch.device(device)
+        self._it: Iterator | None = None
+        self._next = None
+
+    def _fetch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._it is None:
+            self._it = iter(self.loader)
+        try:
+            x, y = next(self._it)
+        except StopIteration:
+            self._it = iter(self.loader)
+            x, y = next(self._it)
+        nb = self.device.type == "cuda"
+        return x.to(self.device, non_blocking=nb), y.to(self.device, non_blocking=nb)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        current = self._next if self._next is not None else self._fetch()
+        self._next = self._fetch()
+        return current
+
+
+def tokenizing_loader(B: int, T: int, device: torch.device | str, num_workers: int) -> PrefetchLoader:
+    """A :class:`PrefetchLoader` over a DataLoader of :class:`TokenizingDataset` (Tiny Shakespeare),
+    batch B, ``num_workers`` worker processes, ``pin_memory`` on CUDA."""
+    device = torch.device(device)
+    ds = TokenizingDataset(data.load_text(), T)
+    dl = torch.utils.data.DataLoader(ds, batch_size=B, shuffle=False, drop_last=True, num_workers=num_workers,
+                                     pin_memory=device.type == "cuda", persistent_workers=num_workers > 0)
+    return PrefetchLoader(dl, device)
+
+
+def time_next_batch(loader, n: int = 10) -> dict:
+    """Host time of ``loader.next_batch()``: the first call (worker start-up, first batch) apart, then
+    the median of ``n`` calls, in ms. A GPU queue that is ahead of the host hides this time; a CPU does not."""
+    t0 = time.perf_counter()
+    loader.next_batch()
+    first = 1e3 * (time.perf_counter() - t0)
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        loader.next_batch()
+        times.append(1e3 * (time.perf_counter() - t0))
+    times.sort()
+    return dict(first_ms=first, median_ms=times[len(times) // 2])
+
+
+def copy_time_us(B: int, T: int, device: torch.device | str, pinned: bool, iters: int = 20) -> float | None:
+    """Median time of copying one (B, T) int64 batch from host to ``device``, in microseconds, from
+    pinned or pageable host memory (CUDA events). None on a CPU: there is no copy to time."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    host = torch.randint(0, 50257, (B, T))
+    if pinned:
+        host = host.pin_memory()
+    t = timing.measure(lambda: host.to(device, non_blocking=pinned), device, warmup=3, iters=iters)
+    return 1e3 * t.median_ms
+
+
+# --------------------------------------------------------------------------------------------
+# The optimizer step
+# --------------------------------------------------------------------------------------------
+
+
+def decay_groups(model: nn.Module, run: train.RunConfig) -> list[dict]:
+    """Which parameters :func:`train.make_optimizer` decays: one row per param group
+    {"weight_decay", "tensors", "parameters", "examples" (up to 3 names)}."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    rows = []
+    for g in train.make_optimizer(model, run).param_groups:
+        rows.append(dict(weight_decay=g["weight_decay"], tensors=len(g["params"]), parameters=sum(p.numel() for p in g["params"]),
+                         examples=[names[id(p)] for p in g["params"][:3]]))
+    return rows
+
+
+def optimizer_sweep(
+    run: train.RunConfig, model_config: GPTConfig, device: torch.device | str, impls: tuple[str, ...] = train.OPTIMIZERS,
+    warmup: int = 1, iters: int = 3, step_iters: int = 3
+) -> list[dict]:
+    """For each AdamW implementation: ``optimizer.step()`` alone (median of ``iters`` after
+    ``warmup``) and the full training step (median of ``step_iters``), in ms; then, with
+    ``run.optimizer``, ``clip_grad_norm_`` alone and the full step without clipping.
+
+    One model; each implementation gets its own optimizer (and state). Returns rows {"what", "ms"}.
+    Raises ValueError for an implementation the device lacks (:func:`train.unsupported_reason`),
+    never replaced by another one.
+    """
+    device = torch.device(device)
+    trainer = train.build(run, model_config, device)
+    loader = data.BatchLoader(data.load_tokens(), run.batch_size, run.seq_len, device)
+    rows = []
+    for impl in impls:
+        reason = train.unsupported_reason(run.replace(optimizer=impl), device)
+        if reason is not None:
+            raise ValueError(f"AdamW '{impl}' cannot run on {device}: {reason}")
+        trainer.optimizer = train.make_optimizer(trainer.model, run.replace(optimizer=impl))
+        step = timing.measure(lambda: trainer.step(loader), device, warmup=1, iters=step_iters)  # creates the state
+        alone = timing.measure(trainer.optimizer.step, device, warmup=warmup, iters=iters)
+        rows.append(dict(what=f"optimizer.step(), {impl}", ms=alone.median_ms))
+        rows.append(dict(what=f"full step, {impl}", ms=step.median_ms))
+    trainer.optimizer = train.make_optimizer(trainer.model, run)
+    trainer.step(loader)
+    params = list(trainer.model.parameters())
+    clip = timing.measure(lambda: torch.nn.utils.clip_grad_norm_(params, 1.0), device, warmup=warmup, iters=iters)
+    rows.append(dict(what=f"clip_grad_norm_ alone ({run.optimizer} run)", ms=clip.median_ms))
+    rows.append(dict(what=f"full step, {run.optimizer}, clipping", ms=timing.measure(lambda: trainer.step(loader), device, 0, step_iters).median_ms))
+    trainer.run = run.replace(grad_clip=None)
+    rows.append(dict(what=f"full step, {run.optimizer}, no clipping", ms=timing.measure(lambda: trainer.step(loader), device, 0, step_iters).median_ms))
+    return rows
+
+
+def data_wait_report(run: train.RunConfig, model_config: GPTConfig, device: torch.device | str, loaders: dict, warmup: int = 1, iters: int = 3) -> list[dict]:
+    """Does the training step wait for data? For each named loader (anything with ``next_batch()``):
+    the host time of one ``next_batch()`` call and the full step time with that loader, in ms; a
+    :class:`FixedBatch` row (no loading at all) comes first as the baseline.
+
+    On CUDA the step is queued asynchronously, so a loader costs step time only if the host needs
+    longer to prepare a batch than the GPU needs to run a step. On a CPU every millisecond of
+    loading is added to the step: there is nothing to overlap with.
+    Returns rows {"loader", "next_batch_ms", "first_batch_ms", "step_ms"}.
+    """
+    device = torch.device(device)
+    trainer = train.build(run, model_config, device)
+    x, y = data.BatchLoader(data.load_tokens(), run.batch_size, run.seq_len, device).next_batch()
+    rows = []
+    for name, loader in {"no loading (one fixed batch)": FixedBatch(x, y), **loaders}.items():
+        host = time_next_batch(loader, n=5)
+        step = timing.measure(lambda loader=loader: trainer.step(loader), device, warmup=warmup, iters=iters)
+        rows.append(dict(loader=name, next_batch_ms=host["median_ms"], first_batch_ms=host["first_ms"], step_ms=step.median_ms))
+    return rows
+
+
+def plot_checkpointing(rows: list[dict], title: str):
+    """Step time (ms) against memory (GiB) per ``checkpoint_every`` setting: measured peak where the
+    rows have one (CUDA), and the activation bytes autograd keeps. Returns the matplotlib figure."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.5))
+    series = [("saved_bytes", "activations kept for backward", "o")]
+    if rows[0]["peak_bytes"] is not None:
+        series.insert(0, ("peak_bytes", "peak memory of the step", "s"))
+    for key, label, marker in series:
+        xs, ys = [r[key] / 2**30 for r in rows], [r["ms"] for r in rows]
+        ax.plot(xs, ys, marker=marker, ls="-", label=label)
+        for r, xv, yv in zip(rows, xs, ys, strict=True):
+            ax.annotate("off" if r["checkpoint_every"] == 0 else f"every {r['checkpoint_every']}", (xv, yv),
+                        textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.set_xlabel("memory (GiB)")
+    ax.set_ylabel("training step (ms)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------------------------
+# Command line: the committed GPU results
+# --------------------------------------------------------------------------------------------
+
+
+def benchmark_run(device: torch.device | str) -> tuple[train.RunConfig, GPTConfig]:
+    """The configuration the chapter measures: eager bf16 autocast + SDPA + vocab 50304 on CUDA
+    (the ladder's best eager rung), fp32 + SDPA on a CPU; shapes from :func:`train.default_shapes`."""
+    device = torch.device(device)
+    cfg, B, T = train.default_shapes(device)
+    if device.type == "cuda":
+        run = train.RunConfig(name="bf16+sdpa", autocast="bf16", attention="sdpa", vocab_multiple=64, batch_size=B, seq_len=T)
+    else:
+        run = train.RunConfig(name="fp32+sdpa", attention="sdpa", batch_size=B, seq_len=T)
+    return run, cfg
+
+
+def _provenance(device: torch.device, run: train.RunConfig, cfg: GPTConfig, what: str) -> dict:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    return {"device": name, "torch": torch.__version__, "date": datetime.date.today().isoformat(), "what": what,
+            "config": {"run": dataclasses.asdict(run), "model": dataclasses.asdict(cfg)}}
+
+
+def run_benchmark(kind: str, device: torch.device | str, iters: int = 5, limit_gib: float = 16.0) -> dict:
+    """The JSON the command line writes. ``kind``: "checkpointing" (settings 0, 4, 2, 1: step time,
+    peak and saved-activation memory, and on CUDA the largest B under ``limit_gib`` GiB) or
+    "accumulation" (fp32 gradients of one batch vs 4 micro-batches; step time, tokens/s and peak
+    memory for 1..32 micro-steps: 32 x 16 x 1024 = 0.5M tokens per step on the GPU)."""
+    device = torch.device(device)
+    run, cfg = benchmark_run(device)
+    if kind == "checkpointing":
+        settings = [0, 4, 2, 1]
+        out = _provenance(device, run, cfg, f"full training step per checkpoint_every, median of {iters}; "
+                          f"max B: largest B whose measured peak stays under {limit_gib:g} GiB")
+        out["rows"] = checkpointing_sweep(run, cfg, device, settings, warmup=2, iters=iters)
+        out["limit_bytes"] = int(limit_gib * 2**30)
+        out["max_batch"] = max_batch_under_limit(run, cfg, device, out["limit_bytes"], settings) if device.type == "cuda" else None
+        return out
+    if kind == "accumulation":
+        steps = [1, 2, 4, 8, 16, 32] if device.type == "cuda" else [1, 2, 4]
+        out = _provenance(device, run, cfg, f"one optimizer step per number of micro-steps, median of {iters}; "
+                          "gradient check in fp32 (TF32 off)")
+        out["gradient_check"] = accumulation_report(cfg, run.batch_size, run.seq_len, 4, device)
+        out["rows"] = accumulation_sweep(run, cfg, device, steps, warmup=1, iters=iters)
+        return out
+    raise ValueError(f"unknown benchmark {kind!r}: use 'checkpointing' or 'accumulation'")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m helpers.tradeoffs {checkpointing,accumulation} --out FILE.json [--iters N]``."""
+    import argparse
+    import json
+    from pathlib import Path
+
+    p = argparse.ArgumentParser(prog="python -m helpers.tradeoffs", description="Chapter 09 measurements (JSON).")
+    p.add_argument("kind", choices=["checkpointing", "accumulation"])
+    p.add_argument("--out", required=True, help="JSON file to write, e.g. results/h200-checkpointing.json")
+    p.add_argument("--iters", type=int, default=5, help="timed steps per setting (median reported)")
+    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    args = p.parse_args(argv)
+    if args.iters < 1:
+        p.error("--iters must be >= 1")
+    device = torch.device(args.device) if args.device else hardware.default_device()
+    out = run_benchmark(args.kind, device, iters=args.iters)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {args.out} ({out['device']}, {len(out['rows'])} rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,164 @@
+import json
+import pickle
+
+import pytest
+import torch
+
+from helpers import data, tokenizer, tradeoffs, train
+from helpers.model import GPT, GPTConfig
+
+CFG = GPTConfig(block_size=32, n_layer=2, n_head=2, n_embd=32)
+RUN = train.RunConfig(attention="sdpa", batch_size=4, seq_len=32)
+
+
+def _model(config=CFG):
+    torch.manual_seed(0)
+    return GPT(config)
+
+
+def test_accumulated_gradients_equal_one_big_batch_and_the_logged_loss_is_the_mean():
+    x, y = data.BatchLoader(data.load_tokens(), 8, 32).next_batch()
+    big, acc, undivided = _model(), _model(), _model()
+    _, loss = big(x, y)
+    loss.backward()
+    logged = tradeoffs.accumulate(acc, list(zip(x.chunk(4), y.chunk(4), strict=True)))
+    tradeoffs.accumulate(undivided, list(zip(x.chunk(4), y.chunk(4), strict=True)), divide=False)
+    ref = tradeoffs.gradients(big)
+    assert tradeoffs.max_relative_difference(tradeoffs.gradients(acc), ref) < 1e-5
+    assert tradeoffs.grad_norm(tradeoffs.gradients(undivided)) / tradeoffs.grad_norm(ref) == pytest.approx(4, rel=1e-4)
+    assert logged.item() == pytest.approx(loss.item(), rel=1e-6) and not logged.requires_grad
+
+
+def test_accumulation_report_measures_the_missing_division():
+    r = tradeoffs.accumulation_report(CFG, 4, 32, 4, "cpu", clip=1.0)
+    assert r["rel_diff_divided"] < 1e-5 and r["rel_diff_undivided"] == pytest.approx(3, rel=1e-3)
+    assert r["logged_loss"] == pytest.approx(r["big_loss"], rel=1e-6)
+    rows = {row["how"]: row for row in r["rows"]}
+    right, wrong = rows["accumulated, divided"], rows["accumulated, not divided"]
+    assert wrong["norm_before"] == pytest.approx(4 * right["norm_before"], rel=1e-4)
+    assert wrong["clip_coef"] == pytest.approx(min(1.0, 1.0 / wrong["norm_before"]), rel=1e-4)
+    assert all(row["update_norm"] > 0 for row in r["rows"])
+    with pytest.raises(ValueError, match="equal micro-batches"):
+        tradeoffs.accumulation_report(CFG, 6, 32, 4, "cpu")
+
+
+def test_accumulation_sweep_counts_tokens_per_optimizer_step():
+    rows = tradeoffs.accumulation_sweep(RUN, CFG, "cpu", [1, 3], warmup=0, iters=1)
+    assert [r["tokens_per_step"] for r in rows] == [4 * 32, 3 * 4 * 32]
+    assert all(r["ms"] > 0 and r["peak_bytes"] is None and 9 < r["loss"] < 12 for r in rows)
+
+
+def test_saved_activation_bytes_fall_as_more_blocks_are_checkpointed():
+    import dataclasses
+
+    idx = torch.randint(0, 50257, (2, 32))
+    saved = {}
+    for k in (0, 2, 1):
+        m = _model(dataclasses.replace(CFG, n_layer=4, checkpoint_every=k))
+        (_, loss), saved[k] = tradeoffs.saved_activation_bytes(lambda m=m: m(idx, idx), list(m.parameters()))
+        loss.backward()
+    assert saved[0] > saved[2] > saved[1] > 0
+    # the parameters themselves are never counted as activations
+    m = _model()
+    _, with_params = tradeoffs.saved_activation_bytes(lambda: m(idx, idx))
+    _, without = tradeoffs.saved_activation_bytes(lambda: m(idx, idx), list(m.parameters()))
+    assert with_params > without
+
+
+def test_checkpointing_sweep_rows():
+    rows = tradeoffs.checkpointing_sweep(RUN, CFG, "cpu", [0, 1], warmup=0, iters=1)
+    assert [r["checkpointed_blocks"] for r in rows] == [0, 2]
+    assert rows[0]["saved_bytes"] > rows[1]["saved_bytes"] and all(r["peak_bytes"] is None for r in rows)
+    fig = tradeoffs.plot_checkpointing(rows, "test")
+    assert fig.axes[0].get_xlabel() == "memory (GiB)"
+
+
+def test_max_batch_under_limit_needs_a_gpu():
+    with pytest.raises(ValueError, match="GPU"):
+        tradeoffs.max_batch_under_limit(RUN, CFG, "cpu", 2**30, [0])
+
+
+def test_reentrant_checkpoint_leaves_block_parameters_without_gradients():
+    trap = tradeoffs.reentrant_trap(CFG, "cpu", use_reentrant=True)
+    safe = tradeoffs.reentrant_trap(CFG, "cpu", use_reentrant=False)
+    per_block = len(list(GPT(CFG).transformer.h[0].parameters()))
+    assert trap["without_grad"] == CFG.n_layer * per_block  # only ln_f learns
+    assert trap["trainable"] == safe["trainable"] == CFG.n_layer * per_block + 2
+    assert any("requires_grad" in w for w in trap["warnings"])
+    assert safe["without_grad"] == 0 and safe["warnings"] == []
+
+
+def test_tokenizing_dataset_gives_shifted_gpt2_tokens_and_pickles():
+    text = data.load_text()
+    ds = tradeoffs.TokenizingDataset(text, 32)
+    x, y = ds[3]
+    assert x.shape == y.shape == (32,) and x.dtype == torch.long
+    assert torch.equal(x[1:], y[:-1])
+    start = 3 * ds.chars_per_sample
+    assert x.tolist() == tokenizer.encode(text[start : start + ds.chars_per_sample])[:32]
+    clone = pickle.loads(pickle.dumps(ds))
+    assert torch.equal(clone[3][0], x)
+    with pytest.raises(ValueError, match="tokens < T"):
+        tradeoffs.TokenizingDataset(text, 32, chars_per_token=0.5)[0]
+
+
+def test_worker_and_in_process_loaders_give_the_same_batches_in_order():
+    batches = {}
+    for workers in (0, 2):
+        loader = tradeoffs.tokenizing_loader(4, 32, "cpu", workers)
+        batches[workers] = [loader.next_batch() for _ in range(3)]
+    ds = tradeoffs.TokenizingDataset(data.load_text(), 32)
+    for (x0, y0), (x2, y2), i in zip(batches[0], batches[2], range(3), strict=True):
+        assert torch.equal(x0, x2) and torch.equal(y0, y2)
+        assert torch.equal(x0[0], ds[4 * i][0])
+
+
+def test_prefetch_loader_cycles_through_the_data():
+    ds = torch.utils.data.TensorDataset(torch.arange(6).view(6, 1), torch.arange(6).view(6, 1))
+    loader = tradeoffs.PrefetchLoader(torch.utils.data.DataLoader(ds, batch_size=2), "cpu")
+    firsts = [loader.next_batch()[0][0, 0].item() for _ in range(5)]
+    assert firsts == [0, 2, 4, 0, 2]
+
+
+def test_weight_decay_only_on_two_dimensional_parameters():
+    m = _model()
+    rows = tradeoffs.decay_groups(m, RUN)
+    decayed, plain = rows
+    assert decayed["weight_decay"] == RUN.weight_decay and plain["weight_decay"] == 0.0
+    assert decayed["tensors"] == sum(p.dim() >= 2 for p in m.parameters())
+    assert plain["tensors"] == sum(p.dim() < 2 for p in m.parameters())
+    assert decayed["parameters"] + plain["parameters"] == sum(p.numel() for p in m.parameters())
+    assert all(name.endswith(("bias", "weight")) for name in plain["examples"])
+
+
+def test_optimizer_sweep_times_every_implementation():
+    rows = tradeoffs.optimizer_sweep(RUN, CFG, "cpu", warmup=0, iters=1, step_iters=1)
+    whats = [r["what"] for r in rows]
+    for impl in train.OPTIMIZERS:
+        assert f"optimizer.step(), {impl}" in whats and f"full step, {impl}" in whats
+    assert "full step, foreach, no clipping" in whats
+    assert all(r["ms"] > 0 for r in rows)
+
+
+def test_data_wait_report_has_a_no_loading_baseline():
+    loaders = {"pre-tokenised": data.BatchLoader(data.load_tokens(), 4, 32)}
+    rows = tradeoffs.data_wait_report(RUN, CFG, "cpu", loaders, warmup=0, iters=1)
+    assert [r["loader"] for r in rows] == ["no loading (one fixed batch)", "pre-tokenised"]
+    assert all(r["step_ms"] > 0 and r["next_batch_ms"] >= 0 for r in rows)
+
+
+def test_copy_time_is_none_on_cpu():
+    assert tradeoffs.copy_time_us(4, 32, "cpu", pinned=True) is None
+
+
+@pytest.mark.parametrize("kind", ["accumulation", "checkpointing"])
+def test_command_line_writes_json_with_provenance(kind, tmp_path, monkeypatch):
+    monkeypatch.setattr(tradeoffs, "benchmark_run", lambda device: (RUN, CFG))
+    out = tmp_path / "r.json"
+    assert tradeoffs.main([kind, "--out", str(out), "--iters", "1", "--device", "cpu"]) == 0
+    result = json.loads(out.read_text())
+    assert {"device", "torch", "date", "what", "config", "rows"} <= result.keys()
+    assert result["config"]["run"]["batch_size"] == 4 and result["config"]["model"]["n_embd"] == 32
+    assert result["rows"]
+    with pytest.raises(SystemExit):
+        tradeoffs.main([kind, "--out", str(out), "--iters", "0"])
