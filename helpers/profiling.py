@@ -521,10 +521,10 @@ def load_table(name: str = SHIPPED_TABLE, batch_size: int = 16) -> tuple[dict, d
 
 
 def provenance_line(provenance: dict, table: dict) -> str:
-    """'NVIDIA H200, torch 2.11.0+cu130, CUDA 13.0, 2026-11-29, B=16, T=1024 (source ...)'."""
+    """'NVIDIA H200, torch 2.11.0+cu130, CUDA 13.0, measured 2026-11-29, B=16, T=1024; source: ...'."""
     cuda = f", CUDA {provenance['cuda']}" if provenance.get("cuda") else ""
     return (f"{provenance['device']}, torch {provenance['torch']}{cuda}, measured {provenance['date']}, "
-            f"B={table['batch_size']}, T={table['seq_len']} (source: {provenance['source']})")
+            f"B={table['batch_size']}, T={table['seq_len']}; source: {provenance['source']}")
 
 
 # --------------------------------------------------------------------------------------------
