@@ -178,6 +178,20 @@ def _graphs_compiled() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+def chapter_run(device: torch.device | str, compile: str | None = None) -> train.RunConfig:
+    """The step this chapter compiles: the ladder's rung before torch.compile (TF32 matmuls and bf16
+    autocast where the device has them, fp32 otherwise; manual attention; vocab 50257), with B and T
+    from :func:`helpers.train.default_shapes`, and ``compile`` as given (None = eager)."""
+    device = torch.device(device)
+    _, B, T = train.default_shapes(device)
+    bf16 = device.type == "cuda" and hardware.native_bf16(device)
+    return train.RunConfig(
+        name=compile or "eager", compile=compile, batch_size=B, seq_len=T,
+        matmul_precision="tf32" if hardware.tf32_supported(device) else "fp32",
+        autocast="bf16" if bf16 else None,
+    )
+
+
 def measure_step(
     run: train.RunConfig,
     model_config,
