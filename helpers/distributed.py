@@ -387,6 +387,10 @@ def run_config_from(args: argparse.Namespace, device: torch.device) -> tuple[tra
     cfg, B, T = train.default_shapes(device)
     if args.model == "small":
         cfg = train.small_model_config()
+    elif args.model == "tiny":  # the unit tests' size (tests/conftest.py): seconds even under torchrun
+        from helpers.model import GPTConfig
+
+        cfg = GPTConfig(block_size=32, n_layer=2, n_head=2, n_embd=32)
     elif args.model == "gpt2":
         from helpers.model import GPTConfig
 
@@ -469,7 +473,8 @@ def _train_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=None, help="B per rank per micro-step (default: train.default_shapes)")
     p.add_argument("--seq-len", type=int, default=None, help="T (default: train.default_shapes)")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step")
-    p.add_argument("--model", choices=("auto", "small", "gpt2"), default="auto", help="auto: GPT-2 124M on CUDA, small on CPU")
+    p.add_argument("--model", choices=("auto", "small", "tiny", "gpt2"), default="auto",
+                   help="auto: GPT-2 124M on CUDA, train.small_model_config on CPU; tiny: the unit tests' 2x32 model")
     p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when available")
     p.add_argument("--mode", choices=("ddp", "fsdp"), default="ddp", help="how N > 1 processes share the work")
     p.add_argument("--autocast", choices=("bf16", "fp16"), default=None)
@@ -583,7 +588,7 @@ def scaling(nprocs: list[int], modes: list[str], train_args: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m helpers.distributed", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m helpers.distributed", description=__doc__.splitlines()[0], allow_abbrev=False)
     sub = p.add_subparsers(dest="command", required=True)
     _train_parser(sub.add_parser("train", help="train on this process (or on each torchrun process)"))
     s = sub.add_parser("scaling", help="tokens/s on 1..N GPUs, one torchrun job each; writes JSON")
