@@ -329,7 +329,8 @@ def summarize_events(events, steps: int, device_type: str, device_name: str = ""
         span_us = sum(b - a for a, b in step_spans) if step_spans else 0.0
     if not per_name:
         raise ValueError(f"no {'CUDA kernel' if device_type == 'cuda' else 'aten operator'} events to summarise: "
-                         "was the step run inside the profiler, with the right activities?")
+                         "was the step run inside the profiler, with the right activities? On a GPU, run with "
+                         "KINETO_LOG_LEVEL=2 to see the profiler's warnings (e.g. CUPTI permissions).")
     host_spans = [e.time_range.end - e.time_range.start for e in events
                   if e.name.startswith("ProfilerStep") and _device_is(e, "CPU")]
     host_us = sum(host_spans) / len(host_spans) if host_spans else float("nan")
