@@ -18,23 +18,32 @@ import torch
 
 @dataclass(frozen=True)
 class GPUProfile:
-    """Datasheet facts of one GPU model. TFLOP/s are dense; None = no native support."""
+    """Datasheet facts of one device model. TFLOP/s are dense; None = no native support, or (with
+    ``note`` saying which) not published."""
 
     key: str
     name: str
-    capability: tuple[int, int]
-    memory_gb: float  # marketed memory, GB (1e9 bytes)
-    bandwidth_gbs: float  # memory bandwidth, GB/s
-    fp32_tflops: float  # plain FP32 (CUDA cores)
+    capability: tuple[int, int] | None  # CUDA compute capability; None for a CPU
+    memory_gb: float | None  # marketed memory, GB (1e9 bytes); None where it is the machine's RAM
+    bandwidth_gbs: float | None  # memory bandwidth, GB/s
+    fp32_tflops: float | None  # plain FP32 (CUDA cores)
     tf32_tflops: float | None  # TF32 tensor cores (>= sm80)
     bf16_tflops: float | None  # BF16 tensor cores (>= sm80)
-    fp16_tflops: float  # FP16 tensor cores (FP32 accumulate where the datasheet distinguishes)
+    fp16_tflops: float | None  # FP16 tensor cores (FP32 accumulate where the datasheet distinguishes)
     source: str
+    note: str = ""  # why a figure is None although the hardware has the feature
 
     @property
-    def peak_tensor_tflops(self) -> float:
-        """The dense 16-bit tensor-core peak (bf16 where native, else fp16): MFU's denominator."""
+    def peak_tensor_tflops(self) -> float | None:
+        """The dense 16-bit tensor-core peak (bf16 where native, else fp16): MFU's denominator.
+        None where no datasheet gives one (a CPU, an A10G)."""
         return self.bf16_tflops if self.bf16_tflops is not None else self.fp16_tflops
+
+    @property
+    def native_bf16(self) -> bool:
+        """bf16 tensor cores: compute capability >= 8.0. A CPU profile answers True (bf16 runs, see
+        :func:`native_bf16`). Never ``torch.cuda.is_bf16_supported()``: it is True on a T4, emulated."""
+        return self.capability is None or self.capability >= (8, 0)
 
 
 PROFILES: dict[str, GPUProfile] = {
@@ -46,6 +55,10 @@ PROFILES: dict[str, GPUProfile] = {
                    "NVIDIA V100 Tensor Core GPU datasheet (2020), SXM2"),
         GPUProfile("A10", "NVIDIA A10", (8, 6), 24, 600, 31.2, 62.5, 125, 125,
                    "NVIDIA A10 Tensor Core GPU datasheet (2021)"),
+        GPUProfile("A10G", "NVIDIA A10G", (8, 6), 24, 600, None, None, None, None,
+                   "no NVIDIA datasheet (an AWS-only variant of the A10, EC2 G5 instances); 24 GB GDDR6 "
+                   "and 600 GB/s as in Baseten, 'NVIDIA A10 vs A10G for ML model inference' (2023)",
+                   note="NVIDIA publishes no A10G peak FLOP/s: no MFU is claimed on it"),
         GPUProfile("L4", "NVIDIA L4", (8, 9), 24, 300, 30.3, 60, 121, 121,
                    "NVIDIA L4 Tensor Core GPU datasheet (2023); sparse figures halved"),
         GPUProfile("A100-40GB", "NVIDIA A100 40GB", (8, 0), 40, 1555, 19.5, 156, 312, 312,
@@ -58,6 +71,10 @@ PROFILES: dict[str, GPUProfile] = {
                    "NVIDIA H100 Tensor Core GPU datasheet (2023), SXM; sparse figures halved"),
         GPUProfile("H200", "NVIDIA H200 SXM", (9, 0), 141, 4800, 67, 494.7, 989.4, 989.4,
                    "NVIDIA H200 Tensor Core GPU datasheet (2024), SXM; sparse figures halved"),
+        GPUProfile("CPU", "CPU (any)", None, None, None, None, None, None, None,
+                   "no datasheet: CPUs differ too much for one figure",
+                   note="peak FLOP/s and bandwidth depend on the CPU model, its cores and vector units; "
+                   "memory is the machine's RAM: no MFU is claimed on a CPU"),
     ]
 }
 
@@ -78,7 +95,7 @@ def match_profile(device_name: str, total_memory_bytes: int | None = None) -> GP
         return PROFILES["T4"]
     if "L4" in n.split():
         return PROFILES["L4"]
-    if "A10" in n.split():  # not A10G: its figures are not in an NVIDIA datasheet
+    if "A10" in n.split():  # not "A10G": PROFILES["A10G"] has no peak FLOP/s to compute an MFU against
         return PROFILES["A10"]
     return None
 
@@ -103,6 +120,9 @@ def compile_support(device: torch.device) -> tuple[bool, str]:
     return True, f"C++ compiler {compiler} found"
 
 
+_SM80_ATTENTION = ("FLASH_ATTENTION", "CUDNN_ATTENTION")  # SDPA kernels that need compute capability >= 8.0
+
+
 def sdpa_backends(device: torch.device, dtype: torch.dtype | None = None) -> dict[str, str]:
     """Try each SDPA backend on a tiny causal attention and report 'ok' or why it cannot run.
 
@@ -116,9 +136,13 @@ def sdpa_backends(device: torch.device, dtype: torch.dtype | None = None) -> dic
     q = torch.randn(1, 2, 64, 64, device=device, dtype=dtype)
     result = {}
     for name in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"):
-        backend = getattr(SDPBackend, name, None)
+        backend = getattr(SDPBackend, name, None)  # CUDNN_ATTENTION is missing from some torch versions
         if backend is None:
             result[name.lower()] = "not in this torch version"
+            continue
+        if device.type == "cuda" and _emulated is not None and name in _SM80_ATTENTION and _emulated.capability < (8, 0):
+            # sdpa_kernel(backend) would switch the kernel back on for the probe: answer as the emulated GPU
+            result[name.lower()] = f"unavailable (emulating a {_emulated.key}: sm{_emulated.capability[0]}{_emulated.capability[1]} has no {name.lower()})"
             continue
         try:
             with warnings.catch_warnings(), sdpa_kernel(backend):
@@ -166,39 +190,60 @@ def emulate(profile_key: str = "T4", device: torch.device | str = "cuda", memory
     Raises:
         ValueError: no CUDA GPU, an unknown profile, or a real GPU with less memory than the cap.
     """
-    global _emulated, _emulated_memory
+    global _emulated, _emulated_memory, _saved_switches
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
         raise ValueError("emulation caps a bigger CUDA GPU: it needs one (on a CPU there is nothing to emulate)")
-    if profile_key not in PROFILES:
-        raise ValueError(f"unknown profile {profile_key!r}; known: {sorted(PROFILES)}")
+    if profile_key not in PROFILES or PROFILES[profile_key].capability is None:
+        raise ValueError(f"unknown profile {profile_key!r} (a GPU to emulate); known: {sorted(k for k, p in PROFILES.items() if p.capability)}")
     prof = PROFILES[profile_key]
     props = torch.cuda.get_device_properties(device)
+    if prof.memory_gb is None:
+        raise ValueError(f"profile {prof.key} has no memory size to cap to")
     cap_bytes = memory_bytes or (T4_USABLE_BYTES if prof.key == "T4" else int(prof.memory_gb * 10**9))
     if cap_bytes > props.total_memory:
         raise ValueError(f"{props.name} has {props.total_memory / 1e9:.0f} GB, less than the {cap_bytes / 1e9:.0f} GB to emulate")
+    if _emulated is None:  # remember the real switches once, so stop_emulation restores them
+        _saved_switches = {"matmul_precision": torch.get_float32_matmul_precision(),
+                           **{name: getattr(torch.backends.cuda, f"{name}_sdp_enabled")()
+                              for name in _SDPA_TOGGLES if hasattr(torch.backends.cuda, f"{name}_sdp_enabled")}}
+    # The caching allocator raises OutOfMemoryError once it would reserve more than fraction x total.
     torch.cuda.set_per_process_memory_fraction(cap_bytes / props.total_memory, device)
     disabled = []
     if prof.capability < (8, 0):
-        for name in ("enable_flash_sdp", "enable_cudnn_sdp"):
-            if hasattr(torch.backends.cuda, name):
-                getattr(torch.backends.cuda, name)(False)
-                disabled.append(name.replace("enable_", "").replace("_sdp", ""))
-        torch.backends.cuda.matmul.allow_tf32 = False
+        disabled = [name for name in _SDPA_TOGGLES if _set_sdpa_enabled(name, False)]
+        # TF32 off the documented way (also the new fp32_precision switches of torch >= 2.9); the
+        # Trainer sets the precision before every step anyway, and unsupported_reason refuses "tf32".
+        torch.set_float32_matmul_precision("highest")
     _emulated, _emulated_memory = prof, cap_bytes
     return {"profile": prof.key, "real_gpu": props.name, "memory_cap_bytes": cap_bytes, "sdpa_disabled": disabled}
 
 
+_SDPA_TOGGLES = ("flash", "cudnn")  # global SDPA kernel switches an sm75 GPU lacks
+_saved_switches: dict = {}
+
+
+def _set_sdpa_enabled(name: str, on: bool) -> bool:
+    """``torch.backends.cuda.enable_<name>_sdp(on)`` where this torch has it (cuDNN attention's switch
+    is missing from older versions); returns whether it existed. The switches are global: they hold for
+    eager code and for graphs torch.compile traces after they are set (the kernel is chosen at trace time)."""
+    fn = getattr(torch.backends.cuda, f"enable_{name}_sdp", None)
+    if fn is None:
+        return False
+    fn(on)
+    return True
+
+
 def stop_emulation(device: torch.device | str = "cuda") -> None:
-    """Undo :func:`emulate`: full memory, every SDPA kernel allowed again."""
-    global _emulated, _emulated_memory
+    """Undo :func:`emulate`: full memory, and the SDPA kernels and matmul precision as they were before."""
+    global _emulated, _emulated_memory, _saved_switches
     if _emulated is None:
         return
     torch.cuda.set_per_process_memory_fraction(1.0, torch.device(device))
-    for name in ("enable_flash_sdp", "enable_cudnn_sdp"):
-        if hasattr(torch.backends.cuda, name):
-            getattr(torch.backends.cuda, name)(True)
-    _emulated, _emulated_memory = None, None
+    for name in _SDPA_TOGGLES:
+        _set_sdpa_enabled(name, _saved_switches.get(name, True))
+    torch.set_float32_matmul_precision(_saved_switches.get("matmul_precision", "highest"))
+    _emulated, _emulated_memory, _saved_switches = None, None, {}
 
 
 def apply_env_emulation(device: torch.device | str = "cuda") -> dict | None:
@@ -218,6 +263,23 @@ def native_bf16(device: torch.device) -> bool:
     if device.type == "cuda":
         return capability(device) >= (8, 0)
     return device.type == "cpu"
+
+
+def torch_says_bf16(device: torch.device | str = "cuda") -> dict[str, bool | None]:
+    """What ``torch.cuda.is_bf16_supported`` answers on ``device``: ``{"default": ..., "without_emulation": ...}``.
+
+    The default call counts emulated bf16 and is True on a T4 (sm75) on recent torch: the trap that
+    :func:`native_bf16` avoids. ``without_emulation`` is ``is_bf16_supported(including_emulation=False)``,
+    or None where this torch version has no such argument. Both are False on a CPU (no CUDA device).
+    While emulating, torch still answers for the real GPU.
+    """
+    import inspect
+
+    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+        return {"default": False, "without_emulation": False}
+    fn = torch.cuda.is_bf16_supported
+    strict = fn(including_emulation=False) if "including_emulation" in inspect.signature(fn).parameters else None
+    return {"default": bool(fn()), "without_emulation": strict}
 
 
 def tf32_supported(device: torch.device) -> bool:
@@ -306,27 +368,35 @@ class RecipeChoice:
     reason: str
 
 
-def recommend_recipe(target: GPUProfile | torch.device | str | None = None) -> list[RecipeChoice]:
-    """The fastest *correct* configuration for a GPU profile (e.g. ``PROFILES["T4"]``) or a device
-    (default: this one), switch by switch with the reason. The batch size is not guessed: measure it
-    with ``memory.find_max_batch_size``. Turn the choices into a RunConfig with
-    ``helpers.train.recipe_run_config``.
+def recommend_recipe(
+    target: GPUProfile | torch.device | str | None = None,
+    batch_size: int | None = None,
+    batch_reason: str = "",
+) -> list[RecipeChoice]:
+    """The fastest *correct* configuration for a profile (e.g. ``PROFILES["T4"]``, ``PROFILES["CPU"]``)
+    or a device (default: this one; while emulating, the emulated GPU), switch by switch with the reason.
 
-    Rules: bf16 autocast only with native bf16 (compute capability >= 8.0), else fp16 + GradScaler;
-    TF32 only from 8.0; torch.compile where Triton runs (>= 7.0); SDPA always (FlashAttention-2 from
-    8.0, the memory-efficient kernel on 7.x); vocab padded to a multiple of 64; fused AdamW on CUDA.
+    The batch size is never guessed: pass the one ``memory.find_max_batch_size`` measured as
+    ``batch_size`` (with ``batch_reason`` saying how), else the choice says to measure it. Turn the
+    choices into a RunConfig with ``helpers.train.recipe_run_config``.
+
+    Rules: bf16 autocast only with native bf16 (compute capability >= 8.0; never trust
+    ``torch.cuda.is_bf16_supported()``, True on a T4), else fp16 + GradScaler; TF32 only from 8.0;
+    torch.compile where Triton runs (>= 7.0) or a CPU has a C++ compiler; SDPA always
+    (FlashAttention-2 from 8.0, the memory-efficient kernel on 7.x); vocab padded to a multiple of 64;
+    fused AdamW on CUDA.
     """
-    if target is None or isinstance(target, (str, torch.device)):
-        device = torch.device(target) if target is not None else default_device()
+    if isinstance(target, GPUProfile) and target.capability is not None:
+        cap, name, compile_ok, compile_reason = target.capability, target.name, target.capability >= (7, 0), "Triton supports >= 7.0"
+    else:
+        device = torch.device("cpu") if isinstance(target, GPUProfile) else (
+            torch.device(target) if target is not None else default_device())
+        compile_ok, compile_reason = compile_support(device)
         if device.type == "cuda":
             cap = capability(device)
             name = _emulated.name if _emulated is not None else torch.cuda.get_device_name(device)
-            compile_ok, compile_reason = compile_support(device)
         else:
-            cap, name, compile_ok = None, "CPU", compile_support(device)[0]
-            compile_reason = compile_support(device)[1]
-    else:
-        cap, name, compile_ok, compile_reason = target.capability, target.name, target.capability >= (7, 0), "Triton supports >= 7.0"
+            cap, name = None, "CPU"
     c = []
     if cap is None:
         c.append(RecipeChoice("matmul_precision", "fp32", "TF32 is a tensor-core mode of NVIDIA GPUs; a CPU computes fp32"))
@@ -338,7 +408,8 @@ def recommend_recipe(target: GPUProfile | torch.device | str | None = None) -> l
                               else f"sm{cap[0]}{cap[1]} has no TF32 tensor cores: the switch would do nothing"))
         c.append(RecipeChoice("autocast", "bf16" if ampere else "fp16",
                               "native bf16: fp32's range, no loss scaling needed" if ampere
-                              else f"sm{cap[0]}{cap[1]} has no native bf16 (emulated, slow): fp16 tensor cores + GradScaler"))
+                              else f"sm{cap[0]}{cap[1]} has no native bf16 (emulated, slow): fp16 tensor cores + GradScaler "
+                              "(fp16 overflows above 65504 and underflows small gradients)"))
     c.append(RecipeChoice("compile", "default" if compile_ok else None,
                           f"torch.compile: {compile_reason}" if compile_ok else f"eager: {compile_reason}"))
     kernel = ("FlashAttention-2 / cuDNN kernels" if cap is not None and cap >= (8, 0)
@@ -348,7 +419,10 @@ def recommend_recipe(target: GPUProfile | torch.device | str | None = None) -> l
     c.append(RecipeChoice("vocab_multiple", 64, "50257 -> 50304 rows: aligned shapes for the LM head and the loss (chapter 07)"))
     c.append(RecipeChoice("optimizer", "fused" if cap is not None else "foreach",
                           "fused AdamW: one kernel for all parameters" if cap is not None else "foreach AdamW: the CPU default"))
-    c.append(RecipeChoice("batch_size", None, f"measure it on the {name}: memory.find_max_batch_size with a 10% margin"))
+    if batch_size is None:
+        c.append(RecipeChoice("batch_size", None, f"measure it on the {name}: memory.find_max_batch_size with a 10% margin"))
+    else:
+        c.append(RecipeChoice("batch_size", batch_size, batch_reason or f"measured on the {name} with memory.find_max_batch_size"))
     return c
 
 
@@ -356,4 +430,26 @@ def format_recipe(choices: list[RecipeChoice]) -> str:
     """The choices as a fixed-width table: switch, value, reason."""
     lines = [f"{'switch':<18} {'value':<10} reason"]
     lines += [f"{ch.switch:<18} {ch.value!s:<10} {ch.reason}" for ch in choices]
+    return "\n".join(lines)
+
+
+def format_profiles(profiles: list[GPUProfile] | None = None) -> str:
+    """The datasheet profiles as a fixed-width table: capability, memory (GB), bandwidth (GB/s), dense
+    peak TFLOP/s per format ('-' = no native support or not published; see each profile's note), and
+    the recipe's autocast dtype. Sources follow the table, one line per profile."""
+
+    def num(x: float | None) -> str:
+        return "-" if x is None else f"{x:g}"
+
+    profiles = list(PROFILES.values()) if profiles is None else profiles
+    head = f"{'profile':<10} {'sm':>4} {'GB':>5} {'GB/s':>6} {'fp32':>6} {'tf32':>6} {'bf16':>6} {'fp16':>6}  autocast"
+    lines = [head, "-" * len(head)]
+    for p in profiles:
+        sm = "-" if p.capability is None else f"{p.capability[0]}{p.capability[1]}"
+        dtype = next(c.value for c in recommend_recipe(p) if c.switch == "autocast")
+        dtype = "fp16 + GradScaler" if dtype == "fp16" else (dtype or "none (fp32)")
+        lines.append(f"{p.key:<10} {sm:>4} {num(p.memory_gb):>5} {num(p.bandwidth_gbs):>6} {num(p.fp32_tflops):>6} "
+                     f"{num(p.tf32_tflops):>6} {num(p.bf16_tflops):>6} {num(p.fp16_tflops):>6}  {dtype}")
+    lines.append("TFLOP/s dense. Sources:")
+    lines += [f"  {p.key}: {p.source}" + (f" ({p.note})" if p.note else "") for p in profiles]
     return "\n".join(lines)

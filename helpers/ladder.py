@@ -34,6 +34,18 @@ RUNGS: list[tuple[str, dict]] = [
 ]
 
 
+FP16_AUTOCAST_RUNG = "+ fp16 autocast + GradScaler"  # the autocast rung where bf16 is not native
+
+
+def autocast_rung(name: str, changes: dict, device: torch.device | None) -> tuple[str, dict]:
+    """The autocast rung in the device's recipe dtype: bf16 where it is native (and when no device is
+    given: the GPU ladder), else fp16 with a GradScaler, renamed so the table says which
+    (``"+ fp16 autocast + GradScaler"``). Other rungs are returned unchanged."""
+    if changes.get("autocast") != "bf16" or device is None or device.type != "cuda" or hardware.native_bf16(device):
+        return name, changes
+    return FP16_AUTOCAST_RUNG, {**changes, "autocast": "fp16"}  # RunConfig(autocast="fp16") adds the GradScaler
+
+
 def ladder_configs(
     batch_size: int, seq_len: int, compile_mode: str = "default", device: torch.device | str | None = None
 ) -> list[tuple[RunConfig, str | None]]:
@@ -41,18 +53,45 @@ def ladder_configs(
 
     Rung i = rung i-1 + one switch. A switch ``device`` cannot run (e.g. TF32 on a CPU) makes its
     rung skipped and is *not* carried into the later rungs, which build on the last runnable one.
+    The autocast rung uses the device's recipe dtype (:func:`autocast_rung`): on a GPU without native
+    bf16 (a T4, a V100, an emulated T4) it is "+ fp16 autocast + GradScaler", so the fp16 path runs.
     """
     device = torch.device(device) if device is not None else None
     configs, current = [], RunConfig(batch_size=batch_size, seq_len=seq_len)
     for name, changes in RUNGS:
         if changes.get("compile") is not None:
             changes = {**changes, "compile": compile_mode}
+        name, changes = autocast_rung(name, changes, device)
         candidate = current.replace(name=name, **changes)
         reason = unsupported_reason(candidate, device) if device is not None else None
         configs.append((candidate, reason))
         if reason is None:
             current = candidate
     return configs
+
+
+def _short(name: str) -> str:
+    return name.lstrip("+ ")
+
+
+def select_rungs(configs: list[RunConfig], rungs: list[str]) -> list[RunConfig]:
+    """The configs named in ``rungs`` (with or without the leading "+ "). "autocast", "bf16 autocast"
+    and "fp16 autocast" all name the autocast rung, whichever dtype this device's ladder gives it.
+
+    Raises:
+        ValueError: a name that is no rung of this ladder.
+    """
+    def aliases(run: RunConfig) -> set[str]:
+        names = {run.name, _short(run.name)}
+        if run.autocast is not None and run.name in (FP16_AUTOCAST_RUNG, *(n for n, c in RUNGS if "autocast" in c)):
+            names |= {"autocast", "bf16 autocast", "fp16 autocast", _short(FP16_AUTOCAST_RUNG)}
+        return names
+
+    known = set().union(*(aliases(c) for c in configs)) if configs else set()
+    unknown = set(rungs) - known
+    if unknown:
+        raise ValueError(f"unknown rung(s) {sorted(unknown)}; rungs are {[c.name for c in configs]}")
+    return [c for c in configs if aliases(c) & set(rungs)]
 
 
 def run_rung(
@@ -138,10 +177,7 @@ def run_ladder(
     tokens = data.load_tokens()
     configs = [run for run, _ in ladder_configs(B, T, compile_mode, device)]
     if rungs:
-        unknown = set(rungs) - {c.name for c in configs} - {c.name.lstrip("+ ") for c in configs}
-        if unknown:
-            raise ValueError(f"unknown rung(s) {sorted(unknown)}; rungs are {[c.name for c in configs]}")
-        configs = [c for c in configs if c.name in rungs or c.name.lstrip("+ ") in rungs]
+        configs = select_rungs(configs, rungs)
     rows = []
     for run in tqdm(configs, desc="ladder", disable=not progress):
         rows.append(run_rung(run, model_config, device, tokens, warmup, iters))
@@ -204,7 +240,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=10, help="timed steps per rung; the median is reported (default 10)")
     p.add_argument("--rungs", nargs="*", default=None,
                    help="run only these rungs, by name, quoted where they contain spaces (default: all): "
-                   + ", ".join(repr(n.lstrip("+ ")) for n, _ in RUNGS))
+                   + ", ".join(repr(n.lstrip("+ ")) for n, _ in RUNGS)
+                   + "; 'autocast' names the autocast rung in either dtype (fp16 + GradScaler where bf16 is not native)")
     p.add_argument("--compile-mode", default="default", choices=["default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead"],
                    help="torch.compile mode of the compiled rungs (default: 'default')")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON to this file")

@@ -1,3 +1,5 @@
+import contextlib
+
 import pytest
 import torch
 
@@ -113,3 +115,152 @@ def test_emulation_needs_a_gpu_and_a_known_profile(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(ValueError, match="unknown profile"):
         hardware.emulate("TPU", "cuda")
+
+
+# ---- chapter 08: every profile, the recipe for each, emulation on a real GPU's API, old torch versions ----
+
+EXPECTED_AUTOCAST = {"T4": "fp16", "V100": "fp16", "A10": "bf16", "A10G": "bf16", "L4": "bf16", "A100-40GB": "bf16",
+                     "A100-80GB": "bf16", "H100-PCIe": "bf16", "H100-SXM": "bf16", "H200": "bf16", "CPU": None}
+
+
+def test_the_course_has_a_profile_for_every_gpu_it_names_and_a_cpu():
+    assert set(hardware.PROFILES) == set(EXPECTED_AUTOCAST)
+    for p in hardware.PROFILES.values():
+        assert p.source, p.key
+        if p.capability is not None:
+            assert p.memory_gb and p.bandwidth_gbs, p.key
+        if p.peak_tensor_tflops is None or p.fp32_tflops is None:
+            assert p.note, f"{p.key}: a missing figure needs a note saying why"
+    assert hardware.PROFILES["CPU"].capability is None and hardware.PROFILES["CPU"].peak_tensor_tflops is None
+    assert hardware.PROFILES["A10G"].capability == (8, 6) and hardware.PROFILES["A10G"].memory_gb == 24
+
+
+def test_recipe_for_every_profile_gives_a_reason_for_every_switch():
+    from helpers import train
+
+    for key, p in hardware.PROFILES.items():
+        choices = hardware.recommend_recipe(p)
+        d = _as_dict(choices)
+        assert d["autocast"] == EXPECTED_AUTOCAST[key], key
+        ampere = p.capability is not None and p.capability >= (8, 0)
+        assert d["matmul_precision"] == ("tf32" if ampere else "fp32"), key
+        assert d["attention"] == "sdpa" and d["vocab_multiple"] == 64 and d["batch_size"] is None, key
+        assert all(c.reason for c in choices), key
+        reasons = {c.switch: c.reason for c in choices}
+        if d["autocast"] == "fp16":
+            assert "GradScaler" in reasons["autocast"] and "memory-efficient" in reasons["attention"], key
+        if ampere:
+            assert "FlashAttention-2" in reasons["attention"], key
+        # every recipe is a valid RunConfig
+        train.recipe_run_config(choices, batch_size=4, seq_len=64)
+    table = hardware.format_profiles()
+    assert all(k in table for k in hardware.PROFILES) and "fp16 + GradScaler" in table
+
+
+def test_recipe_reports_a_measured_batch_size_with_its_reason():
+    d = {c.switch: c for c in hardware.recommend_recipe(hardware.PROFILES["T4"], batch_size=12, batch_reason="probed")}
+    assert d["batch_size"].value == 12 and d["batch_size"].reason == "probed"
+
+
+def test_profile_native_bf16_ignores_what_torch_says():
+    assert not hardware.PROFILES["T4"].native_bf16 and not hardware.PROFILES["V100"].native_bf16
+    assert hardware.PROFILES["A100-40GB"].native_bf16 and hardware.PROFILES["CPU"].native_bf16
+
+
+def _fake_h200(monkeypatch, calls):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: _FakeProps())
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d=None: calls.setdefault("fraction", []).append(f))
+    state = {"flash": True, "cudnn": True}
+    for name in ("flash", "cudnn"):
+        monkeypatch.setattr(torch.backends.cuda, f"enable_{name}_sdp", lambda on, name=name: state.__setitem__(name, on))
+        monkeypatch.setattr(torch.backends.cuda, f"{name}_sdp_enabled", lambda name=name: state[name])
+    return state
+
+
+def test_stop_emulation_restores_the_switches_as_they_were(monkeypatch):
+    calls = {}
+    state = _fake_h200(monkeypatch, calls)
+    state["cudnn"] = False  # the user had switched cuDNN attention off before emulating
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        hardware.emulate("T4", "cuda")
+        assert state == {"flash": False, "cudnn": False} and torch.get_float32_matmul_precision() == "highest"
+        hardware.emulate("T4", "cuda")  # a second call keeps the first saved state
+        hardware.stop_emulation("cuda")
+        assert state == {"flash": True, "cudnn": False} and torch.get_float32_matmul_precision() == "high"
+        assert calls["fraction"] == [0.1, 0.1, 1.0]
+    finally:
+        hardware.stop_emulation("cuda")
+        torch.set_float32_matmul_precision(old)
+
+
+def test_emulation_refuses_the_cpu_profile(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ValueError, match="unknown profile .CPU. .a GPU"):
+        hardware.emulate("CPU", "cuda")
+
+
+def test_sdpa_probe_while_emulating_answers_as_the_t4(monkeypatch):
+    # sdpa_kernel(FLASH) would switch flash back on for the probe: the probe must not ask the real GPU.
+    calls = {}
+    _fake_h200(monkeypatch, calls)
+    real_randn = torch.randn
+    monkeypatch.setattr(torch, "randn", lambda *shape, device=None, dtype=None: real_randn(*shape, dtype=torch.float32))
+    try:
+        hardware.emulate("T4", "cuda")
+        probe = hardware.sdpa_backends(torch.device("cuda"))
+    finally:
+        hardware.stop_emulation("cuda")
+    assert "emulating a T4" in probe["flash_attention"] and "sm75" in probe["flash_attention"]
+    assert probe["math"] == "ok"
+
+
+def test_old_torch_without_cudnn_attention_still_emulates(monkeypatch):
+    # torch versions without cuDNN attention have neither the switch nor the SDPBackend member
+    calls = {}
+    _fake_h200(monkeypatch, calls)
+    monkeypatch.delattr(torch.backends.cuda, "enable_cudnn_sdp")
+    monkeypatch.delattr(torch.backends.cuda, "cudnn_sdp_enabled")
+    try:
+        info = hardware.emulate("T4", "cuda")
+        assert info["sdpa_disabled"] == ["flash"]
+    finally:
+        hardware.stop_emulation("cuda")
+
+
+def test_sdpa_probe_on_a_torch_without_cudnn_attention(monkeypatch):
+    import torch.nn.attention as attn
+
+    class OldBackend:  # the members of SDPBackend in torch 2.3
+        FLASH_ATTENTION, EFFICIENT_ATTENTION, MATH = (attn.SDPBackend.FLASH_ATTENTION, attn.SDPBackend.EFFICIENT_ATTENTION,
+                                                      attn.SDPBackend.MATH)
+
+    monkeypatch.setattr(attn, "SDPBackend", OldBackend)
+    monkeypatch.setattr(attn, "sdpa_kernel", lambda backend: contextlib.nullcontext())  # the real one checks the enum
+    probe = hardware.sdpa_backends(torch.device("cpu"))
+    assert probe["cudnn_attention"] == "not in this torch version" and probe["math"] == "ok"
+
+
+def test_what_torch_says_about_bf16_on_old_and_new_versions(monkeypatch):
+    assert hardware.torch_says_bf16("cpu") == {"default": False, "without_emulation": False}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    # a T4 on a recent torch: True by default (emulated), False without emulation
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+    assert hardware.torch_says_bf16("cuda") == {"default": True, "without_emulation": False}
+    # a torch without the including_emulation argument
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert hardware.torch_says_bf16("cuda") == {"default": True, "without_emulation": None}
+
+
+def test_chapter_08_budget_parts_are_chapter_03s_estimate():
+    from helpers import checks_ch08, memory, model
+
+    cfg = model.GPTConfig(vocab_multiple=64)
+    parts = checks_ch08.step_parts(cfg, 1024, True, False)
+    for B in (1, 12, 13):
+        want = memory.training_step_estimate(cfg, B, 1024, True, False)
+        assert parts(B) == {k: v for k, v in want.items() if k != "total"} and sum(parts(B).values()) == want["total"]

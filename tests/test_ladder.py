@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from helpers import ladder
 from helpers.train import RunConfig
 
@@ -73,3 +75,52 @@ def test_table_shows_spread_and_the_speedup_baseline():
 def test_emulation_without_a_gpu_is_a_clear_error(capsys):
     assert ladder.main(["--device", "cpu", "--emulate", "T4"]) == 2
     assert "needs one" in capsys.readouterr().err
+
+
+# ---- chapter 08: the autocast rung in the device's recipe dtype ----
+
+def _fake_cuda(monkeypatch, cap):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: cap)
+
+
+def test_autocast_rung_is_fp16_with_gradscaler_where_bf16_is_not_native(monkeypatch):
+    _fake_cuda(monkeypatch, (7, 5))  # a T4 (or a bigger GPU emulating one)
+    configs = ladder.ladder_configs(16, 1024, device="cuda")
+    names = [c.name for c, _ in configs]
+    assert "+ bf16 autocast" not in names and names[2] == "+ fp16 autocast + GradScaler"
+    reasons = dict((c.name, r) for c, r in configs)
+    assert reasons["+ fp16 autocast + GradScaler"] is None  # it runs, it is not skipped
+    assert "TF32" in reasons["+ tf32"]
+    runnable = [c for c, r in configs if r is None]
+    assert runnable[-1].autocast == "fp16" and runnable[-1].matmul_precision == "fp32"
+    assert all(c.autocast == "fp16" for c in runnable[2:])
+
+
+def test_autocast_rung_stays_bf16_where_it_is_native(monkeypatch):
+    _fake_cuda(monkeypatch, (9, 0))
+    names = [c.name for c, _ in ladder.ladder_configs(16, 1024, device="cuda")]
+    assert names[2] == "+ bf16 autocast"
+    cpu = ladder.ladder_configs(4, 64, device="cpu")
+    assert cpu[2][0].name == "+ bf16 autocast" and cpu[2][1] is None
+
+
+def test_autocast_rung_follows_t4_emulation(monkeypatch):
+    from helpers import hardware
+
+    _fake_cuda(monkeypatch, (9, 0))
+    monkeypatch.setattr(hardware, "_emulated", hardware.PROFILES["T4"])
+    assert ladder.ladder_configs(16, 1024, device="cuda")[2][0].name == ladder.FP16_AUTOCAST_RUNG
+
+
+def test_rung_names_select_the_autocast_rung_in_either_dtype(monkeypatch):
+    _fake_cuda(monkeypatch, (7, 5))
+    fp16 = [c for c, _ in ladder.ladder_configs(16, 1024, device="cuda")]
+    bf16 = [c for c, _ in ladder.ladder_configs(16, 1024, device="cpu")]
+    for configs, want in ((fp16, "+ fp16 autocast + GradScaler"), (bf16, "+ bf16 autocast")):
+        for alias in ("autocast", "bf16 autocast", "fp16 autocast", want):
+            assert [c.name for c in ladder.select_rungs(configs, ["fp32", alias])] == ["fp32", want], alias
+    with pytest.raises(ValueError, match="unknown rung"):
+        ladder.select_rungs(fp16, ["fp64"])
