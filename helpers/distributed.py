@@ -4,6 +4,9 @@ One script runs the course's training step on one process or on N, without a cod
 
     python -m helpers.distributed train --steps 20                         # one process
     torchrun --standalone --nproc_per_node=2 -m helpers.distributed train --steps 20   # 2 GPUs (or 2 CPU processes)
+    python -m helpers.distributed scaling --nproc 1 2 --out results/FILE.json ...     # tokens/s per world size
+
+(``train`` is the default command: ``python -m helpers.distributed --steps 20`` is the same run.)
 
 ``torchrun`` starts N copies and gives each one ``WORLD_SIZE``, ``RANK`` and ``LOCAL_RANK``;
 :func:`init` reads them. On CUDA each process drives ``cuda:LOCAL_RANK`` and talks over NCCL; on a
@@ -567,7 +570,7 @@ def launch(nproc: int, args: list[str], timeout_s: float = 600) -> dict:
         return json.loads(out.read_text())
 
 
-def scaling(nprocs: list[int], modes: list[str], train_args: list[str]) -> dict:
+def scaling(nprocs: list[int], modes: list[str], train_args: list[str], command: str = "") -> dict:
     """Tokens/s of the same per-GPU work on 1..N processes (weak scaling: B per rank fixed, so the
     global batch grows with N). Efficiency = tokens/s(N) / (N x tokens/s(1 process)); 1.0 would be
     perfect. Runs one job per (mode, N); N=1 is a plain single process (no DDP)."""
@@ -583,7 +586,7 @@ def scaling(nprocs: list[int], modes: list[str], train_args: list[str]) -> dict:
     for r in rows:
         r["efficiency"] = r["tokens_per_s"] / (r["world_size"] * single["tokens_per_s"]) if single else None
     return {"what": "tokens/s per world size, same per-rank batch (weak scaling)",
-            "command": "python -m helpers.distributed scaling " + " ".join(sys.argv[2:]),
+            "command": command,
             "gpus_visible": torch.cuda.device_count(), "rows": rows}
 
 
@@ -595,13 +598,18 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--out", required=True, help="JSON file to write (e.g. results/h200x2-ddp-scaling.json)")
     s.add_argument("--nproc", type=int, nargs="+", default=None, help="world sizes (default 1 .. visible GPUs)")
     s.add_argument("--modes", nargs="+", choices=("ddp", "fsdp"), default=["ddp"])
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] not in ("train", "scaling", "-h", "--help"):
+        argv = ["train", *argv]  # `python -m helpers.distributed --steps 20` means the train command
     args, rest = p.parse_known_args(argv)
     if args.command == "train":
         if rest:
             p.error(f"unrecognized arguments: {' '.join(rest)}")
+        if args.steps < 1 or not 0 <= args.warmup:
+            p.error(f"need --steps >= 1 and --warmup >= 0, got {args.steps} and {args.warmup}")
         return main_train(args)
     nprocs = args.nproc or list(range(1, max(1, torch.cuda.device_count()) + 1))
-    result = scaling(nprocs, args.modes, rest)
+    result = scaling(nprocs, args.modes, rest, command="python -m helpers.distributed " + " ".join(argv))
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
     return 0

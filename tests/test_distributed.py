@@ -147,3 +147,30 @@ def test_fsdp_on_two_processes_equals_one_process_and_halves_the_state(tmp_path,
     full, sharded = ddp["state_bytes_rank0"], fsdp["state_bytes_rank0"]
     for part in ("params", "grads"):
         assert sharded[part] == pytest.approx(full[part] / 2, rel=0.01)
+
+
+def test_scaling_efficiency_is_tokens_per_s_over_n_times_one_process(monkeypatch):
+    launched = []
+
+    def fake_launch(nproc, args, timeout_s=600):
+        launched.append((nproc, args[-1]))
+        world = max(nproc, 1)
+        return {"world_size": world, "mode": args[-1] if world > 1 else "single",
+                "tokens_per_s": 1000.0 * world * (0.9 if world > 1 else 1.0), "step_ms": 10.0}
+
+    monkeypatch.setattr(distributed, "launch", fake_launch)
+    result = distributed.scaling([1, 2, 4], ["ddp", "fsdp"], ["--steps", "3"])
+    assert launched == [(0, "ddp"), (2, "ddp"), (4, "ddp"), (2, "fsdp"), (4, "fsdp")]  # N=1: a plain process, once
+    assert [round(r["efficiency"], 6) for r in result["rows"]] == [1.0, 0.9, 0.9, 0.9, 0.9]
+
+
+def test_train_command_refuses_zero_steps():
+    with pytest.raises(SystemExit):
+        distributed.main(["train", "--steps", "0"])
+
+
+def test_train_is_the_default_command(monkeypatch):
+    seen = []
+    monkeypatch.setattr(distributed, "main_train", lambda args: seen.append(args) or 0)
+    assert distributed.main(["--steps", "3", "--batch-size", "2"]) == 0
+    assert (seen[0].steps, seen[0].batch_size, seen[0].mode) == (3, 2, "ddp")
