@@ -186,7 +186,8 @@ def saved_activation_bytes(fn: Callable[[], object], exclude: list[torch.Tensor]
     Every tensor autograd saves passes a ``torch.autograd.graph.saved_tensors_hooks`` pack hook; the
     storages are counted once each, and those of ``exclude`` (pass the parameters) not at all.
     Inside a non-reentrant checkpoint the checkpoint's own hook takes over, so what it drops is not
-    counted: this is the activation memory a step holds between forward and backward, on any device.
+    counted: this is the memory a step holds between forward and backward, on any device. Under
+    autocast it includes the low-precision copies of the weights that autocast makes and saves.
     Returns (fn's result, bytes).
     """
     skip = {t.untyped_storage().data_ptr() for t in exclude}
@@ -504,7 +505,8 @@ def benchmark_run(device: torch.device | str) -> tuple[train.RunConfig, GPTConfi
         run = train.RunConfig(name="bf16+sdpa", autocast="bf16", attention="sdpa", vocab_multiple=64, batch_size=B, seq_len=T)
     else:
         run = train.RunConfig(name="fp32+sdpa", attention="sdpa", batch_size=B, seq_len=T)
-    return run, cfg
+    # the model config carries the run's model switches too, for code that builds a GPT directly
+    return run, dataclasses.replace(cfg, attention=run.attention, vocab_multiple=run.vocab_multiple)
 
 
 def _provenance(device: torch.device, run: train.RunConfig, cfg: GPTConfig, what: str) -> dict:
