@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint
 from torch.nn import functional as F
 
 GPT2_VOCAB_SIZE = 50257  # 50,000 BPE merges + 256 byte tokens + <|endoftext|>
@@ -49,6 +50,7 @@ class GPTConfig:
     n_embd: int = 768  # residual stream width (C); head size Q = n_embd // n_head = 64
     attention: str = "manual"  # "manual" (T x T scores in memory) or "sdpa"
     dropout: float = 0.0  # GPT-2 pre-training used 0.1; speed work uses 0 (no RNG in the step)
+    checkpoint_every: int = 0  # activation checkpointing: 0 = off, k = recompute every k-th block in backward
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KINDS:
@@ -58,6 +60,8 @@ class GPTConfig:
                 raise ValueError(f"GPTConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"GPTConfig.checkpoint_every must be >= 0 (0 = off), got {self.checkpoint_every}")
 
     @property
     def padded_vocab_size(self) -> int:
@@ -208,8 +212,14 @@ class GPT(nn.Module):
         pos = torch.arange(0, T, dtype=torch.long, device=idx.device)  # (T,)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
         x = self.transformer.drop(x)
-        for block in self.transformer.h:
-            x = block(x)  # (B, T, C)
+        k = self.config.checkpoint_every
+        for i, block in enumerate(self.transformer.h):
+            if k and i % k == 0 and torch.is_grad_enabled():
+                # keep only the block's input; its activations are recomputed during backward.
+                # use_reentrant=False: parameters get gradients even when x needs none (chapter 09)
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)  # (B, T, C)
+            else:
+                x = block(x)  # (B, T, C)
         x = self.transformer.ln_f(x)  # (B, T, C)
         logits = self.lm_head(x)  # (B, T, V_padded)
         loss = None

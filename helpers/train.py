@@ -39,6 +39,7 @@ class RunConfig:
     batch_size: int = 16  # B: sequences per micro-step
     seq_len: int = 1024  # T: tokens per sequence
     grad_accum_steps: int = 1  # micro-steps per optimizer step
+    checkpoint_every: int = 0  # activation checkpointing: 0 = off, k = every k-th block (see GPTConfig)
     grad_clip: float | None = 1.0  # max global grad norm (None = no clipping)
     lr: float = 6e-4
     weight_decay: float = 0.1  # applied to 2-D weights only
@@ -60,6 +61,8 @@ class RunConfig:
         for name in ("batch_size", "seq_len", "grad_accum_steps", "vocab_multiple"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RunConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"RunConfig.checkpoint_every must be >= 0 (0 = off), got {self.checkpoint_every}")
 
     def replace(self, **changes) -> "RunConfig":
         """A copy with some switches changed (``cfg.replace(name="tf32", matmul_precision="tf32")``)."""
@@ -196,8 +199,8 @@ def build(
     """Build model, AdamW and step for ``run`` on ``device``.
 
     The model is initialised on the CPU from ``run.seed`` (so every switch and every device starts
-    from the same weights), then moved to ``device``. ``run.attention`` and ``run.vocab_multiple``
-    override the same fields of ``model_config``. Compiled runs call ``torch._dynamo.reset()`` first,
+    from the same weights), then moved to ``device``. ``run.attention``, ``run.vocab_multiple`` and
+    ``run.checkpoint_every`` override the same fields of ``model_config``. Compiled runs call ``torch._dynamo.reset()`` first,
     so a graph compiled for an earlier model is never reused.
 
     Raises:
@@ -209,7 +212,9 @@ def build(
     if reason is not None:
         raise ValueError(f"RunConfig '{run.name}' cannot run on {device}: {reason}")
     base = model_config if model_config is not None else default_shapes(device)[0]
-    cfg = dataclasses.replace(base, attention=run.attention, vocab_multiple=run.vocab_multiple)
+    cfg = dataclasses.replace(
+        base, attention=run.attention, vocab_multiple=run.vocab_multiple, checkpoint_every=run.checkpoint_every
+    )
     if run.seq_len > cfg.block_size:
         raise ValueError(f"seq_len={run.seq_len} > block_size={cfg.block_size}: lower seq_len.")
     torch.manual_seed(run.seed)

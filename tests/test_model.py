@@ -135,3 +135,67 @@ def test_pad_to_multiple(n, m, expected):
 def test_bad_attention_switch_is_rejected():
     with pytest.raises(ValueError, match="attention must be one of"):
         GPTConfig(attention="flash")
+
+
+# ---- activation checkpointing (chapter 09) -------------------------------------------------------
+
+
+def _loss_and_grads(config, idx, freeze_embeddings=False):
+    torch.manual_seed(0)
+    model = GPT(config)
+    if freeze_embeddings:
+        model.transformer.wte.weight.requires_grad_(False)
+        model.transformer.wpe.weight.requires_grad_(False)
+    _, loss = model(idx, idx)
+    loss.backward()
+    return model, loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("every", [1, 2, 3])
+def test_activation_checkpointing_keeps_the_loss_and_gradients(tiny_config, every):
+    import dataclasses
+
+    cfg = dataclasses.replace(tiny_config, n_layer=4)
+    idx = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(1))
+    _, loss0, grads0 = _loss_and_grads(cfg, idx)
+    _, loss1, grads1 = _loss_and_grads(dataclasses.replace(cfg, checkpoint_every=every), idx)
+    assert torch.allclose(loss0, loss1, rtol=0, atol=1e-6)
+    assert grads0.keys() == grads1.keys()
+    for name in grads0:
+        assert torch.allclose(grads0[name], grads1[name], rtol=1e-5, atol=1e-7), name
+
+
+@pytest.mark.parametrize("every,recomputed", [(0, []), (1, [0, 1, 2, 3]), (2, [0, 2]), (3, [0, 3])])
+def test_checkpointing_recomputes_exactly_every_kth_block(tiny_config, every, recomputed):
+    import dataclasses
+
+    torch.manual_seed(0)
+    model = GPT(dataclasses.replace(tiny_config, n_layer=4, checkpoint_every=every))
+    calls = [0] * 4
+    for i, block in enumerate(model.transformer.h):
+        # a pre-hook: the recomputation stops early, once it has rebuilt what backward needs
+        block.register_forward_pre_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
+    idx = torch.randint(0, 100, (2, 16))
+    _, loss = model(idx, idx)
+    assert calls == [1, 1, 1, 1]
+    loss.backward()  # a checkpointed block runs its forward a second time here
+    assert [i for i, c in enumerate(calls) if c == 2] == recomputed
+    with torch.no_grad():
+        model(idx)  # nothing to recompute without autograd: every block runs once
+    assert calls == [2 + (i in recomputed) for i in range(4)]
+
+
+def test_checkpointed_blocks_get_gradients_when_the_input_needs_none(tiny_config):
+    import dataclasses
+
+    idx = torch.randint(0, 100, (2, 16))
+    model, _, grads = _loss_and_grads(dataclasses.replace(tiny_config, checkpoint_every=1), idx, freeze_embeddings=True)
+    missing = [n for n, g in grads.items() if g is None]
+    assert not missing, f"no gradient for {missing}"
+    assert model.transformer.wte.weight.grad is None  # frozen: really no input gradient upstream
+
+
+def test_negative_checkpoint_every_is_rejected():
+    with pytest.raises(ValueError, match="checkpoint_every must be >= 0"):
+        GPTConfig(checkpoint_every=-1)
+

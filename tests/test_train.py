@@ -116,3 +116,20 @@ def test_a_failing_compile_falls_back_to_eager_and_says_so():
     strict.forward = broken
     with pytest.raises(BackendCompilerFailed):
         strict.step(loader)  # the ladder never substitutes eager for a compiled rung
+
+
+def test_checkpoint_every_reaches_the_model_and_keeps_the_losses():
+    tokens = data.load_tokens()[:5000]
+    losses = {}
+    for every in (0, 1):
+        run = train.RunConfig(batch_size=2, seq_len=32, checkpoint_every=every)
+        trainer = train.build(run, CFG, "cpu")
+        assert trainer.model_config.checkpoint_every == every
+        loader = data.BatchLoader(tokens, 2, 32, "cpu")
+        losses[every] = [trainer.step(loader).item() for _ in range(3)]
+    assert losses[0] == pytest.approx(losses[1], abs=1e-5)
+
+
+def test_negative_checkpoint_every_is_rejected_by_run_config():
+    with pytest.raises(ValueError, match="checkpoint_every must be >= 0"):
+        train.RunConfig(checkpoint_every=-2)
