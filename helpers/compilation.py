@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterator
 
 import torch
@@ -122,7 +123,8 @@ def count_kernels(
             fn(*args)
             timing.synchronize(device)
             activities = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
-            with _quiet_native_stderr():
+            with _quiet_native_stderr(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the profiler's own notices, not the learner's code
                 with profile(activities=activities) as prof:
                     fn(*args)
                     timing.synchronize(device)
@@ -315,6 +317,13 @@ def _guard_failures() -> list[str]:
     return [str(r) for v in list(failures.values()) for r in v]
 
 
+def _frames_not_compiled() -> int:
+    """Frames Dynamo attempted but did not turn into a graph (counters "frames": total - ok)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["frames"]["total"]) - int(counters["frames"]["ok"])
+
+
 def _short_reason(reason: str) -> str:
     """First line of a guard failure, without its source comment: "s == 2.0", "tensor 'x' size ..."."""
     line = reason.splitlines()[0].split("#")[0].strip()
@@ -336,7 +345,7 @@ def watch_compiles(calls: list[tuple[str, Callable[[], object]]]) -> list[dict]:
     rows = []
     dynamo_log = logging.getLogger("torch._dynamo")
     for label, call in calls:
-        g0, f0 = _graphs_compiled(), len(_guard_failures())
+        g0, f0, frames0 = _graphs_compiled(), len(_guard_failures()), _frames_not_compiled()
         level = dynamo_log.level
         dynamo_log.setLevel(logging.ERROR)
         try:
@@ -344,10 +353,11 @@ def watch_compiles(calls: list[tuple[str, Callable[[], object]]]) -> list[dict]:
         finally:
             dynamo_log.setLevel(level)
         new, failed = _graphs_compiled() - g0, _guard_failures()[f0:]
+        gave_up = _frames_not_compiled() > frames0  # Dynamo tried this frame and did not compile it
         reason = _short_reason(failed[0]) if failed else ""
         if new:
             ran = "compiled new graph"
-        elif failed:
+        elif failed or gave_up:
             ran = "eager: guards failed but no graph was compiled (recompile limit)"
         else:
             ran = "reused a graph"
