@@ -245,7 +245,9 @@ def max_batch_under_limit(
 
     A step whose peak exceeds the limit counts as out of memory (the real GPU may be larger), so
     :func:`helpers.memory.find_max_batch_size` doubles and bisects exactly as on a smaller GPU.
-    Returns rows {"checkpoint_every", "max_batch_size", "peak_bytes"}.
+    The peak counts from the memory already allocated before the model is built (``baseline_bytes``,
+    e.g. tensors an earlier notebook cell still holds), so only this step's own memory is budgeted.
+    Returns rows {"checkpoint_every", "max_batch_size", "peak_bytes", "baseline_bytes"}.
     Raises ValueError on a CPU (no peak-memory counter there).
     """
     device = torch.device(device)
@@ -253,17 +255,21 @@ def max_batch_under_limit(
         raise ValueError("max_batch_under_limit measures CUDA peak memory: run it on a GPU")
     rows = []
     for k in settings:
+        memory.reset_peak(device)
+        baseline = torch.cuda.memory_allocated(device)  # tensors of earlier work: not this step's budget
         trainer = train.build(run.replace(checkpoint_every=k), model_config, device)
         probe = memory.make_step_probe(trainer, run.seq_len)
 
-        def try_step(B: int, probe=probe) -> None:
+        def try_step(B: int, probe=probe, baseline=baseline) -> None:
             probe(B)
-            used = memory.peak_bytes(device)
+            used = memory.peak_bytes(device) - baseline
             if used > limit_bytes:
                 raise torch.cuda.OutOfMemoryError(f"measured peak {memory.format_bytes(used)} > limit {memory.format_bytes(limit_bytes)}")
 
         found = memory.find_max_batch_size(try_step, device, start=start, limit=limit_b)
-        rows.append(dict(checkpoint_every=k, max_batch_size=found["max_batch_size"], peak_bytes=found["peak_mem_bytes"]))
+        peak = found["peak_mem_bytes"]
+        rows.append(dict(checkpoint_every=k, max_batch_size=found["max_batch_size"],
+                         peak_bytes=None if peak is None else peak - baseline, baseline_bytes=baseline))
         trainer = probe = None
         memory.reset_peak(device)
     return rows
