@@ -197,6 +197,8 @@ def emulate(profile_key: str = "T4", device: torch.device | str = "cuda", memory
     if profile_key not in PROFILES or PROFILES[profile_key].capability is None:
         raise ValueError(f"unknown profile {profile_key!r} (a GPU to emulate); known: {sorted(k for k, p in PROFILES.items() if p.capability)}")
     prof = PROFILES[profile_key]
+    if device.index is None:  # set_per_process_memory_fraction needs an indexed device ("cuda:0", not "cuda")
+        device = torch.device("cuda", torch.cuda.current_device())
     props = torch.cuda.get_device_properties(device)
     if prof.memory_gb is None:
         raise ValueError(f"profile {prof.key} has no memory size to cap to")
@@ -239,7 +241,8 @@ def stop_emulation(device: torch.device | str = "cuda") -> None:
     global _emulated, _emulated_memory, _saved_switches
     if _emulated is None:
         return
-    torch.cuda.set_per_process_memory_fraction(1.0, torch.device(device))
+    device = torch.device(device)
+    torch.cuda.set_per_process_memory_fraction(1.0, device if device.index is not None else torch.cuda.current_device())
     for name in _SDPA_TOGGLES:
         _set_sdpa_enabled(name, _saved_switches.get(name, True))
     torch.set_float32_matmul_precision(_saved_switches.get("matmul_precision", "highest"))

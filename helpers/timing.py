@@ -109,7 +109,7 @@ def peak_flops(device: torch.device | str) -> tuple[float | None, str]:
         return None, f"emulating a {hardware.emulated_profile().key}: the speed is the real GPU's, so no MFU is claimed"
     name = torch.cuda.get_device_name(device)
     prof = hardware.match_profile(name, torch.cuda.get_device_properties(device).total_memory)
-    if prof is None:
+    if prof is None or prof.peak_tensor_tflops is None:
         return None, f"'{name}' has no datasheet profile in helpers.hardware.PROFILES"
     return prof.peak_tensor_tflops * 1e12, f"{prof.name} dense 16-bit tensor peak, {prof.source}"
 

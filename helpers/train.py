@@ -91,7 +91,7 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
     """Why ``run`` cannot run as asked on ``device`` (None if it can). Never silently substituted."""
     device = torch.device(device)
     if run.matmul_precision == "tf32" and not hardware.tf32_supported(device):
-        where = "a CPU" if device.type == "cpu" else f"compute capability {torch.cuda.get_device_capability(device)}"
+        where = "a CPU" if device.type == "cpu" else f"compute capability {hardware.capability(device)}"
         return f"TF32 needs an NVIDIA GPU of compute capability >= 8.0; this device is {where}"
     if run.autocast == "bf16" and device.type == "cuda" and not hardware.native_bf16(device):
         return "bf16 is not native below compute capability 8.0 (emulated, slow): use autocast='fp16' + GradScaler"

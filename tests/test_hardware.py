@@ -73,6 +73,13 @@ def test_recipe_on_this_cpu_builds_a_runconfig_that_runs_here():
     assert "switch" in hardware.format_recipe(choices).splitlines()[0]
 
 
+def _fake_fraction(calls, fraction, device):
+    # like torch: an unindexed torch.device("cuda") is refused (found on the H200, 2026-11-29)
+    if isinstance(device, torch.device) and device.index is None:
+        raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
+    calls.setdefault("fraction", []).append(fraction)
+
+
 class _FakeProps:
     name, total_memory, major, minor = "NVIDIA H200", 150 * 10**9, 9, 0
 
@@ -83,7 +90,8 @@ def test_t4_emulation_on_a_big_gpu_answers_like_a_t4(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: _FakeProps())
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA H200")
-    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d=None: calls.setdefault("fraction", []).append(f))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d=None: _fake_fraction(calls, f, d))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     for name in ("enable_flash_sdp", "enable_cudnn_sdp"):
         monkeypatch.setattr(torch.backends.cuda, name, lambda on, name=name: calls.setdefault(name, []).append(on))
     old_tf32 = torch.backends.cuda.matmul.allow_tf32
@@ -172,7 +180,8 @@ def _fake_h200(monkeypatch, calls):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: _FakeProps())
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA H200")
-    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d=None: calls.setdefault("fraction", []).append(f))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d=None: _fake_fraction(calls, f, d))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     state = {"flash": True, "cudnn": True}
     for name in ("flash", "cudnn"):
         monkeypatch.setattr(torch.backends.cuda, f"enable_{name}_sdp", lambda on, name=name: state.__setitem__(name, on))
