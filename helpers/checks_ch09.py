@@ -108,7 +108,8 @@ def check_accumulation_step(fn: Callable[..., Any]) -> None:
             else:
                 why = f"returned {got:.4f}, expected the mean of the micro-losses, {big.item():.4f}."
             raise AssertionError(f"{call} {why} {_reread(gid)}")
-    print(f"PASS {gid}: gradients equal one big batch (rel. error {err:.1e}) and the logged loss is the mean, for N = 4 and 2")
+    # no measured error in the PASS line: its last digit differs between CPUs, and nbval compares it
+    print(f"PASS {gid}: gradients equal one big batch (within fp32 rounding) and the logged loss is the mean, for N = 4 and 2")
 
 
 def _accum_no_division(model, micro_batches):

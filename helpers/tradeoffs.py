@@ -210,30 +210,35 @@ def checkpointing_sweep(
     """Step time, peak memory and saved-activation bytes for each ``checkpoint_every`` setting.
 
     Returns rows {"checkpoint_every", "checkpointed_blocks", "ms", "tokens_per_s", "peak_bytes"
-    (CUDA only, else None), "saved_bytes"} with ms the median of ``iters`` full training steps and
-    the peak over all steps (warm-up included); saved_bytes from :func:`saved_activation_bytes` of one
+    (CUDA only, else None), "saved_bytes", "baseline_bytes"} with ms the median of ``iters`` full
+    training steps and the peak over all steps (warm-up included), counted from the memory allocated
+    before the setting's model was built (``baseline_bytes``); saved_bytes from :func:`saved_activation_bytes` of one
     extra forward (parameters excluded).
     """
     device = torch.device(device)
     tokens = data.load_tokens()
     rows = []
     for k in settings:
+        memory.reset_peak(device)
+        baseline = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0  # earlier work's tensors
         trainer = train.build(run.replace(checkpoint_every=k), model_config, device)
         loader = data.BatchLoader(tokens, run.batch_size, run.seq_len, device)
-        memory.reset_peak(device)
         t = timing.measure(lambda trainer=trainer, loader=loader: trainer.step(loader), device, warmup=warmup, iters=iters)
         peak = memory.peak_bytes(device)
+        peak = None if peak is None else peak - baseline
         trainer.optimizer.zero_grad(set_to_none=True)
         x, y = loader.next_batch()
         with trainer.autocast():
-            (_, loss), saved = saved_activation_bytes(lambda m=trainer.model, x=x, y=y: m(x, y), list(trainer.model.parameters()))
-        del loss
+            (logits, loss), saved = saved_activation_bytes(lambda m=trainer.model, x=x, y=y: m(x, y), list(trainer.model.parameters()))
+        # the un-backwarded graph holds every saved activation: drop it before the next setting is measured
+        # (kept alive, it added ~9 GiB per setting to the next peak on the H200)
+        del logits, loss, x, y
         n_layer = trainer.model_config.n_layer
         rows.append(dict(checkpoint_every=k, checkpointed_blocks=0 if k == 0 else len(range(0, n_layer, k)),
                          ms=t.median_ms, tokens_per_s=timing.tokens_per_second(run.batch_size * run.seq_len, t.median_ms),
-                         peak_bytes=peak, saved_bytes=saved))
-        trainer = loader = None
-        memory.reset_peak(device)
+                         peak_bytes=peak, saved_bytes=saved, baseline_bytes=baseline))
+        trainer = loader = t = None
+    memory.reset_peak(device)
     return rows
 
 
