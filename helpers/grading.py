@@ -861,7 +861,10 @@ def check_autocast_step(fn: Callable[..., Any]) -> None:
     print(f"PASS {gid}: bf16 and fp16 (+ GradScaler) steps: logits in the autocast dtype, fp32 master weights, loss within 2% of fp32")
 
 
-CAPABILITY_CASES = [((7, 0), "float16"), ((7, 5), "float16"), ((8, 0), "bfloat16"), ((8, 6), "bfloat16"), ((9, 0), "bfloat16")]
+CAPABILITY_CASES = [  # Volta, Turing, Ampere (A100, A10/RTX 30), Ada, Hopper, Blackwell (B200, RTX 50)
+    ((7, 0), "float16"), ((7, 5), "float16"), ((8, 0), "bfloat16"), ((8, 6), "bfloat16"), ((8, 9), "bfloat16"),
+    ((9, 0), "bfloat16"), ((10, 0), "bfloat16"), ((12, 0), "bfloat16"),
+]
 
 
 def check_autocast_dtype(fn: Callable[..., Any]) -> None:
@@ -915,6 +918,12 @@ def _dtype_always_bf16(capability):
     import torch
 
     return torch.bfloat16
+
+
+def _dtype_known_generations_only(capability):
+    import torch
+
+    return torch.bfloat16 if capability is not None and capability[0] in (8, 9) else torch.float16
 
 
 def _dtype_trusts_is_bf16_supported(capability):
@@ -1041,7 +1050,7 @@ WRONG_ANSWERS: dict[str, list[Callable[..., Any]]] = {
     "ch07_pad_vocab": [_pad_always_add, _pad_round_down, _pad_next_always],
     "ch07_masked_sampling": [_sample_unmasked, _sample_off_by_one, _sample_argmax],
     "ch04_autocast_step": [_step_weights_to_low_precision, _step_without_autocast, _step_fp16_without_scaler],
-    "ch04_autocast_dtype": [_dtype_always_bf16, _dtype_trusts_is_bf16_supported],
+    "ch04_autocast_dtype": [_dtype_always_bf16, _dtype_trusts_is_bf16_supported, _dtype_known_generations_only],
 }
 
 
