@@ -119,6 +119,10 @@ def _synthetic_chapter_cases() -> list[tuple[str, list[dict], float, bool]]:
                ("reduce_kernel", "reduction", 0.5, 4)), 25.0, True),
         ("synthetic: a for-loop AdamW dominates",
          _rows(("gemm", "matmul", 1.0, 3), ("adam_step", "optimizer", 0.2, 40)), 12.0, True),
+        ("synthetic: GPU idle 30% of the step (just over the 25% rule)",
+         _rows(("gemm", "matmul", 5.0, 1), ("flash_fwd", "attention", 2.0, 1)), 10.0, True),
+        ("synthetic: kernels of no known family dominate",
+         _rows(("nccl_allreduce", "other", 4.0, 2), ("gemm", "matmul", 2.0, 2)), 12.5, True),
     ]
 
 
@@ -225,9 +229,20 @@ def _chapter_matmul_always_mixed_precision(table, step_ms, low_precision):
     return {"matmul": "ch04", "attention": "ch06", "optimizer": "ch09", "other": "ch10"}.get(fam, "ch05")
 
 
+def _chapter_idle_over_half(table, step_ms, low_precision):
+    if 1 - sum(r["ms"] for r in table) / step_ms > 0.5:  # a threshold of its own, not the chapter's 25%
+        return "ch05"
+    return _chapter_ignores_idle(table, step_ms, low_precision)
+
+
+def _chapter_other_to_compile(table, step_ms, low_precision):
+    got = _chapter_ignores_idle(table, step_ms, low_precision) if 1 - sum(r["ms"] for r in table) / step_ms <= 0.25 else "ch05"
+    return "ch05" if got == "ch10" else got  # "other" kernels sent to torch.compile
+
+
 WRONG_ANSWERS: dict[str, list[Callable[..., Any]]] = {
     "ch10_dominant_family": [_family_of_largest_kernel, _family_with_most_kernels, _family_always_matmul,
                              _family_largest_mean],
     "ch10_which_chapter": [_chapter_always_compile, _chapter_by_largest_kernel, _chapter_ignores_idle,
-                           _chapter_matmul_always_mixed_precision],
+                           _chapter_matmul_always_mixed_precision, _chapter_idle_over_half, _chapter_other_to_compile],
 }
