@@ -830,6 +830,14 @@ def check_autocast_step(fn: Callable[..., Any]) -> None:
         with torch.no_grad():
             _, ref_loss = model(x, y)
         before = model.transformer.h[0].mlp.c_fc.weight.detach().clone()
+        # the true gradient of this step, computed independently on a copy
+        ref_model = copy.deepcopy(model)
+        with torch.autocast(device_type=x.device.type, dtype=dtype):
+            _, ref_step_loss = ref_model(x, y)
+        ref_step_loss.backward()
+        ref_grad = ref_model.transformer.h[0].mlp.c_fc.weight.grad
+        for p in model.parameters():  # stale gradients of an earlier step: the step must clear them first
+            p.grad = torch.full_like(p, 1e3)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         scaler = _SpyScaler(torch.amp.GradScaler("cpu")) if dtype is torch.float16 else None
         out = fn(model, opt, x, y, dtype, scaler)
@@ -852,6 +860,11 @@ def check_autocast_step(fn: Callable[..., Any]) -> None:
             raise AssertionError(f"loss {loss_value:.4f} vs fp32 {ref_value:.4f} ({100 * rel:.1f}% apart). {_reread(gid)}")
         if torch.equal(before, model.transformer.h[0].mlp.c_fc.weight.detach()):
             raise AssertionError(f"the weights did not change: call the optimizer step. {_reread(gid)}")
+        grad = model.transformer.h[0].mlp.c_fc.weight.grad
+        if grad is not None and grad.abs().max() > 0 and (grad.float() - ref_grad).abs().max() > 1e-2 * ref_grad.abs().max() + 1.0:
+            raise AssertionError(
+                f"the gradients after the step hold more than this step's gradient (stale gradients of an earlier "
+                f"step were added to it): call optimizer.zero_grad(set_to_none=True) before backward. {_reread(gid)}")
         if scaler is not None:
             missing = [m for m in ("scale", "step", "update") if m not in scaler.calls]
             if missing:
@@ -911,6 +924,21 @@ def _step_fp16_without_scaler(model, optimizer, x, y, dtype, scaler=None):
         logits, loss = model(x, y)
     loss.backward()
     optimizer.step()
+    return logits, loss
+
+
+def _step_without_zero_grad(model, optimizer, x, y, dtype, scaler=None):
+    import torch
+
+    with torch.autocast(device_type=x.device.type, dtype=dtype):
+        logits, loss = model(x, y)
+    if scaler is not None:
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        loss.backward()
+        optimizer.step()
     return logits, loss
 
 
@@ -1049,7 +1077,8 @@ WRONG_ANSWERS: dict[str, list[Callable[..., Any]]] = {
     "ch06_online_softmax": [_tiles_concatenate, _tiles_no_rescale, _tiles_no_max],
     "ch07_pad_vocab": [_pad_always_add, _pad_round_down, _pad_next_always],
     "ch07_masked_sampling": [_sample_unmasked, _sample_off_by_one, _sample_argmax],
-    "ch04_autocast_step": [_step_weights_to_low_precision, _step_without_autocast, _step_fp16_without_scaler],
+    "ch04_autocast_step": [_step_weights_to_low_precision, _step_without_autocast, _step_fp16_without_scaler,
+                           _step_without_zero_grad],
     "ch04_autocast_dtype": [_dtype_always_bf16, _dtype_trusts_is_bf16_supported, _dtype_known_generations_only],
 }
 
