@@ -536,6 +536,9 @@ def main_train(args: argparse.Namespace) -> int:
                   f"{summary['tokens_per_s']:,.0f} tokens/s")
             if args.json:
                 Path(args.json).write_text(json.dumps(summary, indent=1))
+        # every rank waits here before leaving the group: a rank that tore gloo down while the other was
+        # still busy aborted with "terminate called without an active exception" (seen once in CI)
+        barrier(env)
     finally:
         shutdown(env)
     return 0
