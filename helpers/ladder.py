@@ -125,8 +125,16 @@ def run_rung(
         row["reason"] = "ok" if row["mfu"] is not None else f"MFU not reported: {mfu_reason}"
         if peak is not None:
             row["peak_source"] = peak_src
-    except torch.cuda.OutOfMemoryError as e:
-        row["status"], row["reason"] = "failed", f"out of memory at B={run.batch_size}: {str(e).splitlines()[0][:200]}"
+    except torch.cuda.OutOfMemoryError:
+        emulated = hardware.emulated_profile()
+        if emulated is not None:
+            where = f"under the emulated {emulated.key}'s memory cap"
+        elif device.type == "cuda":
+            where = f"on this GPU ({memory.format_bytes(torch.cuda.get_device_properties(device).total_memory)})"
+        else:
+            where = "on this device"
+        # torch's own message names the real GPU's free memory, which misleads under emulation: keep ours short
+        row["status"], row["reason"] = "failed", f"out of memory at B={run.batch_size} {where}: lower B, or see chapter 09"
     except Exception as e:  # a rung that breaks is reported, never faked
         row["status"], row["reason"] = "failed", f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
     finally:

@@ -124,3 +124,17 @@ def test_rung_names_select_the_autocast_rung_in_either_dtype(monkeypatch):
             assert [c.name for c in ladder.select_rungs(configs, ["fp32", alias])] == ["fp32", want], alias
     with pytest.raises(ValueError, match="unknown rung"):
         ladder.select_rungs(fp16, ["fp64"])
+
+
+def test_out_of_memory_rung_is_failed_with_a_short_reason(monkeypatch, tiny_config):
+    import torch
+
+    def oom(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 768.00 MiB. GPU 0 has 125 GiB free")
+
+    monkeypatch.setattr(ladder, "build", oom)
+    row = ladder.run_rung(RunConfig(batch_size=2, seq_len=16), tiny_config, torch.device("cpu"),
+                          torch.zeros(1000, dtype=torch.long), warmup=0, iters=1)
+    assert row["status"] == "failed" and row["ms_per_step"] is None
+    assert row["reason"].startswith("out of memory at B=2 on this device")
+    assert "GiB free" not in row["reason"]  # torch's text names the real GPU's free memory: misleading under emulation
