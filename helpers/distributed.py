@@ -251,6 +251,20 @@ def fully_shard_api():
     return fully_shard
 
 
+def fsdp_unsupported_reason(device: torch.device) -> str | None:
+    """Why FSDP2 cannot run on ``device`` with this torch (None if it can, as far as the course has seen).
+
+    torch 2.4.1's ``fully_shard`` creates CUDA streams even for a CPU mesh and fails on a machine without a
+    GPU ("CUDA driver version is insufficient", seen 2026-11-29); torch 2.13 runs it with gloo on a CPU.
+    Versions in between are untested, so only torch < 2.5 on a CPU is refused.
+    """
+    version = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
+    if torch.device(device).type == "cpu" and version < (2, 5):
+        return (f"FSDP2 on a CPU needs a newer torch than {torch.__version__} (its fully_shard needs CUDA here): "
+                "run the FSDP part on a GPU, or upgrade torch")
+    return None
+
+
 def wrap_fsdp(trainer: train.Trainer, env: DistEnv) -> torch.nn.Module:
     """Shard ``trainer.model`` over all ranks with FSDP2: each transformer block is one unit
     (its full weights are gathered just before it runs, then freed), the rest (embeddings, final
@@ -260,11 +274,15 @@ def wrap_fsdp(trainer: train.Trainer, env: DistEnv) -> torch.nn.Module:
 
     Raises:
         ValueError: world size 1, or a compiled run.
+        RuntimeError: FSDP2 cannot run on this device with this torch (:func:`fsdp_unsupported_reason`).
     """
     if not env.distributed:
         raise ValueError("FSDP needs WORLD_SIZE > 1: launch with torchrun --nproc_per_node=N")
     if trainer.run.compile is not None:
         raise ValueError("torch.compile + FSDP is not wired in this chapter: use compile=None")
+    reason = fsdp_unsupported_reason(env.device)
+    if reason is not None:
+        raise RuntimeError(reason)
     from torch.distributed.device_mesh import init_device_mesh
 
     fully_shard = fully_shard_api()

@@ -115,10 +115,16 @@ def test_watch_compiles_sees_a_new_shape_and_a_changed_python_scalar():
     ])
     assert [r["new_graphs"] for r in rows] == [1, 0, 1, 1]
     assert rows[1]["ran"] == "reused a graph"
-    assert "size" in rows[2]["reason"] and "scale" in rows[3]["reason"]
+    # torch >= 2.5 names the size; torch 2.4 the stride that changed with it (both seen, 2026-11-29)
+    assert ("size" in rows[2]["reason"] or "stride" in rows[2]["reason"]) and "scale" in rows[3]["reason"]
 
 
 @needs_compile
+@pytest.mark.skipif(
+    tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) < (2, 5),
+    reason="torch 2.4 compiled all three modules (measured with 2.4.1 on a CPU, 2026-11-29): the modules did not "
+    "share one recompile budget there; chapter 05 says so",
+)
 def test_watch_compiles_reports_eager_past_the_recompile_limit():
     torch._dynamo.reset()
     lin = [torch.nn.Linear(8, w) for w in (4, 6, 10)]

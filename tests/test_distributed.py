@@ -139,6 +139,8 @@ def test_no_sync_accumulation_equals_one_big_batch_and_all_reduces_once(tmp_path
     assert accum["allreduce_calls_last_step"] == ddp["allreduce_calls_last_step"]
 
 
+@pytest.mark.skipif(distributed.fsdp_unsupported_reason(torch.device("cpu")) is not None,
+                    reason="FSDP2 on a CPU is refused for this torch (see distributed.fsdp_unsupported_reason)")
 def test_fsdp_on_two_processes_equals_one_process_and_halves_the_state(tmp_path, reference, ddp_run):
     (_, single_path), (ddp, _) = reference, ddp_run
     path = tmp_path / "fsdp.pt"
@@ -174,3 +176,11 @@ def test_train_is_the_default_command(monkeypatch):
     monkeypatch.setattr(distributed, "main_train", lambda args: seen.append(args) or 0)
     assert distributed.main(["--steps", "3", "--batch-size", "2"]) == 0
     assert (seen[0].steps, seen[0].batch_size, seen[0].mode) == (3, 2, "ddp")
+
+
+def test_fsdp_on_a_cpu_is_refused_clearly_on_torch_2_4(monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "2.4.1+cu121")
+    assert "newer torch" in distributed.fsdp_unsupported_reason(torch.device("cpu"))
+    assert distributed.fsdp_unsupported_reason(torch.device("cuda")) is None
+    monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")
+    assert distributed.fsdp_unsupported_reason(torch.device("cpu")) is None
