@@ -176,13 +176,14 @@ def when_to_use(switch: str, value: object) -> str:
     return f"no advice written for switch {switch!r} yet: see the chapter that introduced it"
 
 
-def checklist(results: dict, noise_floor: float = 0.03) -> list[dict]:
+def checklist(results: dict, noise_floor: float = 0.03, where: str = "here") -> list[dict]:
     """One row per optimisation (every rung after the first): what it changed, its measured gain
     on this device, a verdict, when to use it and, if it did not run, why.
 
     gain = (ms/step of the last measured rung before it) / (its ms/step): 1.25 means 25% more steps
     per second. A gain within the noise, max(noise_floor, the larger spread_pct of the two rows) is
-    called "no clear gain here". Returns dicts with keys optimisation, switches, status, gain
+    called "no clear gain here". ``where`` names the device in the verdicts ("here" for this device's
+    run; e.g. "on the H200" for a committed result, so it is never read as this device's). Returns dicts with keys optimisation, switches, status, gain
     (float or None), compared_with, verdict, when, skipped_reason.
     """
     rows, changes = results["rungs"], rung_changes(results)
@@ -194,7 +195,7 @@ def checklist(results: dict, noise_floor: float = 0.03) -> list[dict]:
                     "when": "; ".join(when_to_use(k, v) for k, v in change.items()) or when_to_use(row["name"], None)}
             if row["status"] != "measured":
                 item["skipped_reason"] = row.get("reason")
-                item["verdict"] = "not run here" if row["status"] == "skipped" else "failed here"
+                item["verdict"] = f"not run {where}" if row["status"] == "skipped" else f"failed {where}"
             elif previous is None:
                 item["verdict"] = "no earlier measured rung to compare with"
             else:
@@ -202,11 +203,11 @@ def checklist(results: dict, noise_floor: float = 0.03) -> list[dict]:
                 noise = max(noise_floor, max(previous.get("spread_pct") or 0.0, row.get("spread_pct") or 0.0) / 100)
                 item["gain"], item["compared_with"] = gain, previous["name"]
                 if gain > 1 + noise:
-                    item["verdict"] = f"faster here: {gain:.2f}x"
+                    item["verdict"] = f"faster {where}: {gain:.2f}x"
                 elif gain < 1 - noise:
-                    item["verdict"] = f"slower here: {gain:.2f}x"
+                    item["verdict"] = f"slower {where}: {gain:.2f}x"
                 else:
-                    item["verdict"] = f"no clear gain here: {gain:.2f}x (noise {100 * noise:.0f}%)"
+                    item["verdict"] = f"no clear gain {where}: {gain:.2f}x (noise {100 * noise:.0f}%)"
             out.append(item)
         if row["status"] == "measured":
             previous = row

@@ -300,3 +300,9 @@ def test_sample_text_is_seeded_and_decodes_from_a_padded_model():
 def test_published_json_is_valid_json_with_no_measured_fields():
     pub = json.loads((results.results_dir() / capstone.PUBLISHED_FILE).read_text())
     assert "rungs" not in pub  # cannot be mistaken for a measured ladder
+
+
+def test_checklist_of_a_committed_result_names_its_device():
+    items = capstone.checklist(synthetic(), where="on the H200")
+    assert all("here" not in i["verdict"] for i in items)
+    assert any(i["verdict"].startswith("faster on the H200") for i in items)
