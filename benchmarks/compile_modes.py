@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--iters", type=int, default=10, help="timed steps per mode (median reported)")
     args = p.parse_args(argv)
+    if args.iters < 1 or args.out.is_dir():
+        p.error(f"need --iters >= 1 and --out a file name, got --iters {args.iters} --out {args.out}")
     device = hardware.default_device()
     model_config, _, _ = train.default_shapes(device)
     tokens = data.load_tokens()

@@ -51,7 +51,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from helpers import data, timing, train
+from helpers import cli, data, timing, train
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -417,7 +417,8 @@ def run_config_from(args: argparse.Namespace, device: torch.device) -> tuple[tra
 
         cfg = GPTConfig()
     run = train.RunConfig(
-        name=args.mode, batch_size=args.batch_size or B, seq_len=args.seq_len or T,
+        name=args.mode, batch_size=B if args.batch_size is None else args.batch_size,
+        seq_len=T if args.seq_len is None else args.seq_len,
         grad_accum_steps=args.grad_accum, autocast=args.autocast, attention=args.attention,
         vocab_multiple=args.vocab_multiple, matmul_precision=args.matmul_precision, lr=args.lr,
     )
@@ -611,6 +612,7 @@ def scaling(nprocs: list[int], modes: list[str], train_args: list[str], command:
             "gpus_visible": torch.cuda.device_count(), "rows": rows}
 
 
+@cli.guarded
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m helpers.distributed", description=__doc__.splitlines()[0], allow_abbrev=False)
     sub = p.add_subparsers(dest="command", required=True)
@@ -628,7 +630,16 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"unrecognized arguments: {' '.join(rest)}")
         if args.steps < 1 or not 0 <= args.warmup:
             p.error(f"need --steps >= 1 and --warmup >= 0, got {args.steps} and {args.warmup}")
+        cli.at_least("batch_size", args.batch_size)
+        cli.at_least("seq_len", args.seq_len)
+        if args.device is not None:
+            cli.device(args.device)
+        for path in (args.checkpoint, args.json):  # checked before training, not after it
+            cli.out_path(path)
         return main_train(args)
+    for n in args.nproc or []:
+        cli.at_least("nproc", n)
+    cli.out_path(args.out)
     nprocs = args.nproc or list(range(1, max(1, torch.cuda.device_count()) + 1))
     result = scaling(nprocs, args.modes, rest, command="python -m helpers.distributed " + " ".join(argv))
     Path(args.out).write_text(json.dumps(result, indent=1))

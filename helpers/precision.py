@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from helpers import cli
+
 if TYPE_CHECKING:
     from helpers import train
 
@@ -403,6 +405,7 @@ def plot_grad_scale(rows: list[dict], device_name: str):
     return fig
 
 
+@cli.guarded
 def main(argv: list[str] | None = None) -> int:
     """``python -m helpers.precision compare --steps N --out results/<file>.json``"""
     import argparse
@@ -429,9 +432,17 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--plot", type=Path, default=None, help="save the loss curves to this PNG file")
     c.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     args = p.parse_args(argv)
-    device = torch.device(args.device) if args.device else hardware.default_device()
+    device = cli.device(args.device)
+    for name in ("steps", "iters", "batch_size", "seq_len"):
+        cli.at_least(name, getattr(args, name))
+    cli.at_least("warmup", args.warmup, 0)
+    if args.precisions is not None and len(args.precisions) == 0:
+        raise ValueError("--precisions needs at least one of fp32, tf32, bf16, fp16")
+    cli.out_path(args.out)
+    cli.out_path(args.plot)
     cfg, B, T = train.default_shapes(device)
-    B, T = args.batch_size or B, args.seq_len or T
+    B = B if args.batch_size is None else args.batch_size
+    T = T if args.seq_len is None else args.seq_len
     try:
         rows = compare_precisions(device, args.steps, cfg, B, T, args.warmup, args.iters, tuple(args.precisions),
                                   progress=not args.no_progress)

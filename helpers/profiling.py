@@ -43,6 +43,8 @@ from pathlib import Path
 
 import torch
 
+from helpers import cli
+
 # Kineto (the profiler's C++ back end) prints "USDT ... profiler_start" / "STAGE ..." lines to the
 # process's stderr on every profile, which would land in notebook outputs. Level 6 silences them;
 # set KINETO_LOG_LEVEL yourself before importing this module to see them. A profile that records
@@ -553,6 +555,7 @@ def describe(run) -> str:
     return f"{run.name}: " + ", ".join(f"{k}={getattr(run, k)}" for k in keys)
 
 
+@cli.guarded
 def main(argv: list[str] | None = None) -> int:
     from helpers import data, hardware, timing
     from helpers.train import build, default_shapes
@@ -579,8 +582,17 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--cuda", default=None, help="CUDA version of that run (perf.py did not record it)")
     args = p.parse_args(argv)
 
+    for name in ("steps", "iters"):
+        cli.at_least(name, getattr(args, name, None))
+    cli.at_least("warmup", getattr(args, "warmup", None), 0)
+    sizes_asked = getattr(args, "batch_size", None)
+    for b in sizes_asked if isinstance(sizes_asked, list) else [sizes_asked]:
+        cli.at_least("batch_size", b)
+    cli.out_path(getattr(args, "out", None))
     if args.command == "from-perf":
         perf = json.loads(args.perf_json.read_text())
+        if not isinstance(perf, dict) or not isinstance(perf.get("rows"), list):
+            raise ValueError(f"{args.perf_json} is not the output of benchmarks/perf.py --profile (no 'rows' list)")
         table = table_from_perf_json(perf, source=f"{args.perf_json.as_posix()} (benchmarks/perf.py --profile)",
                                      date=args.date, cuda=args.cuda)
         args.out.write_text(json.dumps(table, indent=1) + "\n")
@@ -591,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg, B0, T = default_shapes(device)
     tokens = data.load_tokens()
     if args.command == "run":
-        B = args.batch_size or B0
+        B = B0 if args.batch_size is None else args.batch_size
         trainer = build(final_rung(B, T, device, args.eager), cfg, device)
         loader = data.BatchLoader(tokens, B, T, device)
         for _ in range(args.warmup):
@@ -610,7 +622,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{ms:.1f} ms/step over {args.steps} steps (host clock, synchronised at the end)")
         return 0
 
-    sizes = args.batch_size or ([16, 64] if device.type == "cuda" else [B0])
+    sizes = args.batch_size if args.batch_size is not None else ([16, 64] if device.type == "cuda" else [B0])
     tables = []
     command = "python -m helpers.profiling " + " ".join(argv if argv is not None else sys.argv[1:])
     for i, B in enumerate(sizes):

@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 import torch.utils.checkpoint
 
-from helpers import data, hardware, memory, timing, tokenizer, train
+from helpers import cli, data, memory, timing, tokenizer, train
 from helpers.model import GPT, GPTConfig
 
 # --------------------------------------------------------------------------------------------
@@ -554,6 +554,7 @@ def run_benchmark(kind: str, device: torch.device | str, iters: int = 5, limit_g
     raise ValueError(f"unknown benchmark {kind!r}: use 'checkpointing' or 'accumulation'")
 
 
+@cli.guarded
 def main(argv: list[str] | None = None) -> int:
     """``python -m helpers.tradeoffs {checkpointing,accumulation} --out FILE.json [--iters N]``."""
     import argparse
@@ -568,9 +569,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.iters < 1:
         p.error("--iters must be >= 1")
-    device = torch.device(args.device) if args.device else hardware.default_device()
+    device = cli.device(args.device)
+    cli.out_path(args.out)  # checked before the run, not after it
     out = run_benchmark(args.kind, device, iters=args.iters)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out} ({out['device']}, {len(out['rows'])} rows)")
     return 0

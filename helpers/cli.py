@@ -1,0 +1,72 @@
+"""Small checks shared by the course's command-line tools (``python -m helpers.precision`` ...).
+
+A user error (a GPU asked for where there is none, an output path that is a folder, a count of 0,
+a file that is not what it should be) ends in one line ``error: ...`` and exit status 2, checked
+before any long run starts, never in a traceback after it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+
+def device(value: str | None) -> torch.device:
+    """The device a tool was asked for (None: CUDA if available, else the CPU).
+
+    Raises:
+        ValueError: an unknown device string, or CUDA asked for where PyTorch sees no CUDA GPU.
+    """
+    from helpers import hardware
+
+    if value is None:
+        return hardware.default_device()
+    try:
+        dev = torch.device(value)
+    except RuntimeError as e:
+        raise ValueError(f"--device {value!r} is not a device: use 'cuda' or 'cpu' ({e})") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {value} asked, but this PyTorch sees no CUDA GPU: use --device cpu")
+    return dev
+
+
+def out_path(path: str | Path | None) -> Path | None:
+    """An output file path, checked before the run: its folder is created; a folder is refused.
+
+    Raises:
+        ValueError: ``path`` is an existing folder.
+    """
+    if path is None:
+        return None
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"--out {path} is a folder: give a file name, e.g. {path / 'results.json'}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def at_least(name: str, value: int | None, minimum: int = 1) -> None:
+    """Raise ValueError("--name must be >= minimum") unless ``value`` is None or >= ``minimum``."""
+    if value is not None and value < minimum:
+        raise ValueError(f"--{name.replace('_', '-')} must be >= {minimum}, got {value}")
+
+
+def guarded(main: Callable[..., int]) -> Callable[..., int]:
+    """Wrap a tool's ``main``: ValueError and OSError (user errors: bad values, missing or unreadable
+    files, malformed JSON) become ``error: ...`` on stderr and exit status 2."""
+
+    @functools.wraps(main)
+    def wrapper(*args, **kwargs) -> int:
+        try:
+            return main(*args, **kwargs)
+        except (ValueError, OSError) as e:  # json.JSONDecodeError is a ValueError
+            kind = "not valid JSON: " if isinstance(e, json.JSONDecodeError) else ""
+            print(f"error: {kind}{e}", file=sys.stderr)
+            return 2
+
+    return wrapper

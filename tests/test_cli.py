@@ -1,0 +1,64 @@
+"""Tests for helpers/cli.py: user errors of the command-line tools end in one line and exit 2."""
+
+import json
+
+import pytest
+import torch
+
+from helpers import cli
+
+
+def test_device_refuses_cuda_without_a_gpu_and_unknown_names(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="no CUDA GPU: use --device cpu"):
+        cli.device("cuda")
+    with pytest.raises(ValueError, match="is not a device"):
+        cli.device("bogus")
+    assert cli.device("cpu") == torch.device("cpu") and cli.device(None) == torch.device("cpu")
+
+
+def test_out_path_refuses_a_folder_and_makes_the_parent(tmp_path):
+    with pytest.raises(ValueError, match="is a folder"):
+        cli.out_path(tmp_path)
+    assert cli.out_path(tmp_path / "new" / "x.json").parent.is_dir()
+    assert cli.out_path(None) is None
+
+
+def test_at_least_accepts_none_and_refuses_zero():
+    cli.at_least("steps", None)
+    cli.at_least("warmup", 0, 0)
+    with pytest.raises(ValueError, match="--batch-size must be >= 1, got 0"):
+        cli.at_least("batch_size", 0)
+
+
+def test_guarded_main_turns_user_errors_into_exit_2(capsys, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+
+    @cli.guarded
+    def main(path):
+        return json.loads(path.read_text()) and 0
+
+    assert main(bad) == 2 and "error: not valid JSON" in capsys.readouterr().err
+    assert main(tmp_path / "missing.json") == 2 and "error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "tool,args",
+    [
+        ("precision", ["compare", "--batch-size", "0"]),
+        ("precision", ["compare", "--steps", "1", "--out", "{tmp}"]),
+        ("tradeoffs", ["accumulation", "--out", "{tmp}", "--iters", "1"]),
+        ("profiling", ["run", "--steps", "0"]),
+        ("profiling", ["from-perf", "{tmp}/missing.json", "--out", "{tmp}/p.json", "--date", "2026-11-29"]),
+        ("distributed", ["train", "--steps", "1", "--batch-size", "0", "--model", "tiny", "--device", "cpu"]),
+        ("distributed", ["scaling", "--out", "{tmp}/s.json", "--nproc", "0"]),
+    ],
+)
+def test_tools_refuse_bad_input_before_running(tool, args, tmp_path, capsys):
+    import importlib
+
+    main = importlib.import_module(f"helpers.{tool}").main
+    assert main([a.replace("{tmp}", str(tmp_path)) for a in args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "Traceback" not in err
