@@ -255,8 +255,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON to this file")
     p.add_argument("--plot", type=Path, default=None, help="save a bar chart of ms/step per rung to this PNG file")
     p.add_argument("--emulate", default=None, metavar="PROFILE",
+                   choices=sorted(k for k, prof in hardware.PROFILES.items() if prof.capability),
                    help="emulate a smaller GPU on this one (e.g. T4: 15 GB memory cap, no bf16/TF32, sm75 attention "
-                   "kernels); speed stays this GPU's, so no MFU is reported (also: $COURSE_EMULATE_GPU)")
+                   "kernels); speed stays this GPU's, so no MFU is reported (also: $COURSE_EMULATE_GPU). "
+                   "One of: %(choices)s")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return p.parse_args(argv)
 

@@ -475,6 +475,7 @@ def main(argv: list[str] | None = None) -> int:
         fig = plot_losses(rows, name)
         args.plot.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(args.plot, dpi=120)
+        print(f"wrote {args.plot}")
     return 0
 
 

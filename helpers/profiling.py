@@ -590,6 +590,10 @@ def main(argv: list[str] | None = None) -> int:
         cli.at_least("batch_size", b)
     cli.out_path(getattr(args, "out", None))
     if args.command == "from-perf":
+        try:
+            datetime.date.fromisoformat(args.date)
+        except ValueError:
+            raise ValueError(f"--date {args.date!r}: write the date of the perf.py run as YYYY-MM-DD") from None
         perf = json.loads(args.perf_json.read_text())
         if not isinstance(perf, dict) or not isinstance(perf.get("rows"), list):
             raise ValueError(f"{args.perf_json} is not the output of benchmarks/perf.py --profile (no 'rows' list)")
