@@ -16,11 +16,12 @@ from pathlib import Path
 import torch
 
 
-def device(value: str | None) -> torch.device:
+def device(value: str | torch.device | None) -> torch.device:
     """The device a tool was asked for (None: CUDA if available, else the CPU).
 
     Raises:
-        ValueError: an unknown device string, or CUDA asked for where PyTorch sees no CUDA GPU.
+        ValueError: an unknown device string, a device type other than cpu/cuda, or CUDA asked for
+            where PyTorch sees no CUDA GPU.
     """
     from helpers import hardware
 
@@ -29,9 +30,12 @@ def device(value: str | None) -> torch.device:
     try:
         dev = torch.device(value)
     except RuntimeError as e:
-        raise ValueError(f"--device {value!r} is not a device: use 'cuda' or 'cpu' ({e})") from None
+        raise ValueError(f"unknown device {value!r}: this is not a device name; use 'cpu', 'cuda' or 'cuda:N' "
+                         f"({str(e).splitlines()[0][:80]})") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"the course runs on 'cpu' or 'cuda', not {dev.type!r}")
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {value} asked, but this PyTorch sees no CUDA GPU: use --device cpu")
+        raise ValueError(f"--device {value} asked, but this PyTorch sees no CUDA GPU: use --device cpu (a CPU-only build, or no driver)")
     return dev
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from helpers import data, hardware, memory, timing
+from helpers import cli, data, hardware, memory, timing
 from helpers.model import GPTConfig, flops_per_token
 from helpers.train import RunConfig, build, default_shapes, unsupported_reason
 
@@ -146,21 +146,6 @@ def run_rung(
     return row
 
 
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``device`` as a torch.device (default: cuda if available), or ValueError saying what exists."""
-    if device is None:
-        return hardware.default_device()
-    try:
-        device = torch.device(device)
-    except RuntimeError as e:
-        raise ValueError(f"unknown device {device!r}: use 'cpu', 'cuda' or 'cuda:N' ({str(e).splitlines()[0][:80]})") from None
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"the ladder runs on 'cpu' or 'cuda', not {device.type!r}")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda asked, but this PyTorch sees no CUDA GPU (a CPU-only build, or no driver): use --device cpu")
-    return device
-
-
 def run_ladder(
     batch_size: int | None = None,
     seq_len: int | None = None,
@@ -174,7 +159,7 @@ def run_ladder(
     """Run the ladder and return the results dict (see README for its shape)."""
     from tqdm.auto import tqdm
 
-    device = resolve_device(device)
+    device = cli.device(device)
     model_config, default_b, default_t = default_shapes(device)
     B = default_b if batch_size is None else batch_size
     T = default_t if seq_len is None else seq_len
