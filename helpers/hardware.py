@@ -299,9 +299,26 @@ def tensor_core_multiple(dtype: torch.dtype) -> int:
     return max(1, 16 // (torch.finfo(dtype).bits // 8))
 
 
+_env_emulation_done = False  # $COURSE_EMULATE_GPU is applied once per process (see default_device)
+
+
 def default_device() -> torch.device:
-    """``cuda`` when a CUDA GPU is visible, else ``cpu``."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """``cuda`` when a CUDA GPU is visible, else ``cpu``.
+
+    The first call also applies ``$COURSE_EMULATE_GPU`` (e.g. ``COURSE_EMULATE_GPU=T4``, see
+    :func:`emulate`) when a GPU is visible: every notebook starts with this call, so the variable runs
+    the whole course as on that GPU (memory cap, no bf16/TF32, sm75 attention kernels). Later calls do
+    not re-apply it, so a :func:`stop_emulation` holds.
+
+    Raises:
+        ValueError: ``$COURSE_EMULATE_GPU`` names an unknown profile, or a GPU smaller than the cap.
+    """
+    global _env_emulation_done
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not _env_emulation_done and device.type == "cuda":
+        _env_emulation_done = True
+        apply_env_emulation(device)
+    return device
 
 
 @dataclass

@@ -273,3 +273,37 @@ def test_chapter_08_budget_parts_are_chapter_03s_estimate():
     for B in (1, 12, 13):
         want = memory.training_step_estimate(cfg, B, 1024, True, False)
         assert parts(B) == {k: v for k, v in want.items() if k != "total"} and sum(parts(B).values()) == want["total"]
+
+
+def test_course_emulate_gpu_makes_default_device_emulate_once(monkeypatch):
+    """COURSE_EMULATE_GPU=T4 runs every notebook as a T4: they all start with default_device()."""
+    calls = {}
+    _fake_h200(monkeypatch, calls)
+    monkeypatch.setattr(hardware, "_env_emulation_done", False)
+    monkeypatch.setenv(hardware.EMULATE_ENV, "T4")
+    precision = torch.get_float32_matmul_precision()
+    try:
+        assert hardware.default_device() == torch.device("cuda")
+        assert hardware.emulated_profile().key == "T4" and calls["fraction"] == [0.1]
+        hardware.stop_emulation("cuda")
+        hardware.default_device()  # applied once: a stop_emulation holds
+        assert hardware.emulated_profile() is None and calls["fraction"] == [0.1, 1.0]
+    finally:
+        hardware.stop_emulation("cuda")
+        torch.set_float32_matmul_precision(precision)
+
+
+def test_default_device_without_the_variable_or_on_a_cpu_does_not_emulate(monkeypatch):
+    calls = {}
+    monkeypatch.setattr(hardware, "_env_emulation_done", False)
+    monkeypatch.setenv(hardware.EMULATE_ENV, "T4")
+    assert hardware.default_device() == torch.device("cpu") and hardware.emulated_profile() is None  # no GPU
+    _fake_h200(monkeypatch, calls)
+    monkeypatch.setattr(hardware, "_env_emulation_done", False)
+    monkeypatch.delenv(hardware.EMULATE_ENV)
+    assert hardware.default_device() == torch.device("cuda") and hardware.emulated_profile() is None
+    assert "fraction" not in calls
+    monkeypatch.setattr(hardware, "_env_emulation_done", False)
+    monkeypatch.setenv(hardware.EMULATE_ENV, "TPU")
+    with pytest.raises(ValueError, match="unknown profile"):
+        hardware.default_device()
