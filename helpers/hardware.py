@@ -165,6 +165,18 @@ _emulated: GPUProfile | None = None
 _emulated_memory: int | None = None  # the memory cap while emulating, bytes
 
 
+def usable_memory_bytes(device: torch.device | str = "cuda") -> int | None:
+    """Bytes this process may allocate on a CUDA ``device``: the GPU's total memory
+    (``torch.cuda.get_device_properties(...).total_memory``), or the cap while emulating a smaller GPU
+    (:func:`emulate`, e.g. 15 GB for a T4). None on a CPU."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    if _emulated_memory is not None:
+        return _emulated_memory
+    return torch.cuda.get_device_properties(device).total_memory
+
+
 def emulated_profile() -> GPUProfile | None:
     """The profile being emulated (see :func:`emulate`), or None."""
     return _emulated

@@ -79,11 +79,27 @@ def small_model_config() -> GPTConfig:
     return GPTConfig(block_size=128, n_layer=2, n_head=4, n_embd=128)
 
 
+GPU_BATCH_SIZES = (16, 8, 4, 2, 1)  # default B on a GPU: the first whose fp32 step fits (default_shapes)
+
+
 def default_shapes(device: torch.device | str) -> tuple[GPTConfig, int, int]:
-    """(model config, batch size B, sequence length T) for ``device``: GPT-2 124M with B=16,
-    T=1024 on CUDA; :func:`small_model_config` with B=4, T=128 on a CPU."""
-    if torch.device(device).type == "cuda":
-        return GPTConfig(), 16, 1024
+    """(model config, batch size B, sequence length T) for ``device``.
+
+    CUDA: GPT-2 124M, T=1024 and B = the largest of 16, 8, 4, 2, 1 whose *estimated* fp32 step with
+    manual attention (``memory.training_step_estimate``: the course's most memory-hungry step,
+    chapter 01) fits the GPU's usable memory (``hardware.usable_memory_bytes``; the cap while
+    emulating). The estimate is above the measured peak (H200: 44.2 GB estimated vs 34.2 GB measured
+    at B=16), so the choice is safe: B=16 on 80 GB-class GPUs, 8 on an A100 40GB or an L4, 4 on a T4
+    (15 GB: estimate 12.5 GB, measured 9.75 GB at B=4). CPU: :func:`small_model_config`, B=4, T=128.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        from helpers import memory
+
+        cfg, usable = GPTConfig(), hardware.usable_memory_bytes(device)
+        fits = [B for B in GPU_BATCH_SIZES
+                if memory.training_step_estimate(cfg, B, 1024, autocast=False, manual_attention=True)["total"] <= usable]
+        return cfg, fits[0] if fits else 1, 1024
     return small_model_config(), 4, 128
 
 

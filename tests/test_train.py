@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from helpers import data, train
+from helpers import data, hardware, train
 from helpers.model import GPTConfig
 
 CFG = GPTConfig(block_size=64, n_layer=2, n_head=2, n_embd=64)
@@ -70,8 +70,22 @@ def test_optimizer_decays_only_2d_weights():
 def test_default_shapes_use_the_real_model_on_cuda_and_small_on_cpu():
     cfg, B, T = train.default_shapes("cpu")
     assert (cfg.n_layer, B, T) == (2, 4, 128)
+
+
+@pytest.mark.parametrize("gb, expected_b", [(150, 16), (80, 16), (40, 8), (24, 8), (16, 4), (15, 4), (8, 2), (3, 1)])
+def test_default_batch_size_on_a_gpu_fits_its_memory(monkeypatch, gb, expected_b):
+    """B=16 where the fp32 baseline fits (H200, A100 80GB), smaller on a T4 (15 GB): chapter 01 must
+    not run out of memory on Colab."""
+    monkeypatch.setattr(hardware, "usable_memory_bytes", lambda device: gb * 10**9)
     cfg, B, T = train.default_shapes(torch.device("cuda"))
-    assert (cfg.n_layer, cfg.n_embd, B, T) == (12, 768, 16, 1024)
+    assert (cfg.n_layer, cfg.n_embd, B, T) == (12, 768, expected_b, 1024)
+
+
+def test_usable_memory_is_the_emulated_cap_while_emulating(monkeypatch):
+    monkeypatch.setattr(hardware, "_emulated_memory", 15 * 10**9)
+    assert hardware.usable_memory_bytes("cuda") == 15 * 10**9
+    assert train.default_shapes("cuda")[1] == 4
+    assert hardware.usable_memory_bytes("cpu") is None
 
 
 def test_every_compiled_build_starts_from_a_fresh_dynamo_state(monkeypatch):
