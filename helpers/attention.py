@@ -14,6 +14,7 @@ All take q, k, v of shape (B, nh, T, hs) and return (B, nh, T, hs).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 
@@ -21,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from helpers import memory, timing
+from helpers import hardware, memory, timing
 
 
 def manual_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -116,7 +117,8 @@ def square_score_tensors(fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     T = q.size(-2)
     qq, kk, vv = (t.detach().clone().requires_grad_(backward) for t in (q, k, v))
     rec = TensorShapeRecorder()
-    with rec:
+    kernels = hardware.cpu_sdpa_kernels() if q.device.type == "cpu" else contextlib.nullcontext()
+    with rec, kernels:
         out = fn(qq, kk, vv)
         if backward:
             out.sum().backward()

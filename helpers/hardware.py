@@ -7,6 +7,7 @@ Peak numbers are *dense* (no 2:4 sparsity) per-GPU figures from each vendor data
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import shutil
@@ -259,6 +260,25 @@ def stop_emulation(device: torch.device | str = "cuda") -> None:
         _set_sdpa_enabled(name, _saved_switches.get(name, True))
     torch.set_float32_matmul_precision(_saved_switches.get("matmul_precision", "highest"))
     _emulated, _emulated_memory, _saved_switches = None, None, {}
+
+
+@contextlib.contextmanager
+def cpu_sdpa_kernels():
+    """Context for code whose SDPA runs on CPU tensors while a GPU is emulated: turns the FlashAttention
+    switch back on inside it. :func:`emulate` turns ``torch.backends.cuda.enable_flash_sdp`` off to
+    emulate an sm75 GPU, but torch reads that same switch for CPU tensors, so it would also take the
+    fused kernel away from the CPU (which a real T4 machine's CPU has), and chapter 06's CPU
+    demonstrations would build (T, T) scores. Nothing changes when not emulating.
+    """
+    if _emulated is None or not hasattr(torch.backends.cuda, "flash_sdp_enabled"):
+        yield
+        return
+    was = torch.backends.cuda.flash_sdp_enabled()
+    torch.backends.cuda.enable_flash_sdp(True)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.enable_flash_sdp(was)
 
 
 def apply_env_emulation(device: torch.device | str = "cuda") -> dict | None:

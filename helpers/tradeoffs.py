@@ -512,11 +512,13 @@ def plot_checkpointing(rows: list[dict], title: str):
 
 def benchmark_run(device: torch.device | str) -> tuple[train.RunConfig, GPTConfig]:
     """The configuration the chapter measures: eager bf16 autocast + SDPA + vocab 50304 on CUDA
-    (the ladder's best eager rung), fp32 + SDPA on a CPU; shapes from :func:`train.default_shapes`."""
+    (the ladder's best eager rung; fp16 + GradScaler on a GPU without native bf16, see
+    :func:`train.recipe_autocast`), fp32 + SDPA on a CPU; shapes from :func:`train.default_shapes`."""
     device = torch.device(device)
     cfg, B, T = train.default_shapes(device)
     if device.type == "cuda":
-        run = train.RunConfig(name="bf16+sdpa", autocast="bf16", attention="sdpa", vocab_multiple=64, batch_size=B, seq_len=T)
+        autocast = train.recipe_autocast(device)
+        run = train.RunConfig(name=f"{autocast}+sdpa", autocast=autocast, attention="sdpa", vocab_multiple=64, batch_size=B, seq_len=T)
     else:
         run = train.RunConfig(name="fp32+sdpa", attention="sdpa", batch_size=B, seq_len=T)
     # the model config carries the run's model switches too, for code that builds a GPT directly

@@ -103,6 +103,14 @@ def default_shapes(device: torch.device | str) -> tuple[GPTConfig, int, int]:
     return small_model_config(), 4, 128
 
 
+def recipe_autocast(device: torch.device | str) -> str:
+    """The autocast dtype name the course uses for mixed precision on ``device``: ``"bf16"`` where bf16
+    is native (a CPU; CUDA compute capability >= 8.0), ``"fp16"`` on older GPUs (a T4, a V100, an
+    emulated T4), where ``RunConfig(autocast="fp16")`` adds the GradScaler. Every chapter's "bf16"
+    configuration takes its dtype from here, so it runs on a Colab T4 too (chapter 04 explains why)."""
+    return "bf16" if hardware.native_bf16(torch.device(device)) else "fp16"
+
+
 def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None:
     """Why ``run`` cannot run as asked on ``device`` (None if it can). Never silently substituted."""
     device = torch.device(device)

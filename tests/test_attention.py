@@ -84,3 +84,24 @@ def test_forced_backend_reason_includes_pytorchs_explanation(monkeypatch, qkv):
     assert out is None
     assert why.startswith("Flash attention kernel not used because:") and "Expected query, key and value" in why
     assert "Triggered internally" not in why
+
+
+def test_cpu_sdpa_keeps_its_fused_kernel_while_a_t4_is_emulated(monkeypatch):
+    """emulate() turns the global FlashAttention switch off, which torch also reads for CPU tensors:
+    without hardware.cpu_sdpa_kernels the CPU demonstrations of chapter 06 built (T, T) scores."""
+    q, k, v = (torch.randn(1, 2, 96, 16) for _ in range(3))
+    monkeypatch.setattr(hardware, "_emulated", hardware.PROFILES["T4"])
+    was = torch.backends.cuda.flash_sdp_enabled()
+    torch.backends.cuda.enable_flash_sdp(False)
+    try:
+        assert A.square_score_tensors(A.sdpa_attention, q, k, v) == []
+        assert not torch.backends.cuda.flash_sdp_enabled()  # switched back off afterwards
+        with hardware.cpu_sdpa_kernels():
+            assert torch.backends.cuda.flash_sdp_enabled()
+        # the trap itself: without the context, the switch takes the CPU's fused kernel away
+        rec = A.TensorShapeRecorder()
+        with rec:
+            A.sdpa_attention(q, k, v)
+        assert any(len(s) >= 2 and s[-1] == s[-2] == 96 for _, s in rec.shapes)
+    finally:
+        torch.backends.cuda.enable_flash_sdp(was)

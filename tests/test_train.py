@@ -147,3 +147,13 @@ def test_checkpoint_every_reaches_the_model_and_keeps_the_losses():
 def test_negative_checkpoint_every_is_rejected_by_run_config():
     with pytest.raises(ValueError, match="checkpoint_every must be >= 0"):
         train.RunConfig(checkpoint_every=-2)
+
+
+def test_recipe_autocast_is_bf16_where_native_else_fp16(monkeypatch):
+    assert train.recipe_autocast("cpu") == "bf16"
+    monkeypatch.setattr(hardware, "capability", lambda device: (7, 5))  # a T4 (or an emulated one)
+    assert train.recipe_autocast("cuda") == "fp16"
+    run = train.RunConfig(autocast=train.recipe_autocast("cuda"))
+    assert train.unsupported_reason(run, torch.device("cuda")) is None  # bf16 would be refused here
+    monkeypatch.setattr(hardware, "capability", lambda device: (8, 0))
+    assert train.recipe_autocast("cuda") == "bf16"
