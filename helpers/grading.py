@@ -577,12 +577,13 @@ def check_sdpa_attention(fn: Callable[..., Any]) -> None:
     """
     import torch
 
-    from helpers import attention
+    from helpers import attention, hardware
 
     gid = "ch06_sdpa_attention"
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 3, 96, 16) for _ in range(3))
-    out = fn(q, k, v)
+    with hardware.cpu_sdpa_kernels():  # CPU tensors: the CPU's fused kernel, also while a T4 is emulated
+        out = fn(q, k, v)
     if out is None:
         raise AssertionError(f"causal_attention returned None: return the attention output. {_reread(gid)}")
     ref = attention.manual_attention(q, k, v)
@@ -590,7 +591,8 @@ def check_sdpa_attention(fn: Callable[..., Any]) -> None:
         raise AssertionError(f"causal_attention returned shape {tuple(out.shape)}, expected {tuple(ref.shape)} = (B, nh, T, hs). {_reread(gid)}")
     err = attention.relative_error(out, ref)
     if not err < 1e-4:
-        noncausal = attention.relative_error(torch.nn.functional.scaled_dot_product_attention(q, k, v), out)
+        with hardware.cpu_sdpa_kernels():
+            noncausal = attention.relative_error(torch.nn.functional.scaled_dot_product_attention(q, k, v), out)
         why = ("the output matches attention *without* the causal mask: pass is_causal=True."
                if noncausal < 1e-4 else f"relative error {err:.2e} against the manual causal attention.")
         raise AssertionError(f"{why} {_reread(gid)}")

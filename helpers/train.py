@@ -281,10 +281,13 @@ def train(
     if loader is None:
         loader = data.BatchLoader(data.load_tokens(), run.batch_size, run.seq_len, trainer.device)
     losses = []
-    bar = tqdm(range(steps), desc=run.name, disable=not progress)
+    # At most 2 redraws a second (refresh=False: set_postfix would redraw every step): a minutes-long
+    # run in Jupyter sends thousands of widget messages otherwise, more than the kernel's output
+    # queue keeps (nbval lost the cell's end and timed out on the H200 in chapter 12).
+    bar = tqdm(range(steps), desc=run.name, disable=not progress, mininterval=0.5)
     for _ in bar:
         losses.append(trainer.step(loader).item())
-        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
     for note in trainer.notes:
         print(f"[{run.name}] {note}")
     return TrainResult(losses, trainer)

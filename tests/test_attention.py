@@ -105,3 +105,23 @@ def test_cpu_sdpa_keeps_its_fused_kernel_while_a_t4_is_emulated(monkeypatch):
         assert any(len(s) >= 2 and s[-1] == s[-2] == 96 for _, s in rec.shapes)
     finally:
         torch.backends.cuda.enable_flash_sdp(was)
+
+
+def test_sdpa_grader_passes_a_right_answer_with_the_same_error_while_a_t4_is_emulated(monkeypatch, capsys):
+    """The grader's printed error must not depend on emulation (nbval compares it): with the global
+    flash switch off, the CPU fell back to the math kernel (rel. error 1.4e-07 instead of 0.0e+00)."""
+    from helpers import grading
+
+    def right(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    grading.check_sdpa_attention(right)
+    normal = capsys.readouterr().out
+    monkeypatch.setattr(hardware, "_emulated", hardware.PROFILES["T4"])
+    was = torch.backends.cuda.flash_sdp_enabled()
+    torch.backends.cuda.enable_flash_sdp(False)
+    try:
+        grading.check_sdpa_attention(right)
+    finally:
+        torch.backends.cuda.enable_flash_sdp(was)
+    assert capsys.readouterr().out == normal and "PASS" in normal
