@@ -106,8 +106,9 @@ def is_oom(error: BaseException) -> bool:
     )
 
 
-def _fits(try_step, B: int, device) -> tuple[bool, int | None]:
-    """Run ``try_step(B)``; (True, peak bytes) if it fits, (False, None) after an OOM.
+def fits(try_step, B: int, device) -> tuple[bool, int | None]:
+    """Run ``try_step(B)``; (True, peak bytes) if it fits, (False, None) after a CUDA out-of-memory
+    error, with the failed step's memory released (other errors are raised).
 
     The retry happens *outside* the ``except`` block: inside it, the exception's traceback still
     references the failed step's frames (its tensors), so nothing could be freed.
@@ -141,7 +142,7 @@ def find_max_batch_size(try_step, device, start: int = 1, limit: int = 4096, mar
     tried = []
 
     def probe(B):
-        ok, peak = _fits(try_step, B, device)
+        ok, peak = fits(try_step, B, device)
         tried.append((B, ok, peak))
         return ok, peak
 

@@ -89,3 +89,16 @@ def test_is_oom_recognises_old_style_runtime_errors():
     assert memory.is_oom(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     assert not memory.is_oom(RuntimeError("shape mismatch"))
     assert memory.format_bytes(3 * 2**30) == "3.00 GiB" and memory.format_bytes(None) == "-"
+
+
+def test_fits_reports_an_out_of_memory_step_as_none_and_raises_other_errors():
+    def step(B):
+        if B > 4:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        if B == 3:
+            raise ValueError("a bug, not memory")
+
+    assert memory.fits(step, 16, "cpu") == (False, None)
+    assert memory.fits(step, 2, "cpu")[0] is True
+    with pytest.raises(ValueError, match="a bug"):
+        memory.fits(step, 3, "cpu")
