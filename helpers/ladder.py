@@ -226,12 +226,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Time the GPT-2 speed-up ladder on this machine (real Tiny Shakespeare batches). "
         "GPU: GPT-2 124M at T=1024. CPU: the small course configuration.",
     )
-    p.add_argument("--batch-size", type=int, default=None, help="B, sequences per step (default: 16 on a GPU, 4 on a CPU)")
+    p.add_argument("--batch-size", type=int, default=None, help="B, sequences per step (default: train.default_shapes: 16 on an 80 GB-class GPU, less where the fp32 rung would not fit, e.g. 4 on a T4; 4 on a CPU)")
     p.add_argument("--seq-len", type=int, default=None, help="T, tokens per sequence (default: 1024 on a GPU, 128 on a CPU)")
     p.add_argument("--device", default=None, help="'cuda', 'cuda:1' or 'cpu' (default: cuda if available)")
     p.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps per rung (default 3; compile happens here)")
     p.add_argument("--iters", type=int, default=10, help="timed steps per rung; the median is reported (default 10)")
-    p.add_argument("--rungs", nargs="*", default=None,
+    p.add_argument("--rungs", nargs="+", default=None,
                    help="run only these rungs, by name, quoted where they contain spaces (default: all): "
                    + ", ".join(repr(n.lstrip("+ ")) for n, _ in RUNGS)
                    + "; 'autocast' names the autocast rung in either dtype (fp16 + GradScaler where bf16 is not native)")

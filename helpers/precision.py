@@ -424,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--steps", type=int, default=30, help="recorded training steps per precision (default 30)")
     c.add_argument("--warmup", type=int, default=2, help="untimed steps before the timed ones (default 2)")
     c.add_argument("--iters", type=int, default=10, help="timed steps; the median is reported (default 10)")
-    c.add_argument("--batch-size", type=int, default=None, help="B (default: 16 on a GPU, 4 on a CPU)")
+    c.add_argument("--batch-size", type=int, default=None, help="B (default: train.default_shapes: 16 on an 80 GB-class GPU, 4 on a T4 or a CPU)")
     c.add_argument("--seq-len", type=int, default=None, help="T (default: 1024 on a GPU, 128 on a CPU)")
     c.add_argument("--device", default=None, help="'cuda' or 'cpu' (default: cuda if available)")
     c.add_argument("--precisions", nargs="*", default=list(PRECISIONS), choices=list(PRECISIONS))

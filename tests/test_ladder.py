@@ -138,3 +138,11 @@ def test_out_of_memory_rung_is_failed_with_a_short_reason(monkeypatch, tiny_conf
     assert row["status"] == "failed" and row["ms_per_step"] is None
     assert row["reason"].startswith("out of memory at B=2 on this device")
     assert "GiB free" not in row["reason"]  # torch's text names the real GPU's free memory: misleading under emulation
+
+
+def test_rungs_flag_without_names_is_an_error_not_all_rungs(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        ladder.parse_args(["--rungs"])
+    assert "expected at least one argument" in capsys.readouterr().err
