@@ -62,6 +62,22 @@ def activation_bytes_per_layer(B: int, T: int, n_embd: int, n_head: int, bytes_p
     return per_layer
 
 
+_PARAM_COUNTS: dict[tuple, int] = {}
+
+
+def _param_count(config) -> int:
+    """Parameters of ``GPT(config)``, counted once per config on the meta device (no memory used)."""
+    import dataclasses
+
+    from helpers.model import GPT
+
+    key = dataclasses.astuple(config)
+    if key not in _PARAM_COUNTS:
+        with torch.device("meta"):
+            _PARAM_COUNTS[key] = sum(p.numel() for p in GPT(config).parameters())
+    return _PARAM_COUNTS[key]
+
+
 def training_step_estimate(config, B: int, T: int, autocast: bool, manual_attention: bool = True) -> dict[str, int]:
     """Estimated peak bytes of one training step of ``config`` (a GPTConfig) at batch B, length T.
 
@@ -75,10 +91,7 @@ def training_step_estimate(config, B: int, T: int, autocast: bool, manual_attent
     bf16 + SDPA eager step at B=16, T=1024 (17.58 GiB measured, chapter 03).
     An estimate, not a measurement: chapter 03 compares it with ``torch.cuda.max_memory_allocated``.
     """
-    from helpers.model import GPT
-
-    with torch.device("meta"):
-        n_params = sum(p.numel() for p in GPT(config).parameters())
+    n_params = _param_count(config)
     act = 2 if autocast else 4
     V = config.padded_vocab_size
     parts = {
