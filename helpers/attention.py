@@ -157,12 +157,19 @@ def run_forced_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backen
         return None, str(e).strip().split("\n")[0]
 
 
+def _gpu_half_dtype(device: torch.device) -> torch.dtype:
+    """bf16 where the GPU has it natively (compute capability >= 8.0), else fp16 (a T4, a V100)."""
+    return torch.bfloat16 if hardware.native_bf16(device) else torch.float16
+
+
 def attention_sweep(device, seq_lens, B: int = 8, n_head: int = 12, head_size: int = 64, dtype=None) -> list[dict]:
     """Forward + backward time (ms, median of 10) and peak memory (bytes, CUDA only) of manual and
-    SDPA attention for each T in ``seq_lens``. A size that runs out of memory is reported, not raised."""
+    SDPA attention for each T in ``seq_lens``. A size that runs out of memory is reported, not raised.
+    ``dtype`` defaults to bf16 on a GPU with native bf16, fp16 on older GPUs (a T4: its
+    memory-efficient SDPA kernel has no bf16 version), fp32 on a CPU."""
     device = torch.device(device)
     if dtype is None:
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        dtype = _gpu_half_dtype(device) if device.type == "cuda" else torch.float32
     rows = []
     for T in seq_lens:
         for name, fn in (("manual", manual_attention), ("sdpa", sdpa_attention)):
@@ -222,10 +229,10 @@ def pitfall_single_query_is_causal(device, n_keys: int = 16) -> dict:
 def lm_head_sweep(device, vocab_sizes, n_tokens: int | None = None, n_embd: int = 768, dtype=None) -> list[dict]:
     """Forward + backward time (ms, median of 10) of the LM-head matmul logits = x Wᵀ with x of
     shape (n_tokens, n_embd) and W of shape (V, n_embd), for each V in ``vocab_sizes``.
-    Defaults: 16·1024 tokens in bf16 on a GPU, 512 tokens in fp32 on a CPU."""
+    Defaults: 16·1024 tokens in bf16 on a GPU (fp16 below sm80), 512 tokens in fp32 on a CPU."""
     device = torch.device(device)
     if dtype is None:
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        dtype = _gpu_half_dtype(device) if device.type == "cuda" else torch.float32
     if n_tokens is None:
         n_tokens = 16 * 1024 if device.type == "cuda" else 512
     x = torch.randn(n_tokens, n_embd, device=device, dtype=dtype, requires_grad=True)

@@ -36,10 +36,11 @@ def device(value: str | torch.device | None) -> torch.device:
         raise ValueError(f"the course runs on 'cpu' or 'cuda', not {dev.type!r}")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {value} asked, but this PyTorch sees no CUDA GPU: use --device cpu (a CPU-only build, or no driver)")
+    hardware.apply_env_emulation_once(dev)  # $COURSE_EMULATE_GPU holds for --device cuda too
     return dev
 
 
-def out_path(path: str | Path | None) -> Path | None:
+def out_path(path: str | Path | None, flag: str = "--out") -> Path | None:
     """An output file path, checked before the run: its folder is created; a folder is refused.
 
     Raises:
@@ -49,7 +50,8 @@ def out_path(path: str | Path | None) -> Path | None:
         return None
     path = Path(path)
     if path.is_dir():
-        raise ValueError(f"--out {path} is a folder: give a file name, e.g. {path / 'results.json'}")
+        example = path / ("results.json" if flag == "--out" else "ladder.png")
+        raise ValueError(f"{flag} {path} is a folder: give a file name, e.g. {example}")
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -167,9 +167,10 @@ _emulated_memory: int | None = None  # the memory cap while emulating, bytes
 
 
 def usable_memory_bytes(device: torch.device | str = "cuda") -> int | None:
-    """Bytes this process may allocate on a CUDA ``device``: the GPU's total memory
-    (``torch.cuda.get_device_properties(...).total_memory``), or the cap while emulating a smaller GPU
-    (:func:`emulate`, e.g. 15 GB for a T4). None on a CPU."""
+    """The memory size a CUDA ``device`` offers, bytes: the GPU's total memory
+    (``torch.cuda.get_device_properties(...).total_memory``; the CUDA context and other processes
+    take some of it), or the cap while emulating a smaller GPU (:func:`emulate`, e.g. 15 GB for a
+    T4). None on a CPU."""
     device = torch.device(device)
     if device.type != "cuda":
         return None
@@ -203,10 +204,11 @@ def emulate(profile_key: str = "T4", device: torch.device | str = "cuda", memory
     Raises:
         ValueError: no CUDA GPU, an unknown profile, or a real GPU with less memory than the cap.
     """
-    global _emulated, _emulated_memory, _saved_switches
+    global _emulated, _emulated_memory, _saved_switches, _env_emulation_done
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
-        raise ValueError("emulation caps a bigger CUDA GPU: it needs one (on a CPU there is nothing to emulate)")
+        hint = f" (unset ${EMULATE_ENV} to run on a CPU)" if os.environ.get(EMULATE_ENV, "").strip() else ""
+        raise ValueError(f"emulation caps a bigger CUDA GPU: it needs one (on a CPU there is nothing to emulate){hint}")
     if profile_key not in PROFILES or PROFILES[profile_key].capability is None:
         raise ValueError(f"unknown profile {profile_key!r} (a GPU to emulate); known: {sorted(k for k, p in PROFILES.items() if p.capability)}")
     prof = PROFILES[profile_key]
@@ -231,6 +233,7 @@ def emulate(profile_key: str = "T4", device: torch.device | str = "cuda", memory
         # Trainer sets the precision before every step anyway, and unsupported_reason refuses "tf32".
         torch.set_float32_matmul_precision("highest")
     _emulated, _emulated_memory = prof, cap_bytes
+    _env_emulation_done = True  # an explicit emulation supersedes $COURSE_EMULATE_GPU
     return {"profile": prof.key, "real_gpu": props.name, "memory_cap_bytes": cap_bytes, "sdpa_disabled": disabled}
 
 
@@ -345,12 +348,26 @@ def default_device() -> torch.device:
     Raises:
         ValueError: ``$COURSE_EMULATE_GPU`` names an unknown profile, or a GPU smaller than the cap.
     """
-    global _env_emulation_done
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if not _env_emulation_done and device.type == "cuda":
-        _env_emulation_done = True
-        apply_env_emulation(device)
+    apply_env_emulation_once(device)
     return device
+
+
+def apply_env_emulation_once(device: torch.device | str) -> dict | None:
+    """Apply ``$COURSE_EMULATE_GPU`` (see :func:`apply_env_emulation`) the first time a CUDA device is
+    chosen in this process (:func:`default_device`, ``helpers.cli.device``); later calls, calls for a
+    CPU and calls after an explicit :func:`emulate` do nothing. A failing first call (an unknown
+    profile) raises again on the next call instead of silently running without emulation.
+
+    Raises:
+        ValueError: ``$COURSE_EMULATE_GPU`` names an unknown profile, or a GPU smaller than the cap.
+    """
+    global _env_emulation_done
+    if _env_emulation_done or torch.device(device).type != "cuda":
+        return None
+    info = apply_env_emulation(device)
+    _env_emulation_done = True
+    return info
 
 
 @dataclass

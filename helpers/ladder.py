@@ -251,6 +251,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        from helpers import cli
+
+        args.out = cli.out_path(args.out)  # a folder is refused now, not after the whole ladder ran
+        args.plot = cli.out_path(args.plot, "--plot")
+        if args.plot is not None and not args.plot.suffix:  # matplotlib would add ".png" itself, silently
+            args.plot = cli.out_path(args.plot.with_suffix(".png"), "--plot")
         emulated = hardware.emulate(args.emulate, args.device or "cuda") if args.emulate else \
             hardware.apply_env_emulation(args.device or "cuda")
         results = run_ladder(args.batch_size, args.seq_len, args.device, args.warmup, args.iters, args.rungs,

@@ -67,11 +67,9 @@ _PARAM_COUNTS: dict[tuple, int] = {}
 
 def _param_count(config) -> int:
     """Parameters of ``GPT(config)``, counted once per config on the meta device (no memory used)."""
-    import dataclasses
-
     from helpers.model import GPT
 
-    key = dataclasses.astuple(config)
+    key = repr(config)  # a dataclass repr names every field
     if key not in _PARAM_COUNTS:
         with torch.device("meta"):
             _PARAM_COUNTS[key] = sum(p.numel() for p in GPT(config).parameters())
@@ -120,10 +118,11 @@ def is_oom(error: BaseException) -> bool:
 
 
 def fits(try_step, B: int, device) -> tuple[bool, int | None]:
-    """Run ``try_step(B)``; (True, peak bytes) if it fits, (False, None) after a CUDA out-of-memory
-    error, with the failed step's memory released (other errors are raised).
+    """Run ``try_step(B)``; (True, peak bytes) if it fits (peak None on a CPU, which has no counter),
+    (False, None) after a CUDA out-of-memory error, with the failed step's memory released; other
+    errors are raised.
 
-    The retry happens *outside* the ``except`` block: inside it, the exception's traceback still
+    The clean-up happens *outside* the ``except`` block: inside it, the exception's traceback still
     references the failed step's frames (its tensors), so nothing could be freed.
     """
     failed = False

@@ -125,3 +125,11 @@ def test_sdpa_grader_passes_a_right_answer_with_the_same_error_while_a_t4_is_emu
     finally:
         torch.backends.cuda.enable_flash_sdp(was)
     assert capsys.readouterr().out == normal and "PASS" in normal
+
+
+def test_gpu_sweeps_use_fp16_below_sm80(monkeypatch):
+    """A T4's memory-efficient SDPA kernel has no bf16 version: the sweeps' default dtype follows the GPU."""
+    monkeypatch.setattr(hardware, "capability", lambda device: (7, 5))
+    assert A._gpu_half_dtype(torch.device("cuda")) is torch.float16
+    monkeypatch.setattr(hardware, "capability", lambda device: (9, 0))
+    assert A._gpu_half_dtype(torch.device("cuda")) is torch.bfloat16

@@ -307,3 +307,43 @@ def test_default_device_without_the_variable_or_on_a_cpu_does_not_emulate(monkey
     monkeypatch.setenv(hardware.EMULATE_ENV, "TPU")
     with pytest.raises(ValueError, match="unknown profile"):
         hardware.default_device()
+
+
+def test_a_failed_env_emulation_raises_again_instead_of_running_unemulated(monkeypatch):
+    """A typo in COURSE_EMULATE_GPU must not turn into a silent un-emulated run on the second call."""
+    calls = {}
+    _fake_h200(monkeypatch, calls)
+    monkeypatch.setattr(hardware, "_env_emulation_done", False)
+    monkeypatch.setenv(hardware.EMULATE_ENV, "T4x")
+    for _ in range(2):
+        with pytest.raises(ValueError, match="unknown profile"):
+            hardware.default_device()
+
+
+def test_explicit_emulate_supersedes_the_variable_and_cli_device_applies_it(monkeypatch):
+    from helpers import cli
+
+    calls = {}
+    _fake_h200(monkeypatch, calls)
+    precision = torch.get_float32_matmul_precision()
+    try:
+        # --emulate A100-40GB with COURSE_EMULATE_GPU=T4 set: the explicit profile holds
+        monkeypatch.setattr(hardware, "_env_emulation_done", False)
+        monkeypatch.setenv(hardware.EMULATE_ENV, "T4")
+        hardware.emulate("A100-40GB", "cuda")
+        assert cli.device(None).type == "cuda" and cli.device("cuda").type == "cuda"
+        assert hardware.emulated_profile().key == "A100-40GB"
+        hardware.stop_emulation("cuda")
+        # --device cuda (explicit) with the variable: emulated too
+        monkeypatch.setattr(hardware, "_env_emulation_done", False)
+        cli.device("cuda")
+        assert hardware.emulated_profile().key == "T4"
+    finally:
+        hardware.stop_emulation("cuda")
+        torch.set_float32_matmul_precision(precision)
+
+
+def test_emulating_on_a_cpu_with_the_variable_set_says_to_unset_it(monkeypatch):
+    monkeypatch.setenv(hardware.EMULATE_ENV, "T4")
+    with pytest.raises(ValueError, match="unset \\$COURSE_EMULATE_GPU"):
+        hardware.emulate("T4", "cpu")

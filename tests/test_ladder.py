@@ -146,3 +146,19 @@ def test_rungs_flag_without_names_is_an_error_not_all_rungs(capsys):
     with pytest.raises(SystemExit):
         ladder.parse_args(["--rungs"])
     assert "expected at least one argument" in capsys.readouterr().err
+
+
+def test_ladder_refuses_a_folder_for_out_or_plot_before_running(tmp_path, capsys, monkeypatch):
+    ran = []
+    monkeypatch.setattr(ladder, "run_ladder", lambda *a, **k: ran.append(1))
+    assert ladder.main(["--device", "cpu", "--out", str(tmp_path)]) == 2
+    assert ladder.main(["--device", "cpu", "--plot", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "--plot" in err and "is a folder" in err and ran == []
+
+
+def test_ladder_plot_without_a_suffix_is_written_and_reported_as_png(tmp_path, capsys):
+    plot = tmp_path / "ladder"
+    assert ladder.main(["--device", "cpu", "--rungs", "fp32", "--warmup", "0", "--iters", "1",
+                        "--plot", str(plot), "--no-progress"]) == 0
+    assert (tmp_path / "ladder.png").is_file() and f"wrote {tmp_path / 'ladder.png'}" in capsys.readouterr().out

@@ -157,3 +157,26 @@ def test_recipe_autocast_is_bf16_where_native_else_fp16(monkeypatch):
     assert train.unsupported_reason(run, torch.device("cuda")) is None  # bf16 would be refused here
     monkeypatch.setattr(hardware, "capability", lambda device: (8, 0))
     assert train.recipe_autocast("cuda") == "bf16"
+
+
+def test_train_progress_bar_redraws_at_most_twice_a_second(monkeypatch):
+    """set_postfix(refresh=True) redrew every step: thousands of widget messages in a long run."""
+    import tqdm.auto
+
+    seen = {}
+
+    class Bar:
+        def __init__(self, iterable, **kw):
+            seen.update(kw)
+            self.it = iterable
+
+        def __iter__(self):
+            return iter(self.it)
+
+        def set_postfix(self, refresh=True, **kw):
+            seen.setdefault("refresh", []).append(refresh)
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    run = train.RunConfig(batch_size=2, seq_len=16)
+    train.train(run, 3, train.small_model_config(), "cpu")
+    assert seen["mininterval"] >= 0.5 and seen["refresh"] == [False, False, False]
