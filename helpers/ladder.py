@@ -251,8 +251,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        from helpers import cli
-
         args.out = cli.out_path(args.out)  # a folder is refused now, not after the whole ladder ran
         args.plot = cli.out_path(args.plot, "--plot")
         if args.plot is not None and not args.plot.suffix:  # matplotlib would add ".png" itself, silently

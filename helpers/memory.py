@@ -62,17 +62,17 @@ def activation_bytes_per_layer(B: int, T: int, n_embd: int, n_head: int, bytes_p
     return per_layer
 
 
-_PARAM_COUNTS: dict[tuple, int] = {}
+_PARAM_COUNTS: dict[str, int] = {}
 
 
 def _param_count(config) -> int:
     """Parameters of ``GPT(config)``, counted once per config on the meta device (no memory used)."""
-    from helpers.model import GPT
+    from helpers.model import GPT, count_parameters
 
     key = repr(config)  # a dataclass repr names every field
     if key not in _PARAM_COUNTS:
         with torch.device("meta"):
-            _PARAM_COUNTS[key] = sum(p.numel() for p in GPT(config).parameters())
+            _PARAM_COUNTS[key] = count_parameters(GPT(config))
     return _PARAM_COUNTS[key]
 
 

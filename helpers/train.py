@@ -97,9 +97,9 @@ def default_shapes(device: torch.device | str) -> tuple[GPTConfig, int, int]:
         from helpers import memory
 
         cfg, usable = GPTConfig(), hardware.usable_memory_bytes(device)
-        fits = [B for B in GPU_BATCH_SIZES
-                if memory.training_step_estimate(cfg, B, 1024, autocast=False, manual_attention=True)["total"] <= usable]
-        return cfg, fits[0] if fits else 1, 1024
+        B = next((b for b in GPU_BATCH_SIZES
+                  if memory.training_step_estimate(cfg, b, 1024, autocast=False, manual_attention=True)["total"] <= usable), 1)
+        return cfg, B, 1024
     return small_model_config(), 4, 128
 
 
@@ -281,9 +281,9 @@ def train(
     if loader is None:
         loader = data.BatchLoader(data.load_tokens(), run.batch_size, run.seq_len, trainer.device)
     losses = []
-    # At most 2 redraws a second (refresh=False: set_postfix would redraw every step): a minutes-long
-    # run in Jupyter sends thousands of widget messages otherwise, more than the kernel's output
-    # queue keeps (nbval lost the cell's end and timed out on the H200 in chapter 12).
+    # At most 2 redraws a second (refresh=False: set_postfix would redraw every step, thousands of
+    # widget messages in a minutes-long run). With a redraw per step, nbval timed out waiting for the
+    # end of chapter 12's 100 s training cell on the H200; with this, it passed.
     bar = tqdm(range(steps), desc=run.name, disable=not progress, mininterval=0.5)
     for _ in bar:
         losses.append(trainer.step(loader).item())

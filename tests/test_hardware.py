@@ -86,14 +86,7 @@ class _FakeProps:
 
 def test_t4_emulation_on_a_big_gpu_answers_like_a_t4(monkeypatch):
     calls = {}
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: _FakeProps())
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA H200")
-    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d=None: _fake_fraction(calls, f, d))
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    for name in ("enable_flash_sdp", "enable_cudnn_sdp"):
-        monkeypatch.setattr(torch.backends.cuda, name, lambda on, name=name: calls.setdefault(name, []).append(on))
+    state = _fake_h200(monkeypatch, calls)
     old_tf32 = torch.backends.cuda.matmul.allow_tf32
     cuda = torch.device("cuda")
     try:
@@ -114,7 +107,7 @@ def test_t4_emulation_on_a_big_gpu_answers_like_a_t4(monkeypatch):
         hardware.stop_emulation(cuda)
         torch.backends.cuda.matmul.allow_tf32 = old_tf32
     assert hardware.emulated_profile() is None and calls["fraction"][-1] == 1.0
-    assert calls["enable_flash_sdp"][-1] is True
+    assert state["flash"] is True  # FlashAttention switched back on
 
 
 def test_emulation_needs_a_gpu_and_a_known_profile(monkeypatch):
