@@ -28,6 +28,12 @@ VARIANTS = {
     "reduce-overhead": {"compile": "reduce-overhead"},
     "foreach-adamw": {"optimizer": "foreach"},
     "no-clip": {"grad_clip": None},
+    # the last rung minus one of its switches (each measured against "final" in one run)
+    "fp32-residual": {"residual_dtype": "fp32"},
+    "attached-logits": {"detach_logits": False},
+    "pytorch-ce": {"loss_kernel": "pytorch"},
+    "separate-clip": {"fused_clip": False},
+    "session-3-final": {"residual_dtype": "fp32", "detach_logits": False, "loss_kernel": "pytorch", "fused_clip": False},
     # experiments that are not RunConfig switches (yet): applied by ``experiment()`` below
     "coord-descent": {},
     "max-autotune-nocg": {"compile": "max-autotune-no-cudagraphs"},
@@ -45,6 +51,7 @@ def experiment(name: str):
     return contextlib.nullcontext()
 
 FAMILIES = [  # (family, regex on the kernel name), first match wins
+    ("cross-entropy (hand-written Triton)", r"_ce_(forward|backward)_kernel"),
     ("attention", r"flash|fmha|attention|sdpa|cudnn"),
     ("matmul", r"gemm|nvjet|xmma|cutlass|sm90_|sm80_|wgmma|cublas"),
     ("optimizer", r"adam|multi_tensor|foreach|norm_kernel|_amp_"),

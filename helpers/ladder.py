@@ -31,6 +31,10 @@ RUNGS: list[tuple[str, dict]] = [
     ("+ sdpa attention", dict(attention="sdpa")),
     ("+ vocab 50304", dict(vocab_multiple=64)),
     ("+ fused AdamW", dict(optimizer="fused")),
+    ("+ bf16 residual", dict(residual_dtype="bf16")),
+    ("+ detached logits", dict(detach_logits=True)),
+    ("+ Triton CE", dict(loss_kernel="triton")),
+    ("+ clip in AdamW", dict(fused_clip=True)),
 ]
 
 

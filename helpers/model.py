@@ -25,6 +25,8 @@ from torch.nn import functional as F
 
 GPT2_VOCAB_SIZE = 50257  # 50,000 BPE merges + 256 byte tokens + <|endoftext|>
 ATTENTION_KINDS = ("manual", "sdpa")
+RESIDUAL_DTYPES = ("fp32", "bf16")
+LOSS_KERNELS = ("pytorch", "triton")
 
 
 def pad_to_multiple(n: int, multiple: int) -> int:
@@ -51,10 +53,17 @@ class GPTConfig:
     attention: str = "manual"  # "manual" (T x T scores in memory) or "sdpa"
     dropout: float = 0.0  # GPT-2 pre-training used 0.1; speed work uses 0 (no RNG in the step)
     checkpoint_every: int = 0  # activation checkpointing: 0 = off, k = recompute every k-th block in backward
+    residual_dtype: str = "fp32"  # dtype of the residual stream x: "fp32", or "bf16" (applied under autocast only)
+    loss_kernel: str = "pytorch"  # cross-entropy: "pytorch" (F.cross_entropy) or "triton" (helpers.kernels)
+    detach_logits: bool = False  # with targets, return logits.detach(): no logits-sized gradient input to backward
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KINDS:
             raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {self.attention!r}")
+        if self.residual_dtype not in RESIDUAL_DTYPES:
+            raise ValueError(f"residual_dtype must be one of {RESIDUAL_DTYPES}, got {self.residual_dtype!r}")
+        if self.loss_kernel not in LOSS_KERNELS:
+            raise ValueError(f"loss_kernel must be one of {LOSS_KERNELS}, got {self.loss_kernel!r}")
         for name in ("block_size", "vocab_size", "vocab_multiple", "n_layer", "n_head", "n_embd"):
             if getattr(self, name) < 1:
                 raise ValueError(f"GPTConfig.{name} must be >= 1, got {getattr(self, name)}")
@@ -149,7 +158,8 @@ class GPT(nn.Module):
     ``forward(idx, targets=None) -> (logits, loss)``:
         idx: (B, T) int64 token ids, T <= block_size.
         targets: optional (B, T) int64 next-token ids (ids < vocab_size).
-        logits: (B, T, padded_vocab_size) in the compute dtype (fp32, or bf16/fp16 under autocast).
+        logits: (B, T, padded_vocab_size) in the compute dtype (fp32, or bf16/fp16 under autocast);
+            detached (no gradient flows through them) when targets are given and config.detach_logits.
         loss: scalar fp32 mean cross-entropy in nats, or None without targets.
     Raises ValueError when T > block_size.
     """
@@ -210,7 +220,13 @@ class GPT(nn.Module):
                 f"use T <= {self.config.block_size} (crop the input) or build a GPTConfig with a larger block_size."
             )
         pos = torch.arange(0, T, dtype=torch.long, device=idx.device)  # (T,)
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C) fp32 (the embeddings' dtype)
+        if self.config.residual_dtype == "bf16" and torch.is_autocast_enabled(idx.device.type):
+            # Under autocast the blocks' matmuls return bf16, but fp32 + bf16 = fp32: the residual stream
+            # (and its gradient) would stay fp32. Cast once here and every residual add, LayerNorm read
+            # and residual gradient moves half the bytes; LayerNorm still computes in fp32 (autocast).
+            # Outside autocast (generation, evaluation in fp32) the stream stays fp32: the weights are fp32.
+            x = x.to(torch.bfloat16)
         x = self.transformer.drop(x)
         k = self.config.checkpoint_every
         for i, block in enumerate(self.transformer.h):
@@ -224,7 +240,18 @@ class GPT(nn.Module):
         logits = self.lm_head(x)  # (B, T, V_padded)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
+            if self.config.loss_kernel == "triton":
+                from helpers import kernels  # imports Triton: only when asked for
+
+                loss = kernels.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+            else:
+                loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
+            if self.config.detach_logits:
+                # The training step only calls loss.backward(). A returned logits tensor that requires grad
+                # makes torch.compile's backward graph take a (B, T, V) gradient for it, which autograd
+                # fills with zeros and the graph adds to the loss's gradient: a memset and an extra read of
+                # the model's largest tensor every step. Detached, the logits are values only.
+                logits = logits.detach()
         return logits, loss
 
     @torch.no_grad()

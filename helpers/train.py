@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from helpers import hardware
-from helpers.model import GPT, GPTConfig
+from helpers.model import GPT, LOSS_KERNELS, RESIDUAL_DTYPES, GPTConfig
 
 PRECISIONS = ("fp32", "tf32")
 AUTOCASTS = (None, "bf16", "fp16")
@@ -40,6 +40,10 @@ class RunConfig:
     seq_len: int = 1024  # T: tokens per sequence
     grad_accum_steps: int = 1  # micro-steps per optimizer step
     checkpoint_every: int = 0  # activation checkpointing: 0 = off, k = every k-th block (see GPTConfig)
+    residual_dtype: str = "fp32"  # "bf16": the residual stream in bf16 (needs autocast="bf16"; see GPTConfig)
+    loss_kernel: str = "pytorch"  # "triton": the hand-written cross-entropy of helpers.kernels (CUDA)
+    detach_logits: bool = False  # the model returns detached logits when it computes the loss (see GPTConfig)
+    fused_clip: bool = False  # clip by handing fused AdamW the clip factor (grad_scale) instead of rescaling every grad
     grad_clip: float | None = 1.0  # max global grad norm (None = no clipping)
     lr: float = 6e-4
     weight_decay: float = 0.1  # applied to 2-D weights only
@@ -63,6 +67,10 @@ class RunConfig:
                 raise ValueError(f"RunConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.checkpoint_every < 0:
             raise ValueError(f"RunConfig.checkpoint_every must be >= 0 (0 = off), got {self.checkpoint_every}")
+        if self.residual_dtype not in RESIDUAL_DTYPES:
+            raise ValueError(f"RunConfig.residual_dtype must be one of {RESIDUAL_DTYPES}, got {self.residual_dtype!r}")
+        if self.loss_kernel not in LOSS_KERNELS:
+            raise ValueError(f"RunConfig.loss_kernel must be one of {LOSS_KERNELS}, got {self.loss_kernel!r}")
 
     def replace(self, **changes) -> "RunConfig":
         """A copy with some switches changed (``cfg.replace(name="tf32", matmul_precision="tf32")``)."""
@@ -125,6 +133,18 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
             return f"torch.compile unavailable: {reason}"
         if run.compile in ("reduce-overhead",) and device.type != "cuda":
             return "mode 'reduce-overhead' uses CUDA graphs: CUDA only"
+    if run.residual_dtype == "bf16" and run.autocast != "bf16":
+        return (f"a bf16 residual stream needs bf16 autocast (the blocks' matmuls take bf16 inputs); this run's autocast "
+                f"is {run.autocast!r}{' (bf16 is not native on this GPU)' if run.autocast == 'fp16' else ''}")
+    if run.fused_clip and (run.optimizer != "fused" or run.autocast == "fp16" or run.grad_clip is None):
+        return ("fused_clip hands the clip factor to fused AdamW: it needs optimizer='fused', a grad_clip, and no fp16 "
+                f"GradScaler (this run: optimizer={run.optimizer!r}, grad_clip={run.grad_clip}, autocast={run.autocast!r})")
+    if run.loss_kernel == "triton":
+        from helpers import kernels
+
+        ok, why = kernels.available(device)
+        if not ok:
+            return f"the Triton cross-entropy cannot run: {why}"
     if run.optimizer == "fused" and device.type not in ("cuda", "cpu"):
         return f"fused AdamW is not implemented for device type {device.type}"
     return None
@@ -199,14 +219,37 @@ class Trainer:
             total = loss if total is None else total + loss
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
-        if self.run.grad_clip is not None:
+        if self.run.grad_clip is not None and self.run.fused_clip:
+            # fused AdamW divides every gradient by optimizer.grad_scale as it reads it (the hook GradScaler
+            # uses): the same clipped update without a separate pass that rescales 124M gradients in memory.
+            self.optimizer.grad_scale = clip_divisor(self.model.parameters(), self.run.grad_clip)
+        elif self.run.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.run.grad_clip)
         if self.scaler is not None:
             self.scaler.step(self.optimizer)  # skips the step if any gradient is inf/nan
             self.scaler.update()
         else:
             self.optimizer.step()
+        if self.run.fused_clip:
+            self.optimizer.__dict__.pop("grad_scale", None)
         return total
+
+
+def clip_divisor(parameters, max_norm: float) -> torch.Tensor:
+    """What ``clip_grad_norm_(parameters, max_norm)`` multiplies every gradient by, as a divisor.
+
+    Returns a 0-d fp32 tensor on the gradients' device: ``max(1, (total_norm + 1e-6) / max_norm)``, the
+    reciprocal of clip_grad_norm_'s clamped clip coefficient ``min(1, max_norm / (total_norm + 1e-6))``
+    (total_norm = L2 norm of all gradients together, computed on the device: no host sync). Dividing the
+    gradients by it is the clipping; fused AdamW does that while it reads them when it is given as
+    ``optimizer.grad_scale`` (torch.amp.GradScaler hands over its loss scale the same way).
+    """
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if hasattr(torch.nn.utils, "get_total_norm"):  # torch >= 2.6
+        total = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
+    else:
+        total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, 2.0) for g in grads]), 2.0)
+    return torch.clamp((total.float() + 1e-6) / max_norm, min=1.0)
 
 
 def _is_compile_error(e: Exception) -> bool:
@@ -223,8 +266,8 @@ def build(
     """Build model, AdamW and step for ``run`` on ``device``.
 
     The model is initialised on the CPU from ``run.seed`` (so every switch and every device starts
-    from the same weights), then moved to ``device``. ``run.attention``, ``run.vocab_multiple`` and
-    ``run.checkpoint_every`` override the same fields of ``model_config``. Compiled runs call ``torch._dynamo.reset()`` first,
+    from the same weights), then moved to ``device``. ``run.attention``, ``run.vocab_multiple``,
+    ``run.checkpoint_every``, ``run.residual_dtype`` and ``run.loss_kernel`` override the same fields of ``model_config``. Compiled runs call ``torch._dynamo.reset()`` first,
     so a graph compiled for an earlier model is never reused.
 
     Raises:
@@ -237,7 +280,8 @@ def build(
         raise ValueError(f"RunConfig '{run.name}' cannot run on {device}: {reason}")
     base = model_config if model_config is not None else default_shapes(device)[0]
     cfg = dataclasses.replace(
-        base, attention=run.attention, vocab_multiple=run.vocab_multiple, checkpoint_every=run.checkpoint_every
+        base, attention=run.attention, vocab_multiple=run.vocab_multiple, checkpoint_every=run.checkpoint_every,
+        residual_dtype=run.residual_dtype, loss_kernel=run.loss_kernel, detach_logits=run.detach_logits,
     )
     if run.seq_len > cfg.block_size:
         raise ValueError(f"seq_len={run.seq_len} > block_size={cfg.block_size}: lower seq_len.")

@@ -1,0 +1,162 @@
+"""A hand-written Triton kernel: cross-entropy over the LM head's logits, read once.
+
+Why (measured, ``results/perf-log.md``): at B=64 the LM head's logits are 64·1024 × 50304 bf16
+values, 6.6 GB. ``torch.compile`` turns ``F.cross_entropy(logits.float(), targets)`` into two
+reduction kernels that took 4.8 + 5.1 ms per step on the H200: the forward read the logits at
+~1.3 TB/s, a third of the copy bandwidth chapter 02 measures. The minimum traffic is one read of the
+logits forward (a running max and sum of exponentials, the "online softmax" of Milakov & Gimelshein
+2018, https://arxiv.org/abs/1805.02867) and one read plus one write backward
+(grad = softmax(x) - onehot(target), times the upstream gradient): 3 × 6.6 GB.
+
+The kernels are registered with ``torch.library.triton_op`` so ``torch.compile`` traces them into
+its graph (no graph break) and autograd knows their backward
+(https://docs.pytorch.org/tutorials/recipes/torch_compile_user_defined_triton_kernel_tutorial.html).
+Triton is imported lazily: on a CPU-only install without the ``triton`` package, importing
+``helpers`` still works and :func:`available` says why the kernel cannot run. With
+``TRITON_INTERPRET=1`` set before this module is imported, Triton's interpreter runs the same
+kernels on CPU tensors (slowly): that is how CI tests them on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+IGNORE_INDEX = -100  # the target id F.cross_entropy skips by default; the kernel skips it too
+BLOCK = 4096  # columns per loop iteration of one row (50304 columns -> 13 iterations)
+
+try:  # pragma: no cover - which branch runs depends on the install
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only torch ships without Triton
+    triton = None
+    tl = None
+
+
+def interpreting() -> bool:
+    """True when Triton's CPU interpreter runs the kernels (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def available(device: torch.device | str) -> tuple[bool, str]:
+    """(whether the Triton cross-entropy can run on ``device``, the reason if not).
+
+    It needs the ``triton`` package and a CUDA GPU, or a CPU with ``TRITON_INTERPRET=1`` (tests).
+    """
+    device = torch.device(device)
+    if triton is None:
+        return False, "the 'triton' package is not installed (it comes with the CUDA builds of torch)"
+    if device.type == "cuda":
+        return True, ""
+    if device.type == "cpu" and interpreting():
+        return True, ""
+    return False, f"the Triton kernel runs on a CUDA GPU (this device is {device.type})"
+
+
+if triton is not None:
+
+    @triton.jit
+    def _ce_forward_kernel(logits_ptr, targets_ptr, loss_ptr, lse_ptr, row_stride, ignore_index,
+                           n_cols: tl.constexpr, BLOCK: tl.constexpr):
+        # One program per row: a running max m and sum s of exp(x - m) over the row, one read.
+        # n_cols is a compile-time constant (one build per vocabulary size): a loop bound Triton's CPU
+        # interpreter also accepts (its runtime integers cannot bound a range with numpy 2).
+        row = tl.program_id(0).to(tl.int64)
+        row_ptr = logits_ptr + row * row_stride
+        cols = tl.arange(0, BLOCK)
+        m = tl.full([], -3.0e38, tl.float32)  # finite: exp(m_old - m_new) is never exp(nan)
+        s = tl.zeros([], tl.float32)
+        for start in range(0, n_cols, BLOCK):
+            idx = start + cols
+            x = tl.load(row_ptr + idx, mask=idx < n_cols, other=-3.0e38).to(tl.float32)
+            m_new = tl.maximum(m, tl.max(x, axis=0))
+            s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
+            m = m_new
+        lse = m + tl.log(s)  # log-sum-exp of the row
+        target = tl.load(targets_ptr + row)
+        valid = target != ignore_index
+        x_target = tl.load(row_ptr + tl.where(valid, target, 0)).to(tl.float32)
+        tl.store(loss_ptr + row, tl.where(valid, lse - x_target, 0.0))
+        tl.store(lse_ptr + row, lse)
+
+    @triton.jit
+    def _ce_backward_kernel(logits_ptr, targets_ptr, lse_ptr, grad_loss_ptr, grad_logits_ptr, row_stride, ignore_index,
+                            n_cols: tl.constexpr, BLOCK: tl.constexpr):
+        # d loss_row / d x_j = softmax(x)_j - [j == target]; scaled by the row's upstream gradient.
+        row = tl.program_id(0).to(tl.int64)
+        row_ptr = logits_ptr + row * row_stride
+        out_ptr = grad_logits_ptr + row * n_cols
+        lse = tl.load(lse_ptr + row)
+        target = tl.load(targets_ptr + row)
+        scale = tl.where(target != ignore_index, tl.load(grad_loss_ptr + row).to(tl.float32), 0.0)
+        cols = tl.arange(0, BLOCK)
+        for start in range(0, n_cols, BLOCK):
+            idx = start + cols
+            mask = idx < n_cols
+            x = tl.load(row_ptr + idx, mask=mask, other=0.0).to(tl.float32)
+            g = (tl.exp(x - lse) - tl.where(idx == target, 1.0, 0.0)) * scale
+            tl.store(out_ptr + idx, g.to(grad_logits_ptr.dtype.element_ty), mask=mask)
+
+    def _launch(kernel):
+        # wrap_triton lets torch.compile trace the launch; the CPU interpreter's kernels are plain Python
+        # functions that older torch (2.11) refuses to wrap, and compile is not used with them.
+        return kernel if interpreting() else torch.library.wrap_triton(kernel)
+
+    @torch.library.triton_op("fastgpt2::cross_entropy_rows", mutates_args={})
+    def _cross_entropy_rows(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        N, V = logits.shape
+        loss = torch.empty(N, dtype=torch.float32, device=logits.device)
+        lse = torch.empty(N, dtype=torch.float32, device=logits.device)
+        _launch(_ce_forward_kernel)[(N,)](
+            logits, targets, loss, lse, logits.stride(0), IGNORE_INDEX, n_cols=V, BLOCK=BLOCK, num_warps=16)
+        return loss, lse
+
+    @torch.library.triton_op("fastgpt2::cross_entropy_rows_backward", mutates_args={})
+    def _cross_entropy_rows_backward(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor,
+                                     grad_loss: torch.Tensor) -> torch.Tensor:
+        N, V = logits.shape
+        grad = torch.empty((N, V), dtype=logits.dtype, device=logits.device)
+        _launch(_ce_backward_kernel)[(N,)](
+            logits, targets, lse, grad_loss, grad, logits.stride(0), IGNORE_INDEX, n_cols=V, BLOCK=BLOCK, num_warps=16)
+        return grad
+
+    def _setup_context(ctx, inputs, output):
+        logits, targets = inputs
+        _, lse = output
+        ctx.save_for_backward(logits, targets, lse)
+
+    def _backward(ctx, grad_loss, grad_lse):
+        logits, targets, lse = ctx.saved_tensors
+        return _cross_entropy_rows_backward(logits, targets, lse, grad_loss.contiguous()), None
+
+    _cross_entropy_rows.register_autograd(_backward, setup_context=_setup_context)
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy in nats, like ``F.cross_entropy(logits.float(), targets)``, in two Triton kernels.
+
+    Args:
+        logits: (N, V) float tensor (bf16, fp16 or fp32); the math runs in fp32 inside the kernel and
+            the gradient comes back in ``logits.dtype``. Rows must have unit column stride.
+        targets: (N,) int64 class ids in [0, V), or -100 (:data:`IGNORE_INDEX`) to skip a row.
+
+    Returns:
+        0-d fp32 tensor: the mean over the rows whose target is not -100 (nan if every row is skipped,
+        as ``F.cross_entropy``).
+
+    Raises:
+        RuntimeError: if Triton cannot run on ``logits.device`` (see :func:`available`).
+        ValueError: on wrong shapes or dtypes.
+    """
+    if logits.dim() != 2 or targets.dim() != 1 or targets.shape[0] != logits.shape[0]:
+        raise ValueError(f"expected logits (N, V) and targets (N,), got {tuple(logits.shape)} and {tuple(targets.shape)}")
+    if not logits.is_floating_point() or targets.dtype != torch.int64:
+        raise ValueError(f"expected floating logits and int64 targets, got {logits.dtype} and {targets.dtype}")
+    ok, reason = available(logits.device)
+    if not ok:
+        raise RuntimeError(f"helpers.kernels.cross_entropy cannot run: {reason}. Use F.cross_entropy instead.")
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    loss_rows, _ = _cross_entropy_rows(logits, targets.contiguous())
+    return loss_rows.sum() / (targets != IGNORE_INDEX).sum()
