@@ -12,7 +12,6 @@ import textwrap
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from helpers import kernels, train
 from helpers.model import GPT, GPTConfig
