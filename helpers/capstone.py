@@ -47,8 +47,16 @@ WHEN_TO_USE: dict[str | tuple[str, object], str] = {
     "optimizer": "AdamW: fused where available, else foreach; the for-loop version only for debugging",
     "grad_accum_steps": "when the batch you want does not fit in memory: the same gradient in several micro-steps; "
     "it saves memory, not time",
-    ("cross_entropy", "recompute"): "when the (B*T, V) fp32 log-probabilities dominate peak memory: recompute them in "
-    "backward instead of storing them; trades a little time for memory",
+    ("residual_dtype", "bf16"): "with bf16 autocast: cast the embeddings' sum to bf16 once, so every residual add, "
+    "LayerNorm read and residual gradient moves half the bytes; LayerNorm still computes in fp32 and the weights and "
+    "AdamW state stay fp32; compare the loss curve with the fp32 stream's (bf16 keeps 8 bits of mantissa)",
+    ("detach_logits", True): "whenever a compiled training step returns logits it never backpropagates through: an output "
+    "that requires grad gets a (B, T, V) zero gradient that the compiled backward reads and adds, every step",
+    ("loss_kernel", "triton"): "when the profile shows cross-entropy over a large vocabulary: a hand-written kernel reads "
+    "the logits once forward and once backward; it paid off here only after the logits were detached",
+    ("fused_clip", True): "with fused AdamW and gradient clipping: AdamW divides by the clip factor while it reads the "
+    "gradients, instead of a separate pass that rescales all of them; a fixed, small saving (one pass over the "
+    "parameters), so it matters most at small B",
     "checkpoint_every": "activation checkpointing: when activations do not fit; recomputes blocks in backward "
     "(about a third more compute for those blocks) to fit a larger B",
     "batch_size": "the largest B that fits (chapter 03) while tokens/s still grows",

@@ -4,6 +4,12 @@
 place (each in a fresh kernel of this Python, started in the notebook's folder) and saves their
 outputs: the one command to re-record a notebook after changing it. Run it on the GPU whose
 outputs should be committed (the course commits H200 outputs).
+
+``python -m helpers.notebooks refresh notebooks/07_vocab_padding.ipynb ...`` executes them on this
+machine but replaces only the outputs nbval compares (cells *not* tagged ``nbval-ignore-output``):
+for when a committed result file changed and the cells that print it must follow, while the cells
+that show the committed GPU's own measurements keep them. The compared cells are device-independent
+by design (CI compares them on a CPU), so any machine gives the same outputs.
 """
 
 from __future__ import annotations
@@ -32,16 +38,58 @@ def record(path: str | Path, timeout_s: int = 1800) -> None:
     nbformat.write(nb, path)
 
 
+IGNORE_TAG = "nbval-ignore-output"
+
+
+def refresh(path: str | Path, timeout_s: int = 1800) -> list[int]:
+    """Execute the notebook at ``path`` and write back new outputs for the compared cells only.
+
+    Cells tagged ``nbval-ignore-output`` keep their committed outputs and execution counts.
+    Returns the indices of the cells whose outputs changed.
+
+    Raises:
+        nbclient.exceptions.CellExecutionError: a cell raised; the file is left unchanged.
+    """
+    import copy
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    path = Path(path)
+    committed = nbformat.read(path, as_version=4)
+    nb = copy.deepcopy(committed)
+    NotebookClient(
+        nb, timeout=timeout_s, kernel_name="python3", record_timing=False,
+        resources={"metadata": {"path": str(path.parent.resolve())}},
+    ).execute()
+    changed = []
+    for i, (old, new) in enumerate(zip(committed.cells, nb.cells)):
+        if old.cell_type != "code" or IGNORE_TAG in old.metadata.get("tags", []):
+            continue
+        if old.outputs != new.outputs:
+            changed.append(i)
+        old.outputs, old.execution_count = new.outputs, new.execution_count
+    nbformat.write(committed, path)
+    return changed
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m helpers.notebooks", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("record", help="execute notebooks in place and keep their outputs")
     r.add_argument("notebooks", nargs="+", type=Path)
     r.add_argument("--timeout", type=int, default=1800, help="seconds per cell (default 1800: compile is slow)")
+    f = sub.add_parser("refresh", help=f"execute notebooks, keep the outputs of cells tagged {IGNORE_TAG}")
+    f.add_argument("notebooks", nargs="+", type=Path)
+    f.add_argument("--timeout", type=int, default=1800, help="seconds per cell (default 1800)")
     args = p.parse_args(argv)
     for nb in args.notebooks:
-        print(f"recording {nb} ...", flush=True)
-        record(nb, args.timeout)
+        if args.command == "record":
+            print(f"recording {nb} ...", flush=True)
+            record(nb, args.timeout)
+        else:
+            changed = refresh(nb, args.timeout)
+            print(f"refreshed {nb}: outputs changed in cells {changed}", flush=True)
     return 0
 
 

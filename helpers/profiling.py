@@ -80,7 +80,7 @@ FAMILY_RULES: list[tuple[str, str]] = [
     (MATMUL, r"gemm|nvjet|xmma|cutlass|wgmma|cublas|sm90_|sm80_|^triton_tem_|^aten::(mm|addmm|bmm|baddbmm|matmul|addmv|mv|dot)$"),
     (OPTIMIZER, r"adam|multi_tensor_apply|foreach|_amp_|amp_update_scale|non_finite"),
     (TRITON, r"^triton_"),
-    (REDUCTION, r"softmax|nll_loss|cross_entropy|layer_norm|reduce_kernel|^aten::(sum|mean|amax|max|min|norm|linalg_vector_norm|var|std)$"),
+    (REDUCTION, r"softmax|nll_loss|cross_entropy|_ce_(forward|backward)_kernel|layer_norm|reduce_kernel|^aten::(sum|mean|amax|max|min|norm|linalg_vector_norm|var|std)$"),
     (COPY, r"copy|memcpy|memset|fill|^aten::(zero_|clone|contiguous|to|cat|index_select|index|gather|scatter|embedding|embedding_dense_backward)$|indexing_backward|index_select|gather|scatter"),
     (ELEMENTWISE, rf"elementwise|gelu|tanh|^aten::({_ELEMENTWISE_OPS})_?$"),
 ]
@@ -182,16 +182,9 @@ def step_with_ranges(trainer, batches, ranges: Callable[[str], contextlib.Abstra
         loss = loss.detach()
         total = loss if total is None else total + loss
     with ranges("clip"):
-        if scaler is not None:
-            scaler.unscale_(opt)  # clip the true gradients, not the scaled ones
-        if run.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), run.grad_clip)
+        trainer.clip()  # unscale (fp16), clip_grad_norm_ (or the fused clip's divisor)
     with ranges("optimizer"):
-        if scaler is not None:
-            scaler.step(opt)
-            scaler.update()
-        else:
-            opt.step()
+        trainer.optimizer_step()
     return total
 
 
@@ -430,6 +423,7 @@ PERF_FAMILIES = {
     "matmul": MATMUL,
     "attention": ATTENTION,
     "triton fused (elementwise, norms, softmax, CE)": TRITON,
+    "cross-entropy (hand-written Triton)": REDUCTION,
     "copies / casts": COPY,
     "optimizer": OPTIMIZER,
     "other": OTHER,
@@ -551,7 +545,8 @@ def final_rung(batch_size: int, seq_len: int, device: torch.device | str, eager:
 
 def describe(run) -> str:
     """'name: matmul_precision=..., autocast=..., ...': the switches of a RunConfig on one line."""
-    keys = ("matmul_precision", "autocast", "compile", "attention", "vocab_multiple", "optimizer", "grad_clip")
+    keys = ("matmul_precision", "autocast", "compile", "attention", "vocab_multiple", "optimizer", "grad_clip",
+            "residual_dtype", "detach_logits", "loss_kernel", "fused_clip")
     return f"{run.name}: " + ", ".join(f"{k}={getattr(run, k)}" for k in keys)
 
 

@@ -217,6 +217,12 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 loss = self._micro_step(x, y)
             total = loss if total is None else total + loss
+        self.clip()
+        self.optimizer_step()
+        return total
+
+    def clip(self) -> None:
+        """Gradient clipping of the step: unscale (fp16 GradScaler), then clip to ``run.grad_clip``."""
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
         if self.run.grad_clip is not None and self.run.fused_clip:
@@ -225,14 +231,15 @@ class Trainer:
             self.optimizer.grad_scale = clip_divisor(self.model.parameters(), self.run.grad_clip)
         elif self.run.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.run.grad_clip)
+
+    def optimizer_step(self) -> None:
+        """The AdamW step (through the GradScaler for fp16, which skips it if a gradient is inf/nan)."""
         if self.scaler is not None:
-            self.scaler.step(self.optimizer)  # skips the step if any gradient is inf/nan
+            self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
             self.optimizer.step()
-        if self.run.fused_clip:
-            self.optimizer.__dict__.pop("grad_scale", None)
-        return total
+        self.optimizer.__dict__.pop("grad_scale", None)  # a fused clip's divisor is for this step only
 
 
 def clip_divisor(parameters, max_norm: float) -> torch.Tensor:

@@ -4,7 +4,7 @@ from helpers import results
 def test_committed_results_are_found_from_any_working_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     ref = results.load("h200-ladder-b16.json")
-    assert ref["device"] == "NVIDIA H200" and len(ref["rungs"]) == 7
+    assert ref["device"] == "NVIDIA H200" and len(ref["rungs"]) == 11
 
 
 def test_missing_result_is_none_with_advice(tmp_path, monkeypatch):
