@@ -19,7 +19,7 @@ import sys
 import torch
 
 from helpers import data
-from helpers.ladder import ladder_configs
+from helpers.ladder import ladder_configs, last_runnable
 from helpers.model import GPTConfig
 from helpers.train import build
 
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     tokens = data.load_tokens()
     rungs = {run.name: run for run, _ in ladder_configs(args.batch_size, 1024, device=device)}
     plain = rungs["+ bf16 autocast"]
-    final = list(rungs.values())[-1]
+    final = last_runnable(args.batch_size, 1024, device)
     base = run_losses(plain, args.steps, tokens, device)
     base_end = sum(base[-10:]) / 10
     rows = [{"config": "plain bf16 (ladder rung '+ bf16 autocast')", "last10_mean_loss": base_end, "losses": base}]

@@ -19,7 +19,7 @@ from collections import defaultdict
 import torch
 
 from helpers import data, memory, timing
-from helpers.ladder import ladder_configs
+from helpers.ladder import last_runnable
 from helpers.model import GPTConfig, flops_per_token
 from helpers.train import build
 
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     tokens = data.load_tokens()
     rows = []
     for B in args.batch_size:
-        final = ladder_configs(B, 1024, device=device)[-1][0]
+        final = last_runnable(B, 1024, device)
         for v in args.variants:
             run = final.replace(name=v, **VARIANTS[v])
             memory.reset_peak(device)

@@ -337,7 +337,7 @@ def distributed_step(trainer: train.Trainer, batches, sync_every_micro_step: boo
 
     The same work as :meth:`helpers.train.Trainer.step`, in the same order: zero_grad ->
     for each of ``grad_accum_steps`` micro-batches: autocast forward + loss / grad_accum_steps,
-    backward (scaled for fp16) -> unscale -> clip_grad_norm_ -> optimizer step. The gradients are
+    backward (scaled for fp16) -> unscale -> clip (``Trainer.clip``) -> optimizer step (``Trainer.optimizer_step``). The gradients are
     averaged over the ranks only during the LAST micro-step's backward (``no_sync`` before it),
     unless ``sync_every_micro_step`` (an ablation: same result, more communication).
 
@@ -360,15 +360,8 @@ def distributed_step(trainer: train.Trainer, batches, sync_every_micro_step: boo
             else:
                 loss.backward()
         total = loss.detach() if total is None else total + loss.detach()
-    if trainer.scaler is not None:
-        trainer.scaler.unscale_(trainer.optimizer)
-    if run.grad_clip is not None:
-        torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), run.grad_clip)
-    if trainer.scaler is not None:
-        trainer.scaler.step(trainer.optimizer)
-        trainer.scaler.update()
-    else:
-        trainer.optimizer.step()
+    trainer.clip()  # unscale (fp16), clip_grad_norm_ or the fused clip's divisor: Trainer.step's own code
+    trainer.optimizer_step()
     return total
 
 

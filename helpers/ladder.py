@@ -74,6 +74,21 @@ def ladder_configs(
     return configs
 
 
+def last_runnable(
+    batch_size: int, seq_len: int, device: torch.device | str, compile_mode: str = "default"
+) -> RunConfig:
+    """The ladder's fastest configuration on ``device``: its last rung that can run here (every
+    runnable switch on). On a T4 that is not the last rung: "+ clip in AdamW" needs bf16 (no GradScaler).
+
+    Raises:
+        ValueError: if no rung can run on ``device``.
+    """
+    runnable = [run for run, reason in ladder_configs(batch_size, seq_len, compile_mode, device) if reason is None]
+    if not runnable:
+        raise ValueError(f"no rung of the ladder can run on {device}")
+    return runnable[-1]
+
+
 def _short(name: str) -> str:
     return name.lstrip("+ ")
 
@@ -193,7 +208,8 @@ def run_ladder(
             "model": {k: v for k, v in model_config.__dict__.items() if k not in ("attention", "vocab_multiple")},
             "batch_size": B, "seq_len": T, "warmup_steps": warmup, "timed_steps": iters,
             "data": "Tiny Shakespeare, GPT-2 BPE, sequential batches",
-            "step": "zero_grad, forward+loss, backward, clip_grad_norm_(1.0), AdamW step",
+            "step": "zero_grad, forward+loss, backward, gradient clipping to norm 1.0 (clip_grad_norm_, or inside "
+                    "fused AdamW from the '+ clip in AdamW' rung on), AdamW step",
             "timing": "median of timed steps; CUDA events on GPU, perf_counter on CPU",
             "flops_per_token": flops_per_token(model_config, T),
         },

@@ -53,7 +53,7 @@ class GPTConfig:
     attention: str = "manual"  # "manual" (T x T scores in memory) or "sdpa"
     dropout: float = 0.0  # GPT-2 pre-training used 0.1; speed work uses 0 (no RNG in the step)
     checkpoint_every: int = 0  # activation checkpointing: 0 = off, k = recompute every k-th block in backward
-    residual_dtype: str = "fp32"  # dtype of the residual stream x: "fp32", or "bf16" (applied under autocast only)
+    residual_dtype: str = "fp32"  # dtype of the residual stream x: "fp32", or "bf16" (applied under bf16 autocast only)
     loss_kernel: str = "pytorch"  # cross-entropy: "pytorch" (F.cross_entropy) or "triton" (helpers.kernels)
     detach_logits: bool = False  # with targets, return logits.detach(): no logits-sized gradient input to backward
 
@@ -221,11 +221,12 @@ class GPT(nn.Module):
             )
         pos = torch.arange(0, T, dtype=torch.long, device=idx.device)  # (T,)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C) fp32 (the embeddings' dtype)
-        if self.config.residual_dtype == "bf16" and torch.is_autocast_enabled(idx.device.type):
+        dev = idx.device.type
+        if self.config.residual_dtype == "bf16" and torch.is_autocast_enabled(dev) and torch.get_autocast_dtype(dev) == torch.bfloat16:
             # Under autocast the blocks' matmuls return bf16, but fp32 + bf16 = fp32: the residual stream
             # (and its gradient) would stay fp32. Cast once here and every residual add, LayerNorm read
             # and residual gradient moves half the bytes; LayerNorm still computes in fp32 (autocast).
-            # Outside autocast (generation, evaluation in fp32) the stream stays fp32: the weights are fp32.
+            # Outside bf16 autocast (generation, fp32 evaluation, fp16 autocast) the stream stays fp32.
             x = x.to(torch.bfloat16)
         x = self.transformer.drop(x)
         k = self.config.checkpoint_every

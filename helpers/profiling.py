@@ -155,7 +155,8 @@ def step_with_ranges(trainer, batches, ranges: Callable[[str], contextlib.Abstra
     """One optimizer step, exactly :meth:`helpers.train.Trainer.step`, each phase in a named range.
 
     Phases: "zero_grad" -> "data" (``batches.next_batch()``) -> "forward" (autocast forward + loss)
-    -> "backward" (GradScaler-scaled for fp16) -> "clip" (unscale + clip_grad_norm_) -> "optimizer"
+    -> "backward" (GradScaler-scaled for fp16) -> "clip" (unscale + clip_grad_norm_, or the fused clip's
+    divisor) -> "optimizer"
     (AdamW step, through the GradScaler for fp16). ``ranges(name)`` makes the context of one phase:
     ``torch.profiler.record_function`` by default, ``torch.cuda.nvtx.range`` for Nsight Systems.
     Returns the mean loss over the micro-steps, a detached 0-d tensor on the device (no sync).
@@ -535,11 +536,12 @@ def provenance_line(provenance: dict, table: dict) -> str:
 
 
 def final_rung(batch_size: int, seq_len: int, device: torch.device | str, eager: bool = False):
-    """The ladder's last rung (every switch this device can run, see :func:`helpers.ladder.ladder_configs`)
-    as a RunConfig; ``eager=True`` drops torch.compile (seconds instead of minutes to build)."""
-    from helpers.ladder import ladder_configs
+    """The ladder's last rung that runs on this device (every switch it can run, see
+    :func:`helpers.ladder.last_runnable`) as a RunConfig; ``eager=True`` drops torch.compile (seconds
+    instead of minutes to build)."""
+    from helpers.ladder import last_runnable
 
-    run = ladder_configs(batch_size, seq_len, device=torch.device(device))[-1][0]
+    run = last_runnable(batch_size, seq_len, torch.device(device))
     return run.replace(name="final rung, eager" if eager else "final rung", compile=None if eager else run.compile)
 
 

@@ -3,7 +3,7 @@
 :class:`RunConfig` holds every switch of the course; :func:`build` turns one into a
 :class:`Trainer` (model + AdamW + step). The step is always the same work:
 zero_grad -> forward + loss (under autocast if asked) -> backward (GradScaler for fp16) ->
-clip_grad_norm_ -> AdamW step. Nothing in the step reads a value back to the host, so timing it
+gradient clipping (clip_grad_norm_, or folded into fused AdamW with ``fused_clip``) -> AdamW step. Nothing in the step reads a value back to the host, so timing it
 measures the GPU, not a host sync.
 """
 
@@ -135,7 +135,7 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
             return "mode 'reduce-overhead' uses CUDA graphs: CUDA only"
     if run.residual_dtype == "bf16" and run.autocast != "bf16":
         return (f"a bf16 residual stream needs bf16 autocast (the blocks' matmuls take bf16 inputs); this run's autocast "
-                f"is {run.autocast!r}{' (bf16 is not native on this GPU)' if run.autocast == 'fp16' else ''}")
+                f"is {run.autocast!r}: keep residual_dtype='fp32' with it")
     if run.fused_clip and (run.optimizer != "fused" or run.autocast == "fp16" or run.grad_clip is None):
         return ("fused_clip hands the clip factor to fused AdamW: it needs optimizer='fused', a grad_clip, and no fp16 "
                 f"GradScaler (this run: optimizer={run.optimizer!r}, grad_clip={run.grad_clip}, autocast={run.autocast!r})")
@@ -145,6 +145,8 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
         ok, why = kernels.available(device)
         if not ok:
             return f"the Triton cross-entropy cannot run: {why}"
+        if run.compile is not None and device.type != "cuda":
+            return "the Triton cross-entropy runs compiled only on a CUDA GPU (Triton's CPU interpreter runs it eagerly)"
     if run.optimizer == "fused" and device.type not in ("cuda", "cpu"):
         return f"fused AdamW is not implemented for device type {device.type}"
     return None
@@ -274,7 +276,8 @@ def build(
 
     The model is initialised on the CPU from ``run.seed`` (so every switch and every device starts
     from the same weights), then moved to ``device``. ``run.attention``, ``run.vocab_multiple``,
-    ``run.checkpoint_every``, ``run.residual_dtype`` and ``run.loss_kernel`` override the same fields of ``model_config``. Compiled runs call ``torch._dynamo.reset()`` first,
+    ``run.checkpoint_every``, ``run.residual_dtype``, ``run.loss_kernel`` and ``run.detach_logits`` override the
+    same fields of ``model_config``. Compiled runs call ``torch._dynamo.reset()`` first,
     so a graph compiled for an earlier model is never reused.
 
     Raises:

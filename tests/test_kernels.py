@@ -47,6 +47,15 @@ CHECK = textwrap.dedent(
             err = (a.grad.float() - b.grad.float()).abs().max().item()
             assert err <= tol, (N, V, dtype, name, err)
             assert a.grad[1].abs().max().item() == 0.0  # the ignored row gets no gradient
+    x = torch.randn(3, 10, device=device, requires_grad=True)
+    loss = kernels.cross_entropy(x, torch.tensor([1, 10, -5], device=device))  # ids outside [0, V): nan, no stray read
+    loss.backward()
+    assert torch.isnan(loss) and torch.isnan(x.grad[1:]).all() and not torch.isnan(x.grad[0]).any()
+    from helpers import train
+    compiled = train.RunConfig(autocast="bf16", loss_kernel="triton", compile="default")
+    if device == "cpu":  # the interpreter runs the kernels eagerly only: a compiled rung is refused, not failed
+        assert "compiled only" in train.unsupported_reason(compiled, "cpu")
+        assert train.unsupported_reason(compiled.replace(compile=None), "cpu") is None
     print("kernels OK")
     """
 )
@@ -139,6 +148,9 @@ def test_residual_stream_is_bf16_only_when_asked(tiny_config):
     assert seen["fp32"] == torch.float32 and seen["bf16"] == torch.bfloat16
     model(idx)  # outside autocast (generation, evaluation) the stream stays fp32: no dtype clash with the weights
     assert seen["bf16"] == torch.float32
+    with torch.autocast("cpu", dtype=torch.float16):  # fp16 autocast: no bf16 cast (it would only mix dtypes)
+        model(idx)
+    assert seen["bf16"] == torch.float32
     assert abs(seen["fp32 loss"] - seen["bf16 loss"]) < 0.02 * seen["fp32 loss"]
 
 
@@ -202,3 +214,15 @@ def test_detached_logits_keep_values_and_the_loss_gradient(tiny_config):
         assert logits.requires_grad is (not detach)
         assert model(idx)[0].requires_grad  # without targets the logits are never detached
     assert torch.equal(out[False][0].detach(), out[True][0]) and torch.equal(out[False][2], out[True][2])
+
+
+def test_triton_kernel_needs_compute_capability_7(monkeypatch):
+    if kernels.triton is None:
+        pytest.skip("the 'triton' package is not installed")
+    from helpers import hardware
+
+    monkeypatch.setattr(hardware, "capability", lambda d=None: (6, 1))
+    ok, reason = kernels.available("cuda")
+    assert not ok and "7.0" in reason
+    monkeypatch.setattr(hardware, "capability", lambda d=None: (7, 5))
+    assert kernels.available("cuda") == (True, "")

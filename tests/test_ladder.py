@@ -107,6 +107,17 @@ def test_autocast_rung_is_fp16_with_gradscaler_where_bf16_is_not_native(monkeypa
     assert all(c.autocast == "fp16" for c in runnable[2:])
 
 
+def test_last_runnable_rung_is_what_a_t4_can_build(monkeypatch):
+    from helpers import profiling, train
+
+    _fake_cuda(monkeypatch, (7, 5))
+    assert ladder.ladder_configs(16, 1024, device="cuda")[-1][1] is not None  # "+ clip in AdamW" is refused here
+    run = ladder.last_runnable(16, 1024, "cuda")
+    assert train.unsupported_reason(run, "cuda") is None and run.autocast == "fp16" and not run.fused_clip
+    final = profiling.final_rung(16, 1024, "cuda", eager=True)
+    assert train.unsupported_reason(final, "cuda") is None and final.compile is None
+
+
 def test_autocast_rung_stays_bf16_where_it_is_native(monkeypatch):
     _fake_cuda(monkeypatch, (9, 0))
     names = [c.name for c, _ in ladder.ladder_configs(16, 1024, device="cuda")]
