@@ -34,12 +34,9 @@ except ImportError:  # CPU-only torch ships without Triton
     tl = None
 
 
-def interpreting() -> bool:
-    """True when Triton's CPU interpreter runs the kernels (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-_INTERPRETED_AT_IMPORT = interpreting()  # Triton decides at import (decoration) time, so this module does too
+# True when Triton's CPU interpreter runs the kernels (TRITON_INTERPRET=1). Triton reads the variable
+# when the kernels are decorated, at import, so this module reads it then too.
+_INTERPRETED_AT_IMPORT = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def available(device: torch.device | str) -> tuple[bool, str]:

@@ -19,6 +19,16 @@ import sys
 from pathlib import Path
 
 
+def _execute(nb, path: Path, timeout_s: int) -> None:
+    """Run ``nb`` (read from ``path``) top to bottom in a fresh kernel started in its folder."""
+    from nbclient import NotebookClient
+
+    NotebookClient(
+        nb, timeout=timeout_s, kernel_name="python3", record_timing=False,
+        resources={"metadata": {"path": str(path.parent.resolve())}},
+    ).execute()
+
+
 def record(path: str | Path, timeout_s: int = 1800) -> None:
     """Execute the notebook at ``path`` top to bottom and write it back with its new outputs.
 
@@ -26,15 +36,10 @@ def record(path: str | Path, timeout_s: int = 1800) -> None:
         nbclient.exceptions.CellExecutionError: a cell raised; the file is left unchanged.
     """
     import nbformat
-    from nbclient import NotebookClient
 
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(
-        nb, timeout=timeout_s, kernel_name="python3", record_timing=False,
-        resources={"metadata": {"path": str(path.parent.resolve())}},
-    )
-    client.execute()
+    _execute(nb, path, timeout_s)
     nbformat.write(nb, path)
 
 
@@ -53,15 +58,11 @@ def refresh(path: str | Path, timeout_s: int = 1800) -> list[int]:
     import copy
 
     import nbformat
-    from nbclient import NotebookClient
 
     path = Path(path)
     committed = nbformat.read(path, as_version=4)
     nb = copy.deepcopy(committed)
-    NotebookClient(
-        nb, timeout=timeout_s, kernel_name="python3", record_timing=False,
-        resources={"metadata": {"path": str(path.parent.resolve())}},
-    ).execute()
+    _execute(nb, path, timeout_s)
     changed = []
     for i, (old, new) in enumerate(zip(committed.cells, nb.cells)):
         if old.cell_type != "code" or IGNORE_TAG in old.metadata.get("tags", []):
