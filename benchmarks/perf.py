@@ -32,11 +32,13 @@ VARIANTS = {
     "fp32-residual": {"residual_dtype": "fp32"},
     "attached-logits": {"detach_logits": False},
     "pytorch-ce": {"loss_kernel": "pytorch"},
+    "two-kernel-ce": {"loss_kernel": "triton"},  # the fused LM-head CE's gradient computed in backward instead
     "separate-clip": {"fused_clip": False},
     "session-3-final": {"residual_dtype": "fp32", "detach_logits": False, "loss_kernel": "pytorch", "fused_clip": False},
     # experiments that are not RunConfig switches (yet): applied by ``experiment()`` below
     "coord-descent": {},
     "max-autotune-nocg": {"compile": "max-autotune-no-cudagraphs"},
+    "no-cudnn-attention": {},  # SDPA may not pick cuDNN's kernel (set before compiling, so the trace sees it)
 }
 
 
@@ -48,10 +50,20 @@ def experiment(name: str):
 
     if name == "coord-descent":
         return inductor_config.patch(coordinate_descent_tuning=True)
+    if name == "no-cudnn-attention":
+        @contextlib.contextmanager
+        def no_cudnn():
+            before = torch.backends.cuda.cudnn_sdp_enabled()
+            torch.backends.cuda.enable_cudnn_sdp(False)
+            try:
+                yield
+            finally:
+                torch.backends.cuda.enable_cudnn_sdp(before)
+        return no_cudnn()
     return contextlib.nullcontext()
 
 FAMILIES = [  # (family, regex on the kernel name), first match wins
-    ("cross-entropy (hand-written Triton)", r"_ce_(forward|backward)_kernel"),
+    ("cross-entropy (hand-written Triton)", r"_ce_(forward|backward|fused)_kernel"),
     ("attention", r"flash|fmha|attention|sdpa|cudnn"),
     ("matmul", r"gemm|nvjet|xmma|cutlass|sm90_|sm80_|wgmma|cublas"),
     ("optimizer", r"adam|multi_tensor|foreach|norm_kernel|_amp_"),

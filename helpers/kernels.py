@@ -25,6 +25,8 @@ import torch
 
 IGNORE_INDEX = -100  # the target id F.cross_entropy skips by default; the kernel skips it too
 BLOCK = 4096  # columns per loop iteration of one row (50304 columns -> 13 iterations)
+FUSED_BLOCK = 4096  # the same for the fused forward+backward kernel (benchmarks/lm_head_ce.py tries others)
+FUSED_NUM_WARPS = 16  # warps per row program of the fused kernel (fewer rows in flight: more L2 hits in pass 2)
 
 try:  # pragma: no cover - which branch runs depends on the install
     import triton
@@ -143,6 +145,52 @@ if triton is not None:
 
     _cross_entropy_rows.register_autograd(_backward, setup_context=_setup_context)
 
+    @triton.jit
+    def _ce_fused_kernel(logits_ptr, targets_ptr, loss_ptr, grad_ptr, row_stride, ignore_index,
+                         n_cols: tl.constexpr, BLOCK: tl.constexpr):
+        # Forward and backward of one row in one program: pass 1 is the forward kernel's online max/sum;
+        # pass 2 reads the row again (from L2 when it is still there) and writes softmax(x) - onehot(target),
+        # *not* scaled by 1/n or the upstream gradient: that scale is applied later to the two small
+        # matmul outputs (see _LinearCrossEntropy), so no logits-sized pass waits for backward.
+        row = tl.program_id(0).to(tl.int64)
+        row_ptr = logits_ptr + row * row_stride
+        cols = tl.arange(0, BLOCK)
+        m = tl.full([], -3.0e38, tl.float32)
+        s = tl.zeros([], tl.float32)
+        for start in range(0, n_cols, BLOCK):
+            idx = start + cols
+            x = tl.load(row_ptr + idx, mask=idx < n_cols, other=-3.0e38).to(tl.float32)
+            m_new = tl.maximum(m, tl.max(x, axis=0))
+            s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
+            m = m_new
+        log_s = tl.log(s)
+        lse = m + log_s
+        target = tl.load(targets_ptr + row)
+        in_range = (target >= 0) & (target < n_cols)
+        x_target = tl.load(row_ptr + tl.where(in_range, target, 0)).to(tl.float32)
+        loss = (m - x_target) + log_s
+        loss = tl.where(target == ignore_index, 0.0, tl.where(in_range, loss, float("nan")))
+        tl.store(loss_ptr + row, loss)
+        keep = tl.where(target != ignore_index, 1.0, 0.0)  # an ignored row's gradient is 0
+        keep = tl.where(in_range | (target == ignore_index), keep, float("nan"))
+        out_ptr = grad_ptr + row * n_cols
+        for start in range(0, n_cols, BLOCK):
+            idx = start + cols
+            mask = idx < n_cols
+            x = tl.load(row_ptr + idx, mask=mask, other=0.0).to(tl.float32)
+            g = (tl.exp(x - lse) - tl.where(idx == target, 1.0, 0.0)) * keep
+            tl.store(out_ptr + idx, g.to(grad_ptr.dtype.element_ty), mask=mask)
+
+    @torch.library.triton_op("fastgpt2::cross_entropy_rows_with_grad", mutates_args={})
+    def _cross_entropy_rows_with_grad(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        N, V = logits.shape
+        loss = torch.empty(N, dtype=torch.float32, device=logits.device)
+        grad = torch.empty((N, V), dtype=logits.dtype, device=logits.device)
+        _launch(_ce_fused_kernel)[(N,)](
+            logits, targets, loss, grad, logits.stride(0), IGNORE_INDEX, n_cols=V, BLOCK=FUSED_BLOCK,
+            num_warps=FUSED_NUM_WARPS)
+        return loss, grad
+
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy in nats, like ``F.cross_entropy(logits.float(), targets)``, in two Triton kernels.
@@ -175,3 +223,75 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         logits = logits.contiguous()
     loss_rows, _ = _cross_entropy_rows(logits, targets.contiguous())
     return loss_rows.sum() / (targets != IGNORE_INDEX).sum()
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """LM head + cross-entropy whose gradients are computed in the forward pass.
+
+    forward: logits = x @ weight.T (N, V); one Triton kernel gives each row's loss and
+    G = softmax(logits) - onehot(targets) (N, V); then dx = G @ weight (N, C) and dweight = G.T @ x (V, C).
+    Only dx and dweight (small) are kept for backward, which scales them by grad_loss / n_valid.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, targets):
+        logits = x @ weight.t()  # (N, V), x's dtype
+        loss_rows, grad = _cross_entropy_rows_with_grad(logits, targets)
+        n_valid = (targets != IGNORE_INDEX).sum()
+        dx = grad @ weight  # (N, C)
+        dweight = grad.t() @ x  # (V, C)
+        ctx.save_for_backward(dx, dweight, n_valid)
+        ctx.mark_non_differentiable(logits)
+        ctx.set_materialize_grads(False)
+        return loss_rows.sum() / n_valid, logits
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_logits):
+        dx, dweight, n_valid = ctx.saved_tensors
+        scale = grad_loss / n_valid  # 0-d fp32: the mean over rows and the upstream gradient, in one scalar
+        return dx * scale, dweight * scale, None
+
+
+def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """LM head and mean cross-entropy in one step, with the logits' gradient computed in the forward pass.
+
+    Equal to ``logits = x @ weight.T; F.cross_entropy(logits.float(), targets)``, but when gradients
+    are wanted, one Triton kernel reads each row of logits, writes its loss and its gradient
+    softmax - onehot (a second read that mostly hits L2), and the two backward matmuls run right away:
+    backward only scales the (N, C) and (V, C) results. No logits-sized tensor is kept for backward,
+    and no logits-sized pass runs there. The idea is Liger Kernel's fused linear cross-entropy
+    (Hsu et al. 2024, https://arxiv.org/abs/2410.10989), without its chunking.
+
+    Args:
+        x: (N, C) floating activations (the final LayerNorm's output). Under autocast, ``x`` and
+            ``weight`` are cast to the autocast dtype first, as ``nn.Linear`` would.
+        weight: (V, C) LM-head weight (tied to the token embedding in GPT-2).
+        targets: (N,) int64 ids in [0, V), or -100 to skip a row; an id outside [0, V) makes the loss nan.
+
+    Returns:
+        (loss, logits): 0-d fp32 mean over the non-skipped rows (nan if all are skipped) and the (N, V)
+        logits in the compute dtype, detached (no gradient flows through them).
+
+    Raises:
+        RuntimeError: if Triton cannot run on ``x.device`` (see :func:`available`), or under fp16:
+            the gradient is rounded before any loss scale reaches it, so fp16 would lose small values.
+        ValueError: on wrong shapes or dtypes.
+    """
+    if x.dim() != 2 or weight.dim() != 2 or targets.dim() != 1 or x.shape[0] != targets.shape[0] or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"expected x (N, C), weight (V, C), targets (N,); got {tuple(x.shape)}, {tuple(weight.shape)}, "
+                         f"{tuple(targets.shape)}")
+    if not x.is_floating_point() or targets.dtype != torch.int64:
+        raise ValueError(f"expected floating x and int64 targets, got {x.dtype} and {targets.dtype}")
+    ok, reason = available(x.device)
+    if not ok:
+        raise RuntimeError(f"helpers.kernels.linear_cross_entropy cannot run: {reason}. Use loss_kernel='pytorch'.")
+    dev = x.device.type
+    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+    if dtype == torch.float16:
+        raise RuntimeError("linear_cross_entropy computes the logits' gradient before the fp16 GradScaler's scale "
+                           "reaches it, so small gradients would round to 0: use loss_kernel='triton' under fp16")
+    x, weight, targets = x.to(dtype), weight.to(dtype), targets.contiguous()
+    if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+        logits = x @ weight.t()
+        return cross_entropy(logits, targets), logits
+    return _LinearCrossEntropy.apply(x, weight, targets)

@@ -35,6 +35,7 @@ RUNGS: list[tuple[str, dict]] = [
     ("+ detached logits", dict(detach_logits=True)),
     ("+ Triton CE", dict(loss_kernel="triton")),
     ("+ clip in AdamW", dict(fused_clip=True)),
+    ("+ fused LM-head CE", dict(loss_kernel="fused")),
 ]
 
 
@@ -78,7 +79,8 @@ def last_runnable(
     batch_size: int, seq_len: int, device: torch.device | str, compile_mode: str = "default"
 ) -> RunConfig:
     """The ladder's fastest configuration on ``device``: its last rung that can run here (every
-    runnable switch on). On a T4 that is not the last rung: "+ clip in AdamW" needs bf16 (no GradScaler).
+    runnable switch on). On a T4 that is not the last rung: "+ clip in AdamW" and
+    "+ fused LM-head CE" need bf16 (no GradScaler).
 
     Raises:
         ValueError: if no rung can run on ``device``.

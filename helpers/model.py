@@ -26,7 +26,7 @@ from torch.nn import functional as F
 GPT2_VOCAB_SIZE = 50257  # 50,000 BPE merges + 256 byte tokens + <|endoftext|>
 ATTENTION_KINDS = ("manual", "sdpa")
 RESIDUAL_DTYPES = ("fp32", "bf16")
-LOSS_KERNELS = ("pytorch", "triton")
+LOSS_KERNELS = ("pytorch", "triton", "fused")
 
 
 def pad_to_multiple(n: int, multiple: int) -> int:
@@ -54,7 +54,8 @@ class GPTConfig:
     dropout: float = 0.0  # GPT-2 pre-training used 0.1; speed work uses 0 (no RNG in the step)
     checkpoint_every: int = 0  # activation checkpointing: 0 = off, k = recompute every k-th block in backward
     residual_dtype: str = "fp32"  # dtype of the residual stream x: "fp32", or "bf16" (applied under bf16 autocast only)
-    loss_kernel: str = "pytorch"  # cross-entropy: "pytorch" (F.cross_entropy) or "triton" (helpers.kernels)
+    loss_kernel: str = "pytorch"  # cross-entropy: "pytorch" (F.cross_entropy), "triton" (helpers.kernels.cross_entropy)
+    # or "fused" (helpers.kernels.linear_cross_entropy: LM head + loss, logits' gradient computed in the forward)
     detach_logits: bool = False  # with targets, return logits.detach(): no logits-sized gradient input to backward
 
     def __post_init__(self) -> None:
@@ -159,7 +160,8 @@ class GPT(nn.Module):
         idx: (B, T) int64 token ids, T <= block_size.
         targets: optional (B, T) int64 next-token ids (ids < vocab_size).
         logits: (B, T, padded_vocab_size) in the compute dtype (fp32, or bf16/fp16 under autocast);
-            detached (no gradient flows through them) when targets are given and config.detach_logits.
+            detached (no gradient flows through them) when targets are given and config.detach_logits
+            or config.loss_kernel == "fused".
         loss: scalar fp32 mean cross-entropy in nats, or None without targets.
     Raises ValueError when T > block_size.
     """
@@ -238,6 +240,12 @@ class GPT(nn.Module):
             else:
                 x = block(x)  # (B, T, C)
         x = self.transformer.ln_f(x)  # (B, T, C)
+        if targets is not None and self.config.loss_kernel == "fused":
+            from helpers import kernels
+
+            # the LM head's matmul runs inside: its backward matmuls too, in this forward (see the kernel's docstring)
+            loss, logits = kernels.linear_cross_entropy(x.view(B * T, -1), self.lm_head.weight, targets.view(-1))
+            return logits.view(B, T, -1), loss  # logits never carry a gradient here
         logits = self.lm_head(x)  # (B, T, V_padded)
         loss = None
         if targets is not None:

@@ -41,7 +41,8 @@ class RunConfig:
     grad_accum_steps: int = 1  # micro-steps per optimizer step
     checkpoint_every: int = 0  # activation checkpointing: 0 = off, k = every k-th block (see GPTConfig)
     residual_dtype: str = "fp32"  # "bf16": the residual stream in bf16 (needs autocast="bf16"; see GPTConfig)
-    loss_kernel: str = "pytorch"  # "triton": the hand-written cross-entropy of helpers.kernels (CUDA)
+    loss_kernel: str = "pytorch"  # "triton": the hand-written cross-entropy of helpers.kernels (CUDA); "fused": LM head
+    # + cross-entropy with the logits' gradient computed in the forward (helpers.kernels.linear_cross_entropy)
     detach_logits: bool = False  # the model returns detached logits when it computes the loss (see GPTConfig)
     fused_clip: bool = False  # clip by handing fused AdamW the clip factor (grad_scale) instead of rescaling every grad
     grad_clip: float | None = 1.0  # max global grad norm (None = no clipping)
@@ -139,7 +140,7 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
     if run.fused_clip and (run.optimizer != "fused" or run.autocast == "fp16" or run.grad_clip is None):
         return ("fused_clip hands the clip factor to fused AdamW: it needs optimizer='fused', a grad_clip, and no fp16 "
                 f"GradScaler (this run: optimizer={run.optimizer!r}, grad_clip={run.grad_clip}, autocast={run.autocast!r})")
-    if run.loss_kernel == "triton":
+    if run.loss_kernel in ("triton", "fused"):
         from helpers import kernels
 
         ok, why = kernels.available(device)
@@ -147,6 +148,9 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
             return f"the Triton cross-entropy cannot run: {why}"
         if run.compile is not None and device.type != "cuda":
             return "the Triton cross-entropy runs compiled only on a CUDA GPU (Triton's CPU interpreter runs it eagerly)"
+        if run.loss_kernel == "fused" and run.autocast == "fp16":
+            return ("the fused LM-head cross-entropy computes the logits' gradient before the fp16 GradScaler's scale "
+                    "reaches it (small values would round to 0): keep loss_kernel='triton' with fp16")
     if run.optimizer == "fused" and device.type not in ("cuda", "cpu"):
         return f"fused AdamW is not implemented for device type {device.type}"
     return None

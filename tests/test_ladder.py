@@ -10,13 +10,15 @@ def test_rungs_are_cumulative_and_skip_what_the_cpu_cannot_run():
     configs = ladder.ladder_configs(4, 64, device="cpu")
     names = [c.name for c, _ in configs]
     assert names == ["fp32", "+ tf32", "+ bf16 autocast", "+ torch.compile", "+ sdpa attention", "+ vocab 50304",
-                     "+ fused AdamW", "+ bf16 residual", "+ detached logits", "+ Triton CE", "+ clip in AdamW"]
+                     "+ fused AdamW", "+ bf16 residual", "+ detached logits", "+ Triton CE", "+ clip in AdamW",
+                     "+ fused LM-head CE"]
     reasons = dict((c.name, r) for c, r in configs)
     assert "TF32" in reasons["+ tf32"]
     assert "Triton" in reasons["+ Triton CE"]  # the kernel runs on a CUDA GPU
-    assert all(r is None for n, r in reasons.items() if n not in ("+ tf32", "+ Triton CE"))
-    last = configs[-1][0]
-    # TF32 and the Triton kernel were skipped, so they are not carried into later rungs; everything else is.
+    assert "Triton" in reasons["+ fused LM-head CE"]
+    assert all(r is None for n, r in reasons.items() if n not in ("+ tf32", "+ Triton CE", "+ fused LM-head CE"))
+    last = [c for c, r in configs if r is None][-1]
+    # TF32 and the Triton kernels were skipped, so they are not carried into later rungs; everything else is.
     assert (last.matmul_precision, last.autocast, last.compile, last.attention, last.vocab_multiple, last.optimizer) == (
         "fp32", "bf16", "default", "sdpa", 64, "fused")
     assert (last.residual_dtype, last.detach_logits, last.loss_kernel, last.fused_clip) == ("bf16", True, "pytorch", True)
@@ -24,9 +26,9 @@ def test_rungs_are_cumulative_and_skip_what_the_cpu_cannot_run():
 
 def test_gpu_ladder_carries_every_switch():
     configs = ladder.ladder_configs(16, 1024)
-    assert configs[-1][0] == RunConfig(name="+ clip in AdamW", matmul_precision="tf32", autocast="bf16", compile="default",
+    assert configs[-1][0] == RunConfig(name="+ fused LM-head CE", matmul_precision="tf32", autocast="bf16", compile="default",
                                        attention="sdpa", vocab_multiple=64, optimizer="fused", batch_size=16, seq_len=1024,
-                                       residual_dtype="bf16", detach_logits=True, loss_kernel="triton", fused_clip=True)
+                                       residual_dtype="bf16", detach_logits=True, loss_kernel="fused", fused_clip=True)
 
 
 def test_cli_writes_results_json_and_plot(tmp_path, capsys):
@@ -101,9 +103,10 @@ def test_autocast_rung_is_fp16_with_gradscaler_where_bf16_is_not_native(monkeypa
     assert "TF32" in reasons["+ tf32"]
     assert "bf16 autocast" in reasons["+ bf16 residual"]  # a bf16 residual stream needs bf16 matmul inputs
     assert "GradScaler" in reasons["+ clip in AdamW"]
+    assert "GradScaler" in reasons["+ fused LM-head CE"]  # its gradient is rounded before the loss scale reaches it
     runnable = [c for c, r in configs if r is None]
     assert runnable[-1].autocast == "fp16" and runnable[-1].matmul_precision == "fp32"
-    assert runnable[-1].residual_dtype == "fp32" and not runnable[-1].fused_clip
+    assert runnable[-1].residual_dtype == "fp32" and not runnable[-1].fused_clip and runnable[-1].loss_kernel == "triton"
     assert all(c.autocast == "fp16" for c in runnable[2:])
 
 

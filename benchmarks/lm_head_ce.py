@@ -1,0 +1,98 @@
+"""The LM head + cross-entropy alone, three ways, on the GPU (the fused LM-head CE rung's experiment).
+
+    python benchmarks/lm_head_ce.py --tokens 16384 65536 --out results/h200-lm-head-ce.json
+
+Times forward + backward of ``logits = x @ W.T`` and the mean cross-entropy (x: (N, 768), W:
+(50304, 768), bf16, random ids) for: PyTorch (``F.cross_entropy(logits.float())``), the two-kernel
+Triton CE (``kernels.cross_entropy``: forward reads the logits, backward reads them again and writes
+their gradient) and the fused one (``kernels.linear_cross_entropy``: one kernel writes loss and
+gradient, the backward matmuls run in the forward). Then the fused kernel alone for a few launch
+settings (warps per row, columns per iteration), with its effective bandwidth, and the two layouts
+of the weight-gradient matmul. Timing: ``helpers.timing.measure`` (CUDA events, median).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from helpers import kernels, timing
+
+
+def fwd_bwd(kind: str, x: torch.Tensor, w: torch.Tensor, t: torch.Tensor):
+    def step():
+        x.grad = w.grad = None
+        if kind == "fused":
+            loss, _ = kernels.linear_cross_entropy(x, w, t)
+        else:
+            logits = x @ w.t()
+            loss = kernels.cross_entropy(logits, t) if kind == "triton" else F.cross_entropy(logits.float(), t)
+        loss.backward()
+    return step
+
+
+def bench(N: int, V: int, C: int, iters: int, dev: torch.device) -> list[dict]:
+    """All measurements at N rows (see the module docstring)."""
+    rows = []
+    torch.manual_seed(0)
+    x = (torch.randn(N, C, device=dev)).bfloat16().requires_grad_()
+    w = (torch.randn(V, C, device=dev) * 0.02).bfloat16().requires_grad_()
+    t = torch.randint(0, 50257, (N,), device=dev)
+
+    def record(what: str, ms: float, **extra) -> None:
+        rows.append({"N": N, "what": what, "ms": ms, **extra})
+        more = "  ".join(f"{v:,.0f} {k}" for k, v in extra.items())
+        print(f"N={N:<6} {what:<48} {ms:8.2f} ms  {more}", flush=True)
+
+    for kind in ("pytorch", "triton", "fused"):
+        record(f"LM head + CE forward+backward, {kind}",
+               timing.measure(fwd_bwd(kind, x, w, t), dev, warmup=3, iters=iters).median_ms)
+    with torch.no_grad():
+        logits = x @ w.t()
+        nbytes = 2 * logits.numel() * logits.element_size()  # one read + one write: the least it can move
+        for warps in (4, 8, 16, 32):
+            for block in (2048, 4096, 8192):
+                kernels.FUSED_NUM_WARPS, kernels.FUSED_BLOCK = warps, block
+                ms = timing.measure(lambda: kernels._cross_entropy_rows_with_grad(logits, t), dev, warmup=2,
+                                    iters=iters).median_ms
+                record(f"fused kernel, {warps} warps, block {block}", ms, GB_per_s_at_one_read_one_write=nbytes / ms / 1e6)
+        kernels.FUSED_NUM_WARPS, kernels.FUSED_BLOCK = 16, 4096
+        g = logits  # same shape and dtype as the gradient G
+        for what, fn in (("logits = x @ W.T", lambda: x @ w.t()), ("dx = G @ W", lambda: g @ w),
+                         ("dW = G.T @ x", lambda: g.t() @ x), ("dW = (x.T @ G).T", lambda: (x.t() @ g).t())):
+            ms = timing.measure(fn, dev, warmup=2, iters=iters).median_ms
+            record(f"matmul {what}", ms, TFLOP_per_s=2 * N * V * C / ms / 1e9)
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", type=int, nargs="+", default=[16384, 65536], help="N = B*T rows")
+    p.add_argument("--vocab", type=int, default=50304)
+    p.add_argument("--n-embd", type=int, default=768)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("benchmarks/lm_head_ce.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    dev = torch.device("cuda")
+    rows = []
+    V, C = args.vocab, args.n_embd
+    for N in args.tokens:
+        rows += bench(N, V, C, args.iters, dev)
+    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": datetime.date.today().isoformat(),
+           "vocab": V, "n_embd": C, "timing": f"median of {args.iters} CUDA-event-timed calls", "rows": rows}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
