@@ -28,7 +28,7 @@ def fwd_bwd(kind: str, x: torch.Tensor, w: torch.Tensor, t: torch.Tensor):
     def step():
         x.grad = w.grad = None
         if kind == "fused":
-            loss, _ = kernels.linear_cross_entropy(x, w, t)
+            loss = kernels.linear_cross_entropy(x, w, t)
         else:
             logits = x @ w.t()
             loss = kernels.cross_entropy(logits, t) if kind == "triton" else F.cross_entropy(logits.float(), t)
@@ -49,19 +49,29 @@ def bench(N: int, V: int, C: int, iters: int, dev: torch.device) -> list[dict]:
         more = "  ".join(f"{v:,.0f} {k}" for k, v in extra.items())
         print(f"N={N:<6} {what:<48} {ms:8.2f} ms  {more}", flush=True)
 
-    for kind in ("pytorch", "triton", "fused"):
-        record(f"LM head + CE forward+backward, {kind}",
-               timing.measure(fwd_bwd(kind, x, w, t), dev, warmup=3, iters=iters).median_ms)
+    for kind in ("pytorch", "triton"):
+        for warps in ((4, 8, 16) if kind == "triton" else (None,)):
+            if warps:
+                kernels.NUM_WARPS = warps
+            record(f"LM head + CE forward+backward, {kind}" + (f", {warps} warps" if warps else ""),
+                   timing.measure(fwd_bwd(kind, x, w, t), dev, warmup=3, iters=iters).median_ms)
+    kernels.NUM_WARPS = 16
+    for chunk in (None, 32768, 16384, 8192, 4096):
+        if chunk is None or chunk < N:
+            kernels.FUSED_CHUNK_ROWS = chunk
+            record(f"LM head + CE forward+backward, fused, chunks of {chunk or N} rows",
+                   timing.measure(fwd_bwd("fused", x, w, t), dev, warmup=3, iters=iters).median_ms)
+    kernels.FUSED_CHUNK_ROWS = 16384
     with torch.no_grad():
         logits = x @ w.t()
         nbytes = 2 * logits.numel() * logits.element_size()  # one read + one write: the least it can move
-        for warps in (4, 8, 16, 32):
-            for block in (2048, 4096, 8192):
+        for warps in (2, 4, 8, 16):
+            for block in (4096, 8192):
                 kernels.FUSED_NUM_WARPS, kernels.FUSED_BLOCK = warps, block
                 ms = timing.measure(lambda: kernels._cross_entropy_rows_with_grad(logits, t), dev, warmup=2,
                                     iters=iters).median_ms
                 record(f"fused kernel, {warps} warps, block {block}", ms, GB_per_s_at_one_read_one_write=nbytes / ms / 1e6)
-        kernels.FUSED_NUM_WARPS, kernels.FUSED_BLOCK = 16, 4096
+        kernels.FUSED_NUM_WARPS, kernels.FUSED_BLOCK = 4, 4096
         g = logits  # same shape and dtype as the gradient G
         for what, fn in (("logits = x @ W.T", lambda: x @ w.t()), ("dx = G @ W", lambda: g @ w),
                          ("dW = G.T @ x", lambda: g.t() @ x), ("dW = (x.T @ G).T", lambda: (x.t() @ g).t())):

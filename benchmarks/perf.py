@@ -39,6 +39,10 @@ VARIANTS = {
     "coord-descent": {},
     "max-autotune-nocg": {"compile": "max-autotune-no-cudagraphs"},
     "no-cudnn-attention": {},  # SDPA may not pick cuDNN's kernel (set before compiling, so the trace sees it)
+    # the fused LM-head CE with other chunk sizes than kernels.FUSED_CHUNK_ROWS
+    "fused-unchunked": {},
+    "fused-chunk-8192": {},
+    "fused-chunk-32768": {},
 }
 
 
@@ -50,6 +54,13 @@ def experiment(name: str):
 
     if name == "coord-descent":
         return inductor_config.patch(coordinate_descent_tuning=True)
+    if name.startswith("fused-"):
+        from unittest import mock
+
+        from helpers import kernels
+
+        rows = None if name == "fused-unchunked" else int(name.rsplit("-", 1)[1])
+        return mock.patch.object(kernels, "FUSED_CHUNK_ROWS", rows)
     if name == "no-cudnn-attention":
         @contextlib.contextmanager
         def no_cudnn():

@@ -25,8 +25,13 @@ import torch
 
 IGNORE_INDEX = -100  # the target id F.cross_entropy skips by default; the kernel skips it too
 BLOCK = 4096  # columns per loop iteration of one row (50304 columns -> 13 iterations)
-FUSED_BLOCK = 4096  # the same for the fused forward+backward kernel (benchmarks/lm_head_ce.py tries others)
-FUSED_NUM_WARPS = 16  # warps per row program of the fused kernel (fewer rows in flight: more L2 hits in pass 2)
+NUM_WARPS = 16  # warps per row program of the two-kernel cross-entropy
+FUSED_BLOCK = 4096  # columns per iteration of the fused forward+backward kernel (benchmarks/lm_head_ce.py tries others)
+# warps per row program of the fused kernel: on the H200, 4 warps moved the logits at 2.75 TB/s (counting one
+# read and one write), 16 warps at 2.3 TB/s (results/h200-lm-head-ce-*.json)
+FUSED_NUM_WARPS = 4
+# rows of the LM head per chunk in linear_cross_entropy (None: all rows at once); see its docstring
+FUSED_CHUNK_ROWS: int | None = 16384
 
 try:  # pragma: no cover - which branch runs depends on the install
     import triton
@@ -122,7 +127,7 @@ if triton is not None:
         loss = torch.empty(N, dtype=torch.float32, device=logits.device)
         lse = torch.empty(N, dtype=torch.float32, device=logits.device)
         _launch(_ce_forward_kernel)[(N,)](
-            logits, targets, loss, lse, logits.stride(0), IGNORE_INDEX, n_cols=V, BLOCK=BLOCK, num_warps=16)
+            logits, targets, loss, lse, logits.stride(0), IGNORE_INDEX, n_cols=V, BLOCK=BLOCK, num_warps=NUM_WARPS)
         return loss, lse
 
     @torch.library.triton_op("fastgpt2::cross_entropy_rows_backward", mutates_args={})
@@ -131,7 +136,7 @@ if triton is not None:
         N, V = logits.shape
         grad = torch.empty((N, V), dtype=logits.dtype, device=logits.device)
         _launch(_ce_backward_kernel)[(N,)](
-            logits, targets, lse, grad_loss, grad, logits.stride(0), IGNORE_INDEX, n_cols=V, BLOCK=BLOCK, num_warps=16)
+            logits, targets, lse, grad_loss, grad, logits.stride(0), IGNORE_INDEX, n_cols=V, BLOCK=BLOCK, num_warps=NUM_WARPS)
         return grad
 
     def _setup_context(ctx, inputs, output):
@@ -225,42 +230,51 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return loss_rows.sum() / (targets != IGNORE_INDEX).sum()
 
 
-class _LinearCrossEntropy(torch.autograd.Function):
-    """LM head + cross-entropy whose gradients are computed in the forward pass.
+def _row_chunks(n: int) -> list[tuple[int, int]]:
+    step = FUSED_CHUNK_ROWS or n
+    return [(s, min(s + step, n)) for s in range(0, n, step)]
 
-    forward: logits = x @ weight.T (N, V); one Triton kernel gives each row's loss and
-    G = softmax(logits) - onehot(targets) (N, V); then dx = G @ weight (N, C) and dweight = G.T @ x (V, C).
-    Only dx and dweight (small) are kept for backward, which scales them by grad_loss / n_valid.
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """LM head + cross-entropy whose gradients are computed in the forward pass, in chunks of rows.
+
+    forward, per chunk of rows: logits = x @ weight.T; one Triton kernel gives each row's loss and
+    G = softmax(logits) - onehot(targets); then dx = G @ weight and dweight += G.T @ x (fp32 sum over
+    chunks). Only dx (N, C) and dweight (V, C) are kept for backward, which scales them by grad_loss / n.
     """
 
     @staticmethod
     def forward(ctx, x, weight, targets):
-        logits = x @ weight.t()  # (N, V), x's dtype
-        loss_rows, grad = _cross_entropy_rows_with_grad(logits, targets)
+        losses, dxs, dweight = [], [], None
+        for s, e in _row_chunks(x.shape[0]):
+            logits = x[s:e] @ weight.t()  # (rows, V), x's dtype; freed after this chunk
+            loss_rows, grad = _cross_entropy_rows_with_grad(logits, targets[s:e])
+            losses.append(loss_rows)
+            dxs.append(grad @ weight)  # (rows, C)
+            dw = grad.t() @ x[s:e]  # (V, C)
+            dweight = dw if dweight is None else dweight.float() + dw
         n_valid = (targets != IGNORE_INDEX).sum()
-        dx = grad @ weight  # (N, C)
-        dweight = grad.t() @ x  # (V, C)
-        ctx.save_for_backward(dx, dweight, n_valid)
-        ctx.mark_non_differentiable(logits)
-        ctx.set_materialize_grads(False)
-        return loss_rows.sum() / n_valid, logits
+        ctx.save_for_backward(dxs[0] if len(dxs) == 1 else torch.cat(dxs), dweight.to(weight.dtype), n_valid)
+        loss_rows = losses[0] if len(losses) == 1 else torch.cat(losses)
+        return loss_rows.sum() / n_valid
 
     @staticmethod
-    def backward(ctx, grad_loss, grad_logits):
+    def backward(ctx, grad_loss):
         dx, dweight, n_valid = ctx.saved_tensors
         scale = grad_loss / n_valid  # 0-d fp32: the mean over rows and the upstream gradient, in one scalar
         return dx * scale, dweight * scale, None
 
 
-def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """LM head and mean cross-entropy in one step, with the logits' gradient computed in the forward pass.
+def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """LM head and mean cross-entropy in one step: the logits are made in chunks and never kept whole.
 
-    Equal to ``logits = x @ weight.T; F.cross_entropy(logits.float(), targets)``, but when gradients
-    are wanted, one Triton kernel reads each row of logits, writes its loss and its gradient
-    softmax - onehot (a second read that mostly hits L2), and the two backward matmuls run right away:
-    backward only scales the (N, C) and (V, C) results. No logits-sized tensor is kept for backward,
-    and no logits-sized pass runs there. The idea is Liger Kernel's fused linear cross-entropy
-    (Hsu et al. 2024, https://arxiv.org/abs/2410.10989), without its chunking.
+    Equal to ``F.cross_entropy((x @ weight.T).float(), targets)``. When gradients are wanted, the rows
+    go in chunks of :data:`FUSED_CHUNK_ROWS`: per chunk one matmul makes the logits, one Triton kernel
+    reads them, writes each row's loss and the gradient softmax - onehot (a second read, mostly from
+    L2), and the two backward matmuls run right away. Backward only scales the (N, C) and (V, C)
+    results by the upstream gradient over n. No logits-sized tensor outlives its chunk, and no
+    logits-sized pass runs in backward. The idea is Liger Kernel's fused linear cross-entropy (Hsu et
+    al. 2024, https://arxiv.org/abs/2410.10989).
 
     Args:
         x: (N, C) floating activations (the final LayerNorm's output). Under autocast, ``x`` and
@@ -269,8 +283,7 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.T
         targets: (N,) int64 ids in [0, V), or -100 to skip a row; an id outside [0, V) makes the loss nan.
 
     Returns:
-        (loss, logits): 0-d fp32 mean over the non-skipped rows (nan if all are skipped) and the (N, V)
-        logits in the compute dtype, detached (no gradient flows through them).
+        0-d fp32 mean over the non-skipped rows (nan if all are skipped). The logits are not returned.
 
     Raises:
         RuntimeError: if Triton cannot run on ``x.device`` (see :func:`available`), or under fp16:
@@ -291,7 +304,10 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.T
         raise RuntimeError("linear_cross_entropy computes the logits' gradient before the fp16 GradScaler's scale "
                            "reaches it, so small gradients would round to 0: use loss_kernel='triton' under fp16")
     x, weight, targets = x.to(dtype), weight.to(dtype), targets.contiguous()
-    if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
-        logits = x @ weight.t()
-        return cross_entropy(logits, targets), logits
-    return _LinearCrossEntropy.apply(x, weight, targets)
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return _LinearCrossEntropy.apply(x, weight, targets)
+    total = torch.zeros((), dtype=torch.float32, device=x.device)
+    for s, e in _row_chunks(x.shape[0]):  # no gradient wanted: the loss alone, chunk by chunk
+        loss_rows, _ = _cross_entropy_rows(x[s:e] @ weight.t(), targets[s:e])
+        total = total + loss_rows.sum()
+    return total / (targets != IGNORE_INDEX).sum()

@@ -156,12 +156,12 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """GPT-2 language model.
 
-    ``forward(idx, targets=None) -> (logits, loss)``:
+    ``forward(idx, targets=None) -> (logits | None, loss)``:
         idx: (B, T) int64 token ids, T <= block_size.
         targets: optional (B, T) int64 next-token ids (ids < vocab_size).
         logits: (B, T, padded_vocab_size) in the compute dtype (fp32, or bf16/fp16 under autocast);
-            detached (no gradient flows through them) when targets are given and config.detach_logits
-            or config.loss_kernel == "fused".
+            detached (no gradient flows through them) when targets are given and config.detach_logits;
+            None when targets are given and config.loss_kernel == "fused" (the loss never keeps them whole).
         loss: scalar fp32 mean cross-entropy in nats, or None without targets.
     Raises ValueError when T > block_size.
     """
@@ -214,7 +214,7 @@ class GPT(nn.Module):
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         B, T = idx.size()  # (B, T)
         if T > self.config.block_size:
             raise ValueError(
@@ -243,9 +243,8 @@ class GPT(nn.Module):
         if targets is not None and self.config.loss_kernel == "fused":
             from helpers import kernels
 
-            # the LM head's matmul runs inside: its backward matmuls too, in this forward (see the kernel's docstring)
-            loss, logits = kernels.linear_cross_entropy(x.view(B * T, -1), self.lm_head.weight, targets.view(-1))
-            return logits.view(B, T, -1), loss  # logits never carry a gradient here
+            # the LM head runs inside, in chunks of rows, with its backward matmuls (see the function's docstring)
+            return None, kernels.linear_cross_entropy(x.view(B * T, -1), self.lm_head.weight, targets.view(-1))
         logits = self.lm_head(x)  # (B, T, V_padded)
         loss = None
         if targets is not None:
