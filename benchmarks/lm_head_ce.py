@@ -55,13 +55,13 @@ def bench(N: int, V: int, C: int, iters: int, dev: torch.device) -> list[dict]:
                 kernels.NUM_WARPS = warps
             record(f"LM head + CE forward+backward, {kind}" + (f", {warps} warps" if warps else ""),
                    timing.measure(fwd_bwd(kind, x, w, t), dev, warmup=3, iters=iters).median_ms)
-    kernels.NUM_WARPS = 16
+    kernels.NUM_WARPS = 4
     for chunk in (None, 32768, 16384, 8192, 4096):
         if chunk is None or chunk < N:
             kernels.FUSED_CHUNK_ROWS = chunk
             record(f"LM head + CE forward+backward, fused, chunks of {chunk or N} rows",
                    timing.measure(fwd_bwd("fused", x, w, t), dev, warmup=3, iters=iters).median_ms)
-    kernels.FUSED_CHUNK_ROWS = 16384
+    kernels.FUSED_CHUNK_ROWS = 32768
     with torch.no_grad():
         logits = x @ w.t()
         nbytes = 2 * logits.numel() * logits.element_size()  # one read + one write: the least it can move

@@ -25,13 +25,17 @@ import torch
 
 IGNORE_INDEX = -100  # the target id F.cross_entropy skips by default; the kernel skips it too
 BLOCK = 4096  # columns per loop iteration of one row (50304 columns -> 13 iterations)
-NUM_WARPS = 16  # warps per row program of the two-kernel cross-entropy
-FUSED_BLOCK = 4096  # columns per iteration of the fused forward+backward kernel (benchmarks/lm_head_ce.py tries others)
-# warps per row program of the fused kernel: on the H200, 4 warps moved the logits at 2.75 TB/s (counting one
-# read and one write), 16 warps at 2.3 TB/s (results/h200-lm-head-ce-*.json)
-FUSED_NUM_WARPS = 4
-# rows of the LM head per chunk in linear_cross_entropy (None: all rows at once); see its docstring
-FUSED_CHUNK_ROWS: int | None = 16384
+# Warps per row program. On the H200 (results/h200-lm-head-ce-2026-11-30.json), LM head + CE forward+backward at
+# N=65536 rows: two-kernel CE 28.3 ms with 4 warps, 29.7 ms with 16; the fused kernel alone moved the logits at
+# 2.8 TB/s (counting one read and one write) with 4 warps, 2.3 TB/s with 16.
+NUM_WARPS = 4  # the two-kernel cross-entropy
+FUSED_NUM_WARPS = 4  # the fused forward+backward kernel
+FUSED_BLOCK = 4096  # columns per iteration of the fused kernel (8192 was slower at 4 warps)
+# Rows of the LM head per chunk in linear_cross_entropy (None: all rows at once). The same file: forward+backward at
+# N=65536 took 28.5 ms unchunked, 28.7 ms in chunks of 32768, 29.5 in chunks of 16384. A B=64 training step
+# (results/h200-perf-fused-ce-chunks-2026-11-30.json) peaked at 32.2 GiB unchunked, 26.2 GiB with 32768 rows and
+# 23.3 GiB with 16384 (two-kernel CE: 32.7 GiB).
+FUSED_CHUNK_ROWS: int | None = 32768
 
 try:  # pragma: no cover - which branch runs depends on the install
     import triton
