@@ -17,7 +17,7 @@ Three jobs, one idea each:
    :func:`load_table`. Command line::
 
        python -m helpers.profiling table --out results/h200-profile-table-new.json   # on the GPU
-       python -m helpers.profiling from-perf results/h200-perf-2026-11-29.json --out results/h200-profile-table.json
+       python -m helpers.profiling from-perf results/h200-perf-final-2026-11-30.json --out results/h200-profile-table.json
        python -m helpers.profiling run --steps 5      # the step alone, for Nsight Systems (see chapter 10)
 
 torch.profiler: https://pytorch.org/docs/stable/profiler.html ;
@@ -80,7 +80,7 @@ FAMILY_RULES: list[tuple[str, str]] = [
     (MATMUL, r"gemm|nvjet|xmma|cutlass|wgmma|cublas|sm90_|sm80_|^triton_tem_|^aten::(mm|addmm|bmm|baddbmm|matmul|addmv|mv|dot)$"),
     (OPTIMIZER, r"adam|multi_tensor_apply|foreach|_amp_|amp_update_scale|non_finite"),
     (TRITON, r"^triton_"),
-    (REDUCTION, r"softmax|nll_loss|cross_entropy|_ce_(forward|backward)_kernel|layer_norm|reduce_kernel|^aten::(sum|mean|amax|max|min|norm|linalg_vector_norm|var|std)$"),
+    (REDUCTION, r"softmax|nll_loss|cross_entropy|_ce_(forward|backward|fused)_kernel|layer_norm|reduce_kernel|^aten::(sum|mean|amax|max|min|norm|linalg_vector_norm|var|std)$"),
     (COPY, r"copy|memcpy|memset|fill|^aten::(zero_|clone|contiguous|to|cat|index_select|index|gather|scatter|embedding|embedding_dense_backward)$|indexing_backward|index_select|gather|scatter"),
     (ELEMENTWISE, rf"elementwise|gelu|tanh|^aten::({_ELEMENTWISE_OPS})_?$"),
 ]
@@ -440,16 +440,19 @@ def table_from_perf_json(perf: dict, source: str, date: str, cuda: str | None = 
     so that family totals equal the measured ones. No per-kernel number is made up; the remainder
     rows say they are remainders (``"remainder": true``, ``"calls": null``).
 
+    Only the rows of variant "final" (the ladder's last rung) are used, the first one per batch size.
+
     Raises:
-        ValueError: if the file has no profiled row, a family name is unknown, a listed kernel
+        ValueError: if the file has no profiled "final" row, a family name is unknown, a listed kernel
             falls in another family under :func:`kernel_family` than under perf.py, or a remainder
             would be negative.
     """
-    tables = []
+    tables, seen = [], set()
     for row in perf["rows"]:
         prof = row.get("profile")
-        if not prof:
-            continue
+        if not prof or row["variant"] != "final" or row["batch_size"] in seen:
+            continue  # the table is of the ladder's last rung, one per batch size
+        seen.add(row["batch_size"])
         fam_ms = {}
         for perf_fam, ms in prof["families_ms"].items():
             if perf_fam not in PERF_FAMILIES:
@@ -471,15 +474,15 @@ def table_from_perf_json(perf: dict, source: str, date: str, cuda: str | None = 
                                 "ms": rest, "calls": None, "remainder": True})
         kernels.sort(key=lambda r: -r["ms"])
         tables.append({
-            "config": row["variant"] + " rung of the ladder (tf32 + bf16 autocast + torch.compile default + "
-                      "SDPA + vocab 50304 + fused AdamW), GPT-2 124M",
+            "config": "the ladder's last rung (every switch of python -m helpers.ladder on, as of the perf.py run), "
+                      "GPT-2 124M",
             "batch_size": row["batch_size"], "seq_len": 1024, "steps_profiled": 3,
             "step_ms": row["ms_per_step"],
             "step_ms_how": "median of 10 CUDA-event-timed steps after 3 warm-up steps (not profiled)",
             "kernels": kernels, "families_ms": family_totals(kernels),
         })
     if not tables:
-        raise ValueError("no row with a 'profile' in this perf.py file: run it with --profile")
+        raise ValueError("no 'final' row with a 'profile' in this perf.py file: run it with --variants final --profile")
     tables.sort(key=lambda t: t["batch_size"])
     return {
         "format": TABLE_FORMAT,

@@ -159,15 +159,16 @@ def test_summarize_events_refuses_an_empty_profile():
 
 @pytest.fixture(scope="module")
 def perf():
-    return json.loads((RESULTS / "h200-perf-2026-11-29.json").read_text())
+    return json.loads((RESULTS / "h200-perf-final-2026-11-30.json").read_text())
 
 
 def test_table_from_perf_json_keeps_the_measured_family_totals_and_kernels(perf):
     table = profiling.table_from_perf_json(perf, source="x", date="2026-11-29", cuda="13.0")
     by_b = {t["batch_size"]: t for t in table["tables"]}
-    assert sorted(by_b) == [16, 64]
+    assert sorted(by_b) == [16, 64] and len(table["tables"]) == 2  # the "final" rows only, one per B
+    assert any(r["variant"] != "final" for r in perf["rows"])  # the file has other variants, left out
     for row in perf["rows"]:
-        if "profile" not in row:
+        if "profile" not in row or row["variant"] != "final":
             continue
         t = by_b[row["batch_size"]]
         want = {profiling.PERF_FAMILIES[k]: v for k, v in row["profile"]["families_ms"].items()}
@@ -180,8 +181,8 @@ def test_table_from_perf_json_keeps_the_measured_family_totals_and_kernels(perf)
 
 def test_shipped_table_is_exactly_the_derived_one(perf):
     shipped = json.loads((RESULTS / profiling.SHIPPED_TABLE).read_text())
-    derived = profiling.table_from_perf_json(perf, source="results/h200-perf-2026-11-29.json (benchmarks/perf.py --profile)",
-                                             date="2026-11-29", cuda="13.0")
+    derived = profiling.table_from_perf_json(perf, source="results/h200-perf-final-2026-11-30.json (benchmarks/perf.py --profile)",
+                                             date="2026-11-30", cuda="13.0")
     assert shipped == json.loads(json.dumps(derived))
     assert shipped["device"] == "NVIDIA H200" and shipped["torch"].startswith("2.11")
 
