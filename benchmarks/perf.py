@@ -39,28 +39,30 @@ VARIANTS = {
     "coord-descent": {},
     "max-autotune-nocg": {"compile": "max-autotune-no-cudagraphs"},
     "no-cudnn-attention": {},  # SDPA may not pick cuDNN's kernel (set before compiling, so the trace sees it)
-    # the fused LM-head CE with other chunk sizes than kernels.FUSED_CHUNK_ROWS
+    # the fused LM-head CE with other chunk sizes than kernels.FUSED_CHUNK_ROWS (32768 since session 5)
     "fused-unchunked": {},
     "fused-chunk-8192": {},
+    "fused-chunk-16384": {},
     "fused-chunk-32768": {},
 }
+FUSED_CHUNKS = {"fused-unchunked": None, "fused-chunk-8192": 8192, "fused-chunk-16384": 16384, "fused-chunk-32768": 32768}
 
 
 def experiment(name: str):
-    """Context for variants that change global inductor settings; restores them afterwards."""
+    """Context for variants that are not RunConfig switches: inductor settings (coord-descent), the SDPA
+    backends (no-cudnn-attention), ``helpers.kernels.FUSED_CHUNK_ROWS`` (fused-*); restores them afterwards."""
     import contextlib
 
     import torch._inductor.config as inductor_config
 
     if name == "coord-descent":
         return inductor_config.patch(coordinate_descent_tuning=True)
-    if name.startswith("fused-"):
+    if name in FUSED_CHUNKS:
         from unittest import mock
 
         from helpers import kernels
 
-        rows = None if name == "fused-unchunked" else int(name.rsplit("-", 1)[1])
-        return mock.patch.object(kernels, "FUSED_CHUNK_ROWS", rows)
+        return mock.patch.object(kernels, "FUSED_CHUNK_ROWS", FUSED_CHUNKS[name])
     if name == "no-cudnn-attention":
         @contextlib.contextmanager
         def no_cudnn():

@@ -56,7 +56,7 @@ WHEN_TO_USE: dict[str | tuple[str, object], str] = {
     "the logits once forward and once backward; it paid off here only after the logits were detached",
     ("loss_kernel", "fused"): "when the logits are the largest tensor in memory (large vocabulary, large B): the LM head "
     "and the loss run in chunks of rows with the logits' gradient made in the forward, so no logits-sized tensor "
-    "waits for backward; mostly a memory saving (peak -6.5 GiB at B=64 on the H200), bf16 only",
+    "waits for backward; mostly a memory saving (peak -6.5 GiB at B=64 on the H200); not under fp16",
     ("fused_clip", True): "with fused AdamW and gradient clipping: AdamW divides by the clip factor while it reads the "
     "gradients, instead of a separate pass that rescales all of them; a fixed, small saving (one pass over the "
     "parameters), so it matters most at small B",

@@ -1,18 +1,25 @@
-"""A hand-written Triton kernel: cross-entropy over the LM head's logits, read once.
+"""Hand-written Triton kernels for the LM head's cross-entropy (two rungs of the ladder).
 
 Why (measured, ``results/perf-log.md``): at B=64 the LM head's logits are 64·1024 × 50304 bf16
 values, 6.6 GB. ``torch.compile`` turns ``F.cross_entropy(logits.float(), targets)`` into two
 reduction kernels that took 4.8 + 5.1 ms per step on the H200: the forward read the logits at
-~1.3 TB/s, a third of the copy bandwidth chapter 02 measures. The minimum traffic is one read of the
-logits forward (a running max and sum of exponentials, the "online softmax" of Milakov & Gimelshein
-2018, https://arxiv.org/abs/1805.02867) and one read plus one write backward
-(grad = softmax(x) - onehot(target), times the upstream gradient): 3 × 6.6 GB.
+~1.3 TB/s, a third of the copy bandwidth chapter 02 measures.
+
+- :func:`cross_entropy` (rung "+ Triton CE"): the minimum traffic of a separate loss. One read of
+  the logits forward (a running max and sum of exponentials, the "online softmax" of Milakov &
+  Gimelshein 2018, https://arxiv.org/abs/1805.02867), one read plus one write backward
+  (grad = softmax(x) - onehot(target), times the upstream gradient): 3 × 6.6 GB.
+- :func:`linear_cross_entropy` (rung "+ fused LM-head CE"): the LM head and the loss together, in
+  chunks of rows. One kernel writes each row's loss and its gradient in the forward pass, and the LM
+  head's backward matmuls run there too, so the logits never exist whole and nothing logits-sized
+  waits for backward (Liger Kernel's fused linear cross-entropy, https://arxiv.org/abs/2410.10989).
 
 The kernels are registered with ``torch.library.triton_op`` so ``torch.compile`` traces them into
-its graph (no graph break) and autograd knows their backward
-(https://docs.pytorch.org/tutorials/recipes/torch_compile_user_defined_triton_kernel_tutorial.html).
+its graph (no graph break); the two-kernel version registers its backward with autograd
+(https://docs.pytorch.org/tutorials/recipes/torch_compile_user_defined_triton_kernel_tutorial.html),
+the fused one is called inside a ``torch.autograd.Function``.
 Triton is imported lazily: on a CPU-only install without the ``triton`` package, importing
-``helpers`` still works and :func:`available` says why the kernel cannot run. With
+``helpers`` still works and :func:`available` says why the kernels cannot run. With
 ``TRITON_INTERPRET=1`` set before this module is imported, Triton's interpreter runs the same
 kernels on CPU tensors (slowly): that is how CI tests them on a machine without a GPU.
 """
@@ -227,7 +234,8 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"expected floating logits and int64 targets, got {logits.dtype} and {targets.dtype}")
     ok, reason = available(logits.device)
     if not ok:
-        raise RuntimeError(f"helpers.kernels.cross_entropy cannot run: {reason}. Use F.cross_entropy instead.")
+        raise RuntimeError(f"helpers.kernels.cross_entropy cannot run: {reason}. Use F.cross_entropy instead "
+                           "(or, for tests on a CPU, set TRITON_INTERPRET=1 before helpers.kernels is imported).")
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     loss_rows, _ = _cross_entropy_rows(logits, targets.contiguous())
@@ -235,7 +243,10 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def _row_chunks(n: int) -> list[tuple[int, int]]:
-    step = FUSED_CHUNK_ROWS or n
+    """[(start, end), ...] covering rows 0..n-1 in chunks of FUSED_CHUNK_ROWS (None: one chunk)."""
+    if FUSED_CHUNK_ROWS is not None and (not isinstance(FUSED_CHUNK_ROWS, int) or FUSED_CHUNK_ROWS < 1):
+        raise ValueError(f"kernels.FUSED_CHUNK_ROWS must be None or an int >= 1, got {FUSED_CHUNK_ROWS!r}")
+    step = FUSED_CHUNK_ROWS or max(n, 1)
     return [(s, min(s + step, n)) for s in range(0, n, step)]
 
 
@@ -265,20 +276,25 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss):
         dx, dweight, n_valid = ctx.saved_tensors
-        scale = grad_loss / n_valid  # 0-d fp32: the mean over rows and the upstream gradient, in one scalar
+        # 0-d fp32: the mean over rows and the upstream gradient in one scalar. With every row ignored, dx and
+        # dweight are 0 and so is the gradient (as F.cross_entropy's), while the loss is nan (0 / 0).
+        scale = grad_loss / n_valid.clamp(min=1)
         return dx * scale, dweight * scale, None
 
 
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """LM head and mean cross-entropy in one step: the logits are made in chunks and never kept whole.
 
-    Equal to ``F.cross_entropy((x @ weight.T).float(), targets)``. When gradients are wanted, the rows
-    go in chunks of :data:`FUSED_CHUNK_ROWS`: per chunk one matmul makes the logits, one Triton kernel
-    reads them, writes each row's loss and the gradient softmax - onehot (a second read, mostly from
-    L2), and the two backward matmuls run right away. Backward only scales the (N, C) and (V, C)
-    results by the upstream gradient over n. No logits-sized tensor outlives its chunk, and no
-    logits-sized pass runs in backward. The idea is Liger Kernel's fused linear cross-entropy (Hsu et
-    al. 2024, https://arxiv.org/abs/2410.10989).
+    Equal to ``F.cross_entropy((x @ weight.T).float(), targets)``. The rows go in chunks of
+    :data:`FUSED_CHUNK_ROWS`. When gradients are wanted, per chunk one matmul makes the logits, one
+    Triton kernel reads them, writes each row's loss and the gradient softmax - onehot (a second read,
+    mostly from L2), and the two backward matmuls run right away; backward only scales the (N, C) and
+    (V, C) results by the upstream gradient over n. No logits-sized tensor outlives its chunk, and no
+    logits-sized pass runs in backward. Without gradients, each chunk's loss comes from the forward
+    kernel alone. The idea is Liger Kernel's fused linear cross-entropy (Hsu et al. 2024,
+    https://arxiv.org/abs/2410.10989). In bf16 the gradients carry one more rounding than
+    ``nn.Linear`` + ``F.cross_entropy``'s (the scale is applied after the matmuls): relative
+    differences of a few 1e-3, as bf16 itself.
 
     Args:
         x: (N, C) floating activations (the final LayerNorm's output). Under autocast, ``x`` and
@@ -287,27 +303,32 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.T
         targets: (N,) int64 ids in [0, V), or -100 to skip a row; an id outside [0, V) makes the loss nan.
 
     Returns:
-        0-d fp32 mean over the non-skipped rows (nan if all are skipped). The logits are not returned.
+        0-d fp32 mean over the non-skipped rows (nan if all are skipped, or N = 0; the gradients are then
+        0, as ``F.cross_entropy``'s). The logits are not returned.
 
     Raises:
         RuntimeError: if Triton cannot run on ``x.device`` (see :func:`available`), or under fp16:
             the gradient is rounded before any loss scale reaches it, so fp16 would lose small values.
-        ValueError: on wrong shapes or dtypes.
+            fp32 (no autocast) and bf16 autocast are fine.
+        ValueError: on wrong shapes or dtypes, or a :data:`FUSED_CHUNK_ROWS` that is not None or >= 1.
     """
     if x.dim() != 2 or weight.dim() != 2 or targets.dim() != 1 or x.shape[0] != targets.shape[0] or x.shape[1] != weight.shape[1]:
         raise ValueError(f"expected x (N, C), weight (V, C), targets (N,); got {tuple(x.shape)}, {tuple(weight.shape)}, "
                          f"{tuple(targets.shape)}")
-    if not x.is_floating_point() or targets.dtype != torch.int64:
-        raise ValueError(f"expected floating x and int64 targets, got {x.dtype} and {targets.dtype}")
+    if not x.is_floating_point() or not weight.is_floating_point() or targets.dtype != torch.int64:
+        raise ValueError(f"expected floating x and weight and int64 targets, got {x.dtype}, {weight.dtype} and {targets.dtype}")
     ok, reason = available(x.device)
     if not ok:
-        raise RuntimeError(f"helpers.kernels.linear_cross_entropy cannot run: {reason}. Use loss_kernel='pytorch'.")
+        raise RuntimeError(f"helpers.kernels.linear_cross_entropy cannot run: {reason}. Use loss_kernel='pytorch' "
+                           "(or, for tests on a CPU, set TRITON_INTERPRET=1 before helpers.kernels is imported).")
     dev = x.device.type
     dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
     if dtype == torch.float16:
         raise RuntimeError("linear_cross_entropy computes the logits' gradient before the fp16 GradScaler's scale "
                            "reaches it, so small gradients would round to 0: use loss_kernel='triton' under fp16")
     x, weight, targets = x.to(dtype), weight.to(dtype), targets.contiguous()
+    if x.shape[0] == 0:  # no rows: nan, as F.cross_entropy; zero gradients through the graph
+        return torch.full((), float("nan"), device=x.device) + (x.sum() * weight.sum()).float() * 0.0
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         return _LinearCrossEntropy.apply(x, weight, targets)
     total = torch.zeros((), dtype=torch.float32, device=x.device)

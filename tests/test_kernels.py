@@ -75,8 +75,44 @@ CHECK = textwrap.dedent(
         assert gx1.dtype == gw1.dtype == torch.float32
         for a, b in ((gx1, gx2), (gw1, gw2)):
             assert (a - b).abs().max().item() <= tol * b.abs().max().item(), (N, V, amp)
-        with torch.no_grad():  # no gradient wanted: the loss alone, no backward matmuls
-            assert abs(kernels.linear_cross_entropy(x0, w0, t).item() - F.cross_entropy(x0 @ w0.t(), t).item()) < 1e-4
+    # every row ignored, no rows, a non-contiguous x, a W tied to an embedding, x without grad, two accumulated
+    # backward passes, a bad chunk size: as F.cross_entropy does (loss nan, gradients 0 for the first two)
+    for t_all, n_rows in ((torch.full((5,), kernels.IGNORE_INDEX, device=device), 5), (torch.zeros(0, dtype=torch.int64, device=device), 0)):
+        x = torch.randn(n_rows, 8, device=device, requires_grad=True)
+        w = torch.randn(16, 8, device=device, requires_grad=True)
+        loss = kernels.linear_cross_entropy(x, w, t_all)
+        loss.backward()
+        assert torch.isnan(loss) and not torch.isnan(x.grad).any(), n_rows
+        assert not torch.isnan(w.grad).any() and w.grad.abs().max() == 0, n_rows
+    emb = torch.nn.Embedding(40, 8).to(device)
+    base = torch.randn(8, 12, device=device)
+    t = torch.randint(0, 40, (12,), device=device)
+    got = []
+    for fused in (True, False):
+        emb.zero_grad()
+        x = base.t()  # (12, 8), not contiguous; no grad: only W gets one
+        for _ in range(2):  # accumulate
+            loss = kernels.linear_cross_entropy(x, emb.weight, t) if fused else F.cross_entropy(x @ emb.weight.t(), t)
+            (loss * 0.3).backward()
+        got.append(emb.weight.grad.clone())
+    assert (got[0] - got[1]).abs().max().item() <= 1e-5 * got[1].abs().max().item()
+    kernels.FUSED_CHUNK_ROWS = 0
+    try:
+        kernels.linear_cross_entropy(base.t(), emb.weight, t)
+        raise AssertionError("FUSED_CHUNK_ROWS = 0 accepted")
+    except ValueError as e:
+        assert "FUSED_CHUNK_ROWS" in str(e)
+    kernels.FUSED_CHUNK_ROWS = 4
+    x0, w0 = torch.randn(9, 32, device=device), torch.randn(4099, 32, device=device) * 0.5
+    t = torch.randint(0, 4099, (9,), device=device)
+    with torch.autocast(device, dtype=torch.float16):  # refused: the gradient would round before the loss scale
+        try:
+            kernels.linear_cross_entropy(x0, w0, t)
+            raise AssertionError("fp16 accepted")
+        except RuntimeError as e:
+            assert "fp16" in str(e)
+    with torch.no_grad():  # no gradient wanted: the loss alone (3 chunks), no backward matmuls
+        assert abs(kernels.linear_cross_entropy(x0, w0, t).item() - F.cross_entropy(x0 @ w0.t(), t).item()) < 1e-4
     from helpers import train
     compiled = train.RunConfig(autocast="bf16", loss_kernel="triton", compile="default")
     if device == "cpu":  # the interpreter runs the kernels eagerly only: a compiled rung is refused, not failed
@@ -105,6 +141,20 @@ def test_a_wrong_kernel_fails_the_check(tmp_path):
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     out = subprocess.run([sys.executable, "-c", broken, "cpu"], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode != 0 and "AssertionError" in out.stderr
+
+
+@needs_triton
+def test_a_wrong_fused_gradient_fails_the_check():
+    """The fused LM-head CE's check looks at gradients, not only the loss: a dW off by a factor n / (n + 1)
+    (a right loss, a wrong backward scale) is caught."""
+    broken = CHECK.replace("kernels.FUSED_CHUNK_ROWS = 4",
+                           "kernels.FUSED_CHUNK_ROWS = 4\n"
+                           "kernels._LinearCrossEntropy.backward = staticmethod(lambda ctx, g: (lambda dx, dw, n: "
+                           "(dx * g / n, dw * g / (n + 1), None))(*ctx.saved_tensors))")
+    assert broken != CHECK
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-c", broken, "cpu"], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "AssertionError" in out.stderr, out.stderr[-2000:]
 
 
 @needs_cuda
@@ -140,7 +190,7 @@ def test_compiled_model_with_the_triton_loss_matches_pytorch_loss():
 
 
 def test_cross_entropy_says_why_it_cannot_run_on_a_cpu(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(kernels, "_INTERPRETED_AT_IMPORT", False)  # the module reads TRITON_INTERPRET at import
     ok, reason = kernels.available("cpu")
     assert not ok and ("CUDA GPU" in reason or "not installed" in reason)
     with pytest.raises(RuntimeError, match="Use F.cross_entropy"):
@@ -155,7 +205,7 @@ def test_cross_entropy_rejects_bad_shapes_and_dtypes():
 
 
 def test_unsupported_reason_names_the_triton_kernel_on_a_cpu(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(kernels, "_INTERPRETED_AT_IMPORT", False)  # the module reads TRITON_INTERPRET at import
     run = train.RunConfig(autocast="bf16", loss_kernel="triton")
     assert "Triton cross-entropy" in train.unsupported_reason(run, "cpu")
     with pytest.raises(ValueError, match="Triton cross-entropy"):

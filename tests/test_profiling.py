@@ -204,7 +204,7 @@ def test_table_from_perf_json_refuses_inconsistent_input(perf):
 def test_load_table_and_provenance_line():
     prov, table = profiling.load_table(profiling.SHIPPED_TABLE, 16)
     line = profiling.provenance_line(prov, table)
-    assert "NVIDIA H200" in line and "torch 2.11" in line and "2026-11-29" in line and "B=16" in line
+    assert "NVIDIA H200" in line and "torch 2.11" in line and "2026-11-30" in line and "B=16" in line
     with pytest.raises(KeyError, match="B=3"):
         profiling.load_table(profiling.SHIPPED_TABLE, 3)
 
