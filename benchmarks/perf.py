@@ -33,6 +33,10 @@ VARIANTS = {
     "attached-logits": {"detach_logits": False},
     "pytorch-ce": {"loss_kernel": "pytorch"},
     "two-kernel-ce": {"loss_kernel": "triton"},  # the fused LM-head CE's gradient computed in backward instead
+    # the last rung without torch.compile (chapter 10 profiles it eagerly), with each cross-entropy
+    "eager": {"compile": None},
+    "eager-two-kernel-ce": {"compile": None, "loss_kernel": "triton"},
+    "eager-pytorch-ce": {"compile": None, "loss_kernel": "pytorch"},
     "separate-clip": {"fused_clip": False},
     "session-3-final": {"residual_dtype": "fp32", "detach_logits": False, "loss_kernel": "pytorch", "fused_clip": False},
     # experiments that are not RunConfig switches (yet): applied by ``experiment()`` below
