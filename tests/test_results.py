@@ -1,10 +1,10 @@
-from helpers import results
+from helpers import ladder, results
 
 
 def test_committed_results_are_found_from_any_working_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     ref = results.load("h200-ladder-b16.json")
-    assert ref["device"] == "NVIDIA H200" and len(ref["rungs"]) == 11
+    assert ref["device"] == "NVIDIA H200" and len(ref["rungs"]) == len(ladder.RUNGS)
 
 
 def test_missing_result_is_none_with_advice(tmp_path, monkeypatch):
