@@ -58,12 +58,14 @@ _INTERPRETED_AT_IMPORT = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def available(device: torch.device | str) -> tuple[bool, str]:
-    """(whether the Triton cross-entropy can run on ``device``, the reason if not).
+    """(whether the Triton cross-entropy kernels can run on ``device``, the reason if not).
 
     It needs the ``triton`` package and a CUDA GPU of compute capability >= 7.0 (Triton's minimum), or
     a CPU when ``TRITON_INTERPRET=1`` was set before this module was imported (tests).
     """
     device = torch.device(device)
+    if device.type not in ("cuda", "cpu") or (device.type == "cpu" and not _INTERPRETED_AT_IMPORT):
+        return False, f"the Triton kernels run on a CUDA GPU; this device is a {device.type.upper()}"
     if triton is None:
         return False, "the 'triton' package is not installed (it comes with the CUDA builds of torch)"
     if device.type == "cuda":
@@ -73,9 +75,7 @@ def available(device: torch.device | str) -> tuple[bool, str]:
         if cap < (7, 0):
             return False, f"Triton needs compute capability >= 7.0; this GPU is {cap}"
         return True, ""
-    if device.type == "cpu" and _INTERPRETED_AT_IMPORT:
-        return True, ""
-    return False, f"the Triton kernel runs on a CUDA GPU (this device is {device.type})"
+    return True, ""  # a CPU with TRITON_INTERPRET=1 set before import (tests)
 
 
 if triton is not None:

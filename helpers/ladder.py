@@ -187,7 +187,8 @@ def run_ladder(
     if B < 1 or T < 1 or iters < 1 or warmup < 0:
         raise ValueError(f"need --batch-size >= 1, --seq-len >= 1, --iters >= 1, --warmup >= 0; got {B}, {T}, {iters}, {warmup}")
     if T > model_config.block_size:
-        raise ValueError(f"--seq-len {T} > block_size {model_config.block_size} of the {device.type} model config")
+        raise ValueError(f"--seq-len {T} > block_size {model_config.block_size} of the {device.type} model config: "
+                         f"use --seq-len <= {model_config.block_size} here")
     tokens = data.load_tokens()
     configs = [run for run, _ in ladder_configs(B, T, compile_mode, device)]
     if rungs:
@@ -225,7 +226,8 @@ def format_table(results: dict) -> str:
     base = next((r["name"] for r in results["rungs"] if r["status"] == "measured"), None)
     lines = [f"{results['device']} | torch {results['torch']} | B={results['config']['batch_size']} "
              f"T={results['config']['seq_len']} | {results['date']}",
-             f"speed-up is relative to the first measured rung ({base}); spread = (max - min) / median of the timed steps",
+             f"speed-up is relative to the first measured rung ({base}); spread = (max - min) / median of the timed steps"
+             if base is not None else "no rung was measured here (see the reasons below)",
              head, "-" * len(head)]
     for r in results["rungs"]:
         if r["status"] == "measured":

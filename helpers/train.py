@@ -145,7 +145,8 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
 
         ok, why = kernels.available(device)
         if not ok:
-            return f"the Triton cross-entropy cannot run: {why}"
+            what = "fused LM-head cross-entropy" if run.loss_kernel == "fused" else "Triton cross-entropy"
+            return f"the {what} cannot run: {why}"
         if run.compile is not None and device.type != "cuda":
             return "the Triton cross-entropy runs compiled only on a CUDA GPU (Triton's CPU interpreter runs it eagerly)"
         if run.loss_kernel == "fused" and run.autocast == "fp16":
