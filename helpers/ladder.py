@@ -96,8 +96,9 @@ def _short(name: str) -> str:
 
 
 def select_rungs(configs: list[RunConfig], rungs: list[str]) -> list[RunConfig]:
-    """The configs named in ``rungs`` (with or without the leading "+ "). "autocast", "bf16 autocast"
-    and "fp16 autocast" all name the autocast rung, whichever dtype this device's ladder gives it.
+    """The configs named in ``rungs`` (with or without the leading "+ ", in any letter case). "autocast",
+    "bf16 autocast" and "fp16 autocast" all name the autocast rung, whichever dtype this device's
+    ladder gives it.
 
     Raises:
         ValueError: a name that is no rung of this ladder.
@@ -106,13 +107,14 @@ def select_rungs(configs: list[RunConfig], rungs: list[str]) -> list[RunConfig]:
         names = {run.name, _short(run.name)}
         if run.autocast is not None and run.name in (FP16_AUTOCAST_RUNG, *(n for n, c in RUNGS if "autocast" in c)):
             names |= {"autocast", "bf16 autocast", "fp16 autocast", _short(FP16_AUTOCAST_RUNG)}
-        return names
+        return {n.casefold() for n in names}
 
     known = set().union(*(aliases(c) for c in configs)) if configs else set()
-    unknown = set(rungs) - known
+    asked = {r.casefold() for r in rungs}
+    unknown = sorted(r for r in rungs if r.casefold() not in known)
     if unknown:
-        raise ValueError(f"unknown rung(s) {sorted(unknown)}; rungs are {[c.name for c in configs]}")
-    return [c for c in configs if aliases(c) & set(rungs)]
+        raise ValueError(f"unknown rung(s) {unknown}; rungs are {[c.name for c in configs]}")
+    return [c for c in configs if aliases(c) & asked]
 
 
 def run_rung(
@@ -229,17 +231,23 @@ def format_table(results: dict) -> str:
              f"speed-up is relative to the first measured rung ({base}); spread = (max - min) / median of the timed steps"
              if base is not None else "no rung was measured here (see the reasons below)",
              head, "-" * len(head)]
+    measured = [r for r in results["rungs"] if r["status"] == "measured"]
+    shared = {r["reason"] for r in measured}
+    shared_note = shared.pop() if len(shared) == 1 and len(measured) > 1 else "ok"  # e.g. why no MFU: said once
+    if shared_note != "ok":
+        lines.insert(2, f"note for every measured rung: {shared_note}")
     for r in results["rungs"]:
         if r["status"] == "measured":
             mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
-            note = "" if r["reason"] == "ok" else r["reason"]
+            note = "" if r["reason"] in ("ok", shared_note) else r["reason"]
             lines.append(f"{r['name']:<20} {r['status']:<9} {r['ms_per_step']:>9.1f} {r.get('spread_pct', 0):>6.0f}% {r['tokens_per_s']:>11,.0f} "
                          f"{r['speedup']:>7.2f}x {mfu:>6} {memory.format_bytes(r['peak_mem_bytes']):>10}  {note}")
         else:
             lines.append(f"{r['name']:<20} {r['status']:<9} {'-':>9} {'-':>7} {'-':>11} {'-':>8} {'-':>6} {'-':>10}  {r['reason']}")
     noisy = [r["name"] for r in results["rungs"] if r["status"] == "measured" and r.get("spread_pct", 0) > 25]
     if noisy:
-        lines.append(f"warning: steps varied by more than 25% in {noisy}: the machine was busy or the GPU was not warm; "
+        where = "the CPU was shared" if str(results.get("device", "")).startswith("cpu") else "the GPU was not warm"
+        lines.append(f"warning: steps varied by more than 25% in {noisy}: the machine was busy or {where}; "
                      f"re-run with more --iters before trusting small differences")
     return "\n".join(lines)
 

@@ -77,6 +77,19 @@ def test_table_shows_spread_and_the_speedup_baseline():
          "speedup": 1.0, "mfu": None, "peak_mem_bytes": None, "reason": "ok"}]}
     text = ladder.format_table(res)
     assert "relative to the first measured rung (fp32)" in text and "40%" in text and "warning" in text
+    assert "the CPU was shared" in text
+
+
+def test_table_says_a_shared_note_once_and_handles_no_measured_rung():
+    row = {"status": "measured", "ms_per_step": 10.0, "spread_pct": 1.0, "tokens_per_s": 800.0, "speedup": 1.0,
+           "mfu": None, "peak_mem_bytes": None, "reason": "MFU not reported: peak FLOP/s unknown for this device"}
+    res = {"device": "cpu", "torch": "x", "date": "d", "config": {"batch_size": 1, "seq_len": 8},
+           "rungs": [{**row, "name": "fp32"}, {**row, "name": "+ sdpa attention"}]}
+    text = ladder.format_table(res)
+    assert text.count("MFU not reported") == 1 and "note for every measured rung" in text
+    res["rungs"] = [{"name": "+ Triton CE", "status": "skipped", "reason": "needs a CUDA GPU"}]
+    text = ladder.format_table(res)
+    assert "(None)" not in text and "no rung was measured" in text and "needs a CUDA GPU" in text
 
 
 def test_emulation_without_a_gpu_is_a_clear_error(capsys):
@@ -146,6 +159,7 @@ def test_rung_names_select_the_autocast_rung_in_either_dtype(monkeypatch):
             assert [c.name for c in ladder.select_rungs(configs, ["fp32", alias])] == ["fp32", want], alias
     with pytest.raises(ValueError, match="unknown rung"):
         ladder.select_rungs(fp16, ["fp64"])
+    assert [c.name for c in ladder.select_rungs(fp16, ["FP32", "Vocab 50304"])] == ["fp32", "+ vocab 50304"]  # any case
 
 
 def test_out_of_memory_rung_is_failed_with_a_short_reason(monkeypatch, tiny_config):
