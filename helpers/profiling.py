@@ -381,10 +381,7 @@ def profile_steps(
             Path(trace_path).parent.mkdir(parents=True, exist_ok=True)
             p.export_chrome_trace(str(trace_path))
 
-    # One cycle only (repeat=1), so torch's "Profiler clears events at the end of each cycle" warning
-    # (torch >= 2.10, seen on the H200) warns about nothing here: silenced, not to clutter the notebook.
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Profiler clears events")
+    with quiet_one_cycle_warning():
         with profile(activities=activities, schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
                      on_trace_ready=on_ready) as prof:
             for _ in range(wait + warmup + active):
@@ -395,6 +392,16 @@ def profile_steps(
     result = summarize_events(prof.events(), active, device.type, name)
     result.trace_path = str(trace_path) if trace_path is not None else None
     return result
+
+
+@contextlib.contextmanager
+def quiet_one_cycle_warning():
+    """Context that hides torch's "Warning: Profiler clears events at the end of each cycle" (torch 2.11
+    on the H200 printed it in chapter 10). The course profiles one cycle (repeat=1), so it warns about
+    nothing. The message starts with "Warning: ", hence the leading ``.*`` (the filter matches from the start)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*Profiler clears events at the end of each cycle")
+        yield
 
 
 def _sync(device: torch.device) -> None:

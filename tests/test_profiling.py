@@ -96,6 +96,21 @@ def cpu_profile(tmp_path_factory):
     return profiling.profile_steps(trainer, loader, active=2, trace_path=trace)
 
 
+def test_profile_steps_hides_torchs_one_cycle_warning():
+    """torch 2.11 warned "Warning: Profiler clears events at the end of each cycle" in chapter 10's profile (one
+    cycle: nothing to warn about). The filter must match that exact text, which starts with "Warning: "."""
+    import warnings
+
+    msg = ("Warning: Profiler clears events at the end of each cycle. Only events from the current cycle will be "
+           "reported. To keep events across cycles, set acc_events=True.")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with profiling.quiet_one_cycle_warning():
+            warnings.warn(msg, UserWarning, stacklevel=1)
+            warnings.warn("another warning", UserWarning, stacklevel=1)  # other warnings still show
+    assert [str(w.message) for w in seen] == ["another warning"]
+
+
 def test_cpu_profile_has_operators_phases_and_a_trace(cpu_profile):
     prof = cpu_profile
     assert prof.device_type == "cpu" and prof.steps == 2
