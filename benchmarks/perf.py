@@ -42,6 +42,7 @@ VARIANTS = {
     # experiments that are not RunConfig switches (yet): applied by ``experiment()`` below
     "coord-descent": {},
     "max-autotune-nocg": {"compile": "max-autotune-no-cudagraphs"},
+    "max-autotune-gemm": {},  # inductor autotunes each matmul (cuBLAS vs Triton templates that can fuse epilogues)
     "no-cudnn-attention": {},  # SDPA may not pick cuDNN's kernel (set before compiling, so the trace sees it)
     # the fused LM-head CE with other chunk sizes than kernels.FUSED_CHUNK_ROWS (32768 since session 5)
     "fused-unchunked": {},
@@ -53,7 +54,7 @@ FUSED_CHUNKS = {"fused-unchunked": None, "fused-chunk-8192": 8192, "fused-chunk-
 
 
 def experiment(name: str):
-    """Context for variants that are not RunConfig switches: inductor settings (coord-descent), the SDPA
+    """Context for variants that are not RunConfig switches: inductor settings (coord-descent, max-autotune-gemm), the SDPA
     backends (no-cudnn-attention), ``helpers.kernels.FUSED_CHUNK_ROWS`` (fused-*); restores them afterwards."""
     import contextlib
 
@@ -61,6 +62,8 @@ def experiment(name: str):
 
     if name == "coord-descent":
         return inductor_config.patch(coordinate_descent_tuning=True)
+    if name == "max-autotune-gemm":  # GEMMs only: no coordinate descent, no pointwise autotuning, no CUDA graphs
+        return inductor_config.patch(max_autotune_gemm=True)
     if name in FUSED_CHUNKS:
         from unittest import mock
 
@@ -82,6 +85,7 @@ def experiment(name: str):
 FAMILIES = [  # (family, regex on the kernel name), first match wins
     ("cross-entropy (hand-written Triton)", r"_ce_(forward|backward|fused)_kernel"),
     ("attention", r"flash|fmha|attention|sdpa|cudnn"),
+    ("matmul (inductor Triton template, epilogue fused in)", r"^triton_tem_"),
     ("matmul", r"gemm|nvjet|xmma|cutlass|sm90_|sm80_|wgmma|cublas"),
     ("optimizer", r"adam|multi_tensor|foreach|norm_kernel|_amp_"),
     ("triton fused (elementwise, norms, softmax, CE)", r"^triton_"),
@@ -97,7 +101,8 @@ def family(name: str) -> str:
 
 
 def profile(trainer, loader, steps: int = 3) -> dict[str, float]:
-    """Device ms per step by kernel family, from torch.profiler over ``steps`` steps."""
+    """Device ms per step by kernel family, from torch.profiler over ``steps`` steps, with the 15 (and 40) largest
+    kernels: ``top_kernels_ms`` and ``kernels_ms``, lists of [ms per step, kernel name]."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as tprofile
 
@@ -117,7 +122,8 @@ def profile(trainer, loader, steps: int = 3) -> dict[str, float]:
         totals[family(evt.key)] += dev_us / 1e3 / steps
         top.append((dev_us / 1e3 / steps, evt.key))
     top.sort(reverse=True)
-    return {"families_ms": dict(sorted(totals.items(), key=lambda kv: -kv[1])), "top_kernels_ms": top[:15]}
+    return {"families_ms": dict(sorted(totals.items(), key=lambda kv: -kv[1])), "top_kernels_ms": top[:15],
+            "kernels_ms": top[:40]}  # top_kernels_ms feeds helpers.profiling.table_from_perf_json; kernels_ms: to read
 
 
 def main(argv=None) -> int:

@@ -429,6 +429,7 @@ SHIPPED_TABLE = "h200-profile-table.json"
 # benchmarks/perf.py's family names -> this module's (its rules are a coarser version of FAMILY_RULES)
 PERF_FAMILIES = {
     "matmul": MATMUL,
+    "matmul (inductor Triton template, epilogue fused in)": MATMUL,  # max-autotune variants only
     "attention": ATTENTION,
     "triton fused (elementwise, norms, softmax, CE)": TRITON,
     "cross-entropy (hand-written Triton)": REDUCTION,
@@ -454,7 +455,7 @@ def table_from_perf_json(perf: dict, source: str, date: str, cuda: str | None = 
             falls in another family under :func:`kernel_family` than under perf.py, or a remainder
             would be negative.
     """
-    tables, seen = [], set()
+    tables, seen, n_listed = [], set(), 0
     for row in perf["rows"]:
         prof = row.get("profile")
         if not prof or row["variant"] != "final" or row["batch_size"] in seen:
@@ -464,7 +465,8 @@ def table_from_perf_json(perf: dict, source: str, date: str, cuda: str | None = 
         for perf_fam, ms in prof["families_ms"].items():
             if perf_fam not in PERF_FAMILIES:
                 raise ValueError(f"unknown perf.py family {perf_fam!r}; add it to PERF_FAMILIES")
-            fam_ms[PERF_FAMILIES[perf_fam]] = ms
+            fam_ms[PERF_FAMILIES[perf_fam]] = fam_ms.get(PERF_FAMILIES[perf_fam], 0.0) + ms
+        n_listed = max(n_listed, len(prof["top_kernels_ms"]))
         kernels, listed = [], defaultdict(float)
         for ms, name in prof["top_kernels_ms"]:
             fam = kernel_family(name)
@@ -495,8 +497,8 @@ def table_from_perf_json(perf: dict, source: str, date: str, cuda: str | None = 
         "format": TABLE_FORMAT,
         "what": "device time (ms per training step) of each CUDA kernel, torch.profiler over 3 steps",
         "device": perf["device"], "torch": perf["torch"], "cuda": cuda, "date": date, "source": source,
-        "derived": "listed kernels are perf.py's 15 largest, as measured; each '(rest of the ... family)' row "
-                   "is that family's measured total minus its listed kernels",
+        "derived": f"listed kernels are perf.py's {n_listed} largest, as measured; each '(rest of the ... family)' "
+                   "row is that family's measured total minus its listed kernels",
         "tables": tables,
     }
 

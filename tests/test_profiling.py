@@ -194,6 +194,22 @@ def test_table_from_perf_json_keeps_the_measured_family_totals_and_kernels(perf)
         assert t["step_ms"] == row["ms_per_step"]
 
 
+def test_table_from_perf_json_adds_perf_families_that_map_to_one_family(perf):
+    """A max-autotune run splits matmul time into cuBLAS and Triton-template families; the table sums them."""
+    perf = json.loads(json.dumps(perf))
+    row = next(r for r in perf["rows"] if r["variant"] == "final" and "profile" in r)
+    fams = row["profile"]["families_ms"]
+    fams["matmul (inductor Triton template, epilogue fused in)"] = 2.5
+    row["profile"]["top_kernels_ms"].append([2.5, "triton_tem_fused_addmm_gelu_0"])
+    table = profiling.table_from_perf_json(perf, source="x", date="2026-11-30")
+    t = next(t for t in table["tables"] if t["batch_size"] == row["batch_size"])
+    assert t["families_ms"]["matmul"] == pytest.approx(fams["matmul"] + 2.5)
+    assert f"perf.py's {len(row['profile']['top_kernels_ms'])} largest" in table["derived"]
+    fams["a family perf.py never had"] = 1.0
+    with pytest.raises(ValueError, match="add it to PERF_FAMILIES"):
+        profiling.table_from_perf_json(perf, source="x", date="2026-11-30")
+
+
 def test_shipped_table_is_exactly_the_derived_one(perf):
     shipped = json.loads((RESULTS / profiling.SHIPPED_TABLE).read_text())
     derived = profiling.table_from_perf_json(perf, source="results/h200-perf-final-2026-11-30.json (benchmarks/perf.py --profile)",
