@@ -81,13 +81,12 @@ def available(device: torch.device | str) -> tuple[bool, str]:
 if triton is not None:
 
     @triton.jit
-    def _ce_forward_kernel(logits_ptr, targets_ptr, loss_ptr, lse_ptr, row_stride, ignore_index,
-                           n_cols: tl.constexpr, BLOCK: tl.constexpr):
-        # One program per row: a running max m and sum s of exp(x - m) over the row, one read.
+    def _row_loss(row_ptr, targets_ptr, row, ignore_index, n_cols: tl.constexpr, BLOCK: tl.constexpr):
+        # One row's loss in one read: a running max m and sum s of exp(x - m) over the row (online softmax).
         # n_cols is a compile-time constant (one build per vocabulary size): a loop bound Triton's CPU
         # interpreter also accepts (its runtime integers cannot bound a range with numpy 2).
-        row = tl.program_id(0).to(tl.int64)
-        row_ptr = logits_ptr + row * row_stride
+        # Returns (loss, lse, target, in_range); ignored rows' loss is 0, a target outside [0, n_cols) gives
+        # nan (F.cross_entropy raises; a check here would sync).
         cols = tl.arange(0, BLOCK)
         m = tl.full([], -3.0e38, tl.float32)  # finite: exp(m_old - m_new) is never exp(nan)
         s = tl.zeros([], tl.float32)
@@ -102,30 +101,41 @@ if triton is not None:
         in_range = (target >= 0) & (target < n_cols)
         x_target = tl.load(row_ptr + tl.where(in_range, target, 0)).to(tl.float32)  # never reads outside the row
         loss = (m - x_target) + log_s  # = lse - x_target, without rounding lse at the size of m first
-        # ignored rows add 0; a target outside [0, n_cols) gives nan (F.cross_entropy raises; a check here would sync)
         loss = tl.where(target == ignore_index, 0.0, tl.where(in_range, loss, float("nan")))
-        tl.store(loss_ptr + row, loss)
-        tl.store(lse_ptr + row, m + log_s)  # log-sum-exp of the row, for backward
+        return loss, m + log_s, target, in_range
 
     @triton.jit
-    def _ce_backward_kernel(logits_ptr, targets_ptr, lse_ptr, grad_loss_ptr, grad_logits_ptr, row_stride, ignore_index,
-                            n_cols: tl.constexpr, BLOCK: tl.constexpr):
-        # d loss_row / d x_j = softmax(x)_j - [j == target]; scaled by the row's upstream gradient.
-        row = tl.program_id(0).to(tl.int64)
-        row_ptr = logits_ptr + row * row_stride
-        out_ptr = grad_logits_ptr + row * n_cols
-        lse = tl.load(lse_ptr + row)
-        target = tl.load(targets_ptr + row)
-        in_range = (target >= 0) & (target < n_cols)
-        scale = tl.where(target != ignore_index, tl.load(grad_loss_ptr + row).to(tl.float32), 0.0)
-        scale = tl.where(in_range | (target == ignore_index), scale, float("nan"))  # as the forward's nan loss
+    def _store_row_grad(row_ptr, out_ptr, lse, target, scale, n_cols: tl.constexpr, BLOCK: tl.constexpr):
+        # d loss_row / d x_j = softmax(x)_j - [j == target], times scale; one read and one write of the row.
         cols = tl.arange(0, BLOCK)
         for start in range(0, n_cols, BLOCK):
             idx = start + cols
             mask = idx < n_cols
             x = tl.load(row_ptr + idx, mask=mask, other=0.0).to(tl.float32)
             g = (tl.exp(x - lse) - tl.where(idx == target, 1.0, 0.0)) * scale
-            tl.store(out_ptr + idx, g.to(grad_logits_ptr.dtype.element_ty), mask=mask)
+            tl.store(out_ptr + idx, g.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _ce_forward_kernel(logits_ptr, targets_ptr, loss_ptr, lse_ptr, row_stride, ignore_index,
+                           n_cols: tl.constexpr, BLOCK: tl.constexpr):
+        # One program per row: its loss, and its log-sum-exp for backward.
+        row = tl.program_id(0).to(tl.int64)
+        loss, lse, target, in_range = _row_loss(logits_ptr + row * row_stride, targets_ptr, row, ignore_index,
+                                                n_cols, BLOCK)
+        tl.store(loss_ptr + row, loss)
+        tl.store(lse_ptr + row, lse)
+
+    @triton.jit
+    def _ce_backward_kernel(logits_ptr, targets_ptr, lse_ptr, grad_loss_ptr, grad_logits_ptr, row_stride, ignore_index,
+                            n_cols: tl.constexpr, BLOCK: tl.constexpr):
+        # One program per row: softmax(x) - onehot(target), scaled by the row's upstream gradient.
+        row = tl.program_id(0).to(tl.int64)
+        lse = tl.load(lse_ptr + row)
+        target = tl.load(targets_ptr + row)
+        in_range = (target >= 0) & (target < n_cols)
+        scale = tl.where(target != ignore_index, tl.load(grad_loss_ptr + row).to(tl.float32), 0.0)
+        scale = tl.where(in_range | (target == ignore_index), scale, float("nan"))  # as the forward's nan loss
+        _store_row_grad(logits_ptr + row * row_stride, grad_logits_ptr + row * n_cols, lse, target, scale, n_cols, BLOCK)
 
     def _launch(kernel):
         # wrap_triton lets torch.compile trace the launch; the CPU interpreter's kernels are plain Python
@@ -164,38 +174,17 @@ if triton is not None:
     @triton.jit
     def _ce_fused_kernel(logits_ptr, targets_ptr, loss_ptr, grad_ptr, row_stride, ignore_index,
                          n_cols: tl.constexpr, BLOCK: tl.constexpr):
-        # Forward and backward of one row in one program: pass 1 is the forward kernel's online max/sum;
-        # pass 2 reads the row again (from L2 when it is still there) and writes softmax(x) - onehot(target),
+        # Forward and backward of one row in one program: the forward kernel's pass (_row_loss), then a
+        # second read of the row (from L2 when it is still there) that writes softmax(x) - onehot(target),
         # *not* scaled by 1/n or the upstream gradient: that scale is applied later to the two small
         # matmul outputs (see _LinearCrossEntropy), so no logits-sized pass waits for backward.
         row = tl.program_id(0).to(tl.int64)
         row_ptr = logits_ptr + row * row_stride
-        cols = tl.arange(0, BLOCK)
-        m = tl.full([], -3.0e38, tl.float32)
-        s = tl.zeros([], tl.float32)
-        for start in range(0, n_cols, BLOCK):
-            idx = start + cols
-            x = tl.load(row_ptr + idx, mask=idx < n_cols, other=-3.0e38).to(tl.float32)
-            m_new = tl.maximum(m, tl.max(x, axis=0))
-            s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
-            m = m_new
-        log_s = tl.log(s)
-        lse = m + log_s
-        target = tl.load(targets_ptr + row)
-        in_range = (target >= 0) & (target < n_cols)
-        x_target = tl.load(row_ptr + tl.where(in_range, target, 0)).to(tl.float32)
-        loss = (m - x_target) + log_s
-        loss = tl.where(target == ignore_index, 0.0, tl.where(in_range, loss, float("nan")))
+        loss, lse, target, in_range = _row_loss(row_ptr, targets_ptr, row, ignore_index, n_cols, BLOCK)
         tl.store(loss_ptr + row, loss)
         keep = tl.where(target != ignore_index, 1.0, 0.0)  # an ignored row's gradient is 0
         keep = tl.where(in_range | (target == ignore_index), keep, float("nan"))
-        out_ptr = grad_ptr + row * n_cols
-        for start in range(0, n_cols, BLOCK):
-            idx = start + cols
-            mask = idx < n_cols
-            x = tl.load(row_ptr + idx, mask=mask, other=0.0).to(tl.float32)
-            g = (tl.exp(x - lse) - tl.where(idx == target, 1.0, 0.0)) * keep
-            tl.store(out_ptr + idx, g.to(grad_ptr.dtype.element_ty), mask=mask)
+        _store_row_grad(row_ptr, grad_ptr + row * n_cols, lse, target, keep, n_cols, BLOCK)
 
     @torch.library.triton_op("fastgpt2::cross_entropy_rows_with_grad", mutates_args={})
     def _cross_entropy_rows_with_grad(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
