@@ -85,7 +85,7 @@ def experiment(name: str):
 FAMILIES = [  # (family, regex on the kernel name), first match wins
     ("cross-entropy (hand-written Triton)", r"_ce_(forward|backward|fused)_kernel"),
     ("attention", r"flash|fmha|attention|sdpa|cudnn"),
-    ("matmul (inductor Triton template, epilogue fused in)", r"^triton_tem_"),
+    ("matmul (inductor Triton template)", r"^triton_tem_"),
     ("matmul", r"gemm|nvjet|xmma|cutlass|sm90_|sm80_|wgmma|cublas"),
     ("optimizer", r"adam|multi_tensor|foreach|norm_kernel|_amp_"),
     ("triton fused (elementwise, norms, softmax, CE)", r"^triton_"),

@@ -429,7 +429,7 @@ SHIPPED_TABLE = "h200-profile-table.json"
 # benchmarks/perf.py's family names -> this module's (its rules are a coarser version of FAMILY_RULES)
 PERF_FAMILIES = {
     "matmul": MATMUL,
-    "matmul (inductor Triton template, epilogue fused in)": MATMUL,  # max-autotune variants only
+    "matmul (inductor Triton template)": MATMUL,  # max-autotune variants only
     "attention": ATTENTION,
     "triton fused (elementwise, norms, softmax, CE)": TRITON,
     "cross-entropy (hand-written Triton)": REDUCTION,
@@ -442,8 +442,8 @@ PERF_FAMILIES = {
 def table_from_perf_json(perf: dict, source: str, date: str, cuda: str | None = None) -> dict:
     """A profile table derived from the JSON of ``benchmarks/perf.py --profile``.
 
-    perf.py kept, per profiled row, the device ms per step of each kernel family and of the 15
-    largest kernels. The table lists those 15 kernels as measured, plus one row per family for the
+    perf.py kept, per profiled row, the device ms per step of each kernel family and of its largest
+    kernels (``top_kernels_ms``: 15). The table lists those kernels as measured, plus one row per family for the
     rest of that family ("(rest of the matmul family ...)", ms = family total minus the listed kernels),
     so that family totals equal the measured ones. No per-kernel number is made up; the remainder
     rows say they are remainders (``"remainder": true``, ``"calls": null``).
@@ -455,7 +455,7 @@ def table_from_perf_json(perf: dict, source: str, date: str, cuda: str | None = 
             falls in another family under :func:`kernel_family` than under perf.py, or a remainder
             would be negative.
     """
-    tables, seen, n_listed = [], set(), 0
+    tables, seen, n_listed = [], set(), {}
     for row in perf["rows"]:
         prof = row.get("profile")
         if not prof or row["variant"] != "final" or row["batch_size"] in seen:
@@ -466,7 +466,7 @@ def table_from_perf_json(perf: dict, source: str, date: str, cuda: str | None = 
             if perf_fam not in PERF_FAMILIES:
                 raise ValueError(f"unknown perf.py family {perf_fam!r}; add it to PERF_FAMILIES")
             fam_ms[PERF_FAMILIES[perf_fam]] = fam_ms.get(PERF_FAMILIES[perf_fam], 0.0) + ms
-        n_listed = max(n_listed, len(prof["top_kernels_ms"]))
+        n_listed[row["batch_size"]] = len(prof["top_kernels_ms"])
         kernels, listed = [], defaultdict(float)
         for ms, name in prof["top_kernels_ms"]:
             fam = kernel_family(name)
@@ -493,11 +493,14 @@ def table_from_perf_json(perf: dict, source: str, date: str, cuda: str | None = 
     if not tables:
         raise ValueError("no 'final' row with a 'profile' in this perf.py file: run it with --variants final --profile")
     tables.sort(key=lambda t: t["batch_size"])
+    counts = sorted(set(n_listed.values()))
+    how_many = (f"{counts[0]} largest" if len(counts) == 1 else
+                "largest (" + ", ".join(f"{n} at B={b}" for b, n in sorted(n_listed.items())) + ")")
     return {
         "format": TABLE_FORMAT,
         "what": "device time (ms per training step) of each CUDA kernel, torch.profiler over 3 steps",
         "device": perf["device"], "torch": perf["torch"], "cuda": cuda, "date": date, "source": source,
-        "derived": f"listed kernels are perf.py's {n_listed} largest, as measured; each '(rest of the ... family)' "
+        "derived": f"listed kernels are perf.py's {how_many}, as measured; each '(rest of the ... family)' "
                    "row is that family's measured total minus its listed kernels",
         "tables": tables,
     }
