@@ -6,19 +6,24 @@ Each variant is the ladder's last rung plus one change; every variant is built a
 (``helpers.train.build`` resets dynamo). Timing is ``helpers.timing.measure`` (3 warm-up steps,
 median of 10 CUDA-event-timed steps), the same method as the ladder and the reference.
 ``--profile`` runs torch.profiler over 3 steps and sums device time per kernel family.
+``--power`` samples the GPU's power draw and SM clock with nvidia-smi every 100 ms
+(``helpers.hardware.GPUPowerSampler``) and stores, per row, what it read during the timed steps.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import re
 import sys
+import time
 from collections import defaultdict
 
 import torch
 
-from helpers import data, memory, timing
+from helpers import data, hardware, memory, timing
 from helpers.ladder import last_runnable
 from helpers.model import GPTConfig, flops_per_token
 from helpers.train import build
@@ -131,6 +136,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, nargs="+", default=[16])
     p.add_argument("--variants", nargs="+", default=["final"], choices=list(VARIANTS))
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--power", action="store_true", help="sample power and SM clock with nvidia-smi (100 ms)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -140,28 +146,10 @@ def main(argv=None) -> int:
     cfg = GPTConfig()
     tokens = data.load_tokens()
     rows = []
-    for B in args.batch_size:
-        final = last_runnable(B, 1024, device)
-        for v in args.variants:
-            run = final.replace(name=v, **VARIANTS[v])
-            memory.reset_peak(device)
-            trainer = build(run, cfg, device)
-            loader = data.BatchLoader(tokens, B, 1024, device)
-            with experiment(v):  # compilation happens in the warm-up steps, inside the context
-                t = timing.measure(lambda: trainer.step(loader), device, warmup=3, iters=10)  # noqa: B023
-                tok_s = timing.tokens_per_second(B * 1024, t.median_ms)
-                row = {"variant": v, "batch_size": B, "ms_per_step": t.median_ms, "spread_pct": t.spread_pct,
-                       "tokens_per_s": tok_s, "tflops": flops_per_token(cfg) * tok_s / 1e12,
-                       "peak_mem_bytes": memory.peak_bytes(device), "first_step_s": t.warmup_ms[0] / 1e3}
-                if args.profile:
-                    row["profile"] = profile(trainer, loader)
-            rows.append(row)
-            print(f"B={B:<3} {v:<16} {t.median_ms:8.1f} ms  {tok_s:10,.0f} tok/s  {row['tflops']:6.1f} TFLOP/s  "
-                  f"spread {t.spread_pct:4.1f}%  compile+first step {row['first_step_s']:.1f} s", flush=True)
-            if "profile" in row:
-                for fam, ms in row["profile"]["families_ms"].items():
-                    print(f"      {fam:<48} {ms:7.2f} ms/step")
-            trainer = None
+    smi = hardware.GPUPowerSampler(device) if args.power else contextlib.nullcontext()
+    with smi:
+        for B in args.batch_size:
+            run_batch_size(B, args, device, cfg, tokens, rows, smi if args.power else None)
     import datetime
 
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -170,6 +158,42 @@ def main(argv=None) -> int:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
     return 0
+
+
+def run_batch_size(B: int, args, device: torch.device, cfg: GPTConfig, tokens, rows: list, smi) -> None:
+    """Every variant at batch size B: build, compile in the warm-up, time; profile and power if asked."""
+    final = last_runnable(B, 1024, device)
+    for v in args.variants:
+        run = final.replace(name=v, **VARIANTS[v])
+        memory.reset_peak(device)
+        trainer = build(run, cfg, device)
+        loader = data.BatchLoader(tokens, B, 1024, device)
+        with experiment(v):  # compilation happens in the warm-up steps, inside the context
+            t_before = time.time()
+            t = timing.measure(lambda: trainer.step(loader), device, warmup=3, iters=10)  # noqa: B023
+            t_after = time.time()
+            tok_s = timing.tokens_per_second(B * 1024, t.median_ms)
+            row = {"variant": v, "batch_size": B, "ms_per_step": t.median_ms, "spread_pct": t.spread_pct,
+                   "tokens_per_s": tok_s, "tflops": flops_per_token(cfg) * tok_s / 1e12,
+                   "peak_mem_bytes": memory.peak_bytes(device), "first_step_s": t.warmup_ms[0] / 1e3}
+            if smi is not None:  # the timed steps began when the (synchronised) warm-up steps ended
+                t0 = t_before + sum(t.warmup_ms) / 1e3
+                row["power_timed_steps"] = hardware.power_summary(smi.samples, t0, t_after)
+                row["power_samples"] = [dataclasses.asdict(s) for s in smi.samples if t0 <= s.t <= t_after]
+            if args.profile:
+                row["profile"] = profile(trainer, loader)
+        rows.append(row)
+        print(f"B={B:<3} {v:<16} {t.median_ms:8.1f} ms  {tok_s:10,.0f} tok/s  {row['tflops']:6.1f} TFLOP/s  "
+              f"spread {t.spread_pct:4.1f}%  compile+first step {row['first_step_s']:.1f} s", flush=True)
+        if row.get("power_timed_steps", {}).get("samples"):
+            pw = row["power_timed_steps"]
+            print(f"      power {pw['power_w']['min']:.0f}-{pw['power_w']['max']:.0f} W (limit "
+                  f"{pw['power_limit_w']:.0f}), SM clock {pw['sm_clock_mhz']['min']:.0f}-"
+                  f"{pw['sm_clock_mhz']['max']:.0f} MHz, {pw['samples']} samples in the timed steps")
+        if "profile" in row:
+            for fam, ms in row["profile"]["families_ms"].items():
+                print(f"      {fam:<48} {ms:7.2f} ms/step")
+        trainer = None
 
 
 if __name__ == "__main__":

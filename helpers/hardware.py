@@ -522,3 +522,120 @@ def format_profiles(profiles: list[GPUProfile] | None = None) -> str:
     lines.append("TFLOP/s dense. Sources:")
     lines += [f"  {p.key}: {p.source}" + (f" ({p.note})" if p.note else "") for p in profiles]
     return "\n".join(lines)
+
+
+# --- power and clocks while a workload runs (nvidia-smi in the background) ---------------------------
+
+SMI_QUERY = "timestamp,clocks.sm,power.draw,power.limit,clocks_throttle_reasons.active"
+SW_POWER_CAP = 0x4  # nvidia-smi clocks_event_reasons bit: the driver lowers clocks to stay under the power limit
+
+
+@dataclass
+class PowerSample:
+    """One nvidia-smi reading: ``t`` (time.time(), s, when the line arrived), SM clock (MHz), power draw and
+    limit (W), and the clock-event reasons bit mask (``SW_POWER_CAP`` = 0x4; 0 = nothing holds the clock)."""
+
+    t: float
+    sm_clock_mhz: float
+    power_w: float
+    power_limit_w: float
+    reasons: int
+
+
+def parse_smi_line(line: str, t: float) -> PowerSample | None:
+    """A :class:`PowerSample` from one line of ``nvidia-smi --query-gpu=SMI_QUERY --format=csv,noheader,nounits``
+    (e.g. ``"2026/11/30 03:39:09.345, 1740, 697.75, 700.00, 0x0000000000000004"``); None for a line that is not
+    one (a header, "[N/A]" fields, an error message)."""
+    parts = [p.strip() for p in line.split(",")]
+    if len(parts) != 5:
+        return None
+    try:
+        return PowerSample(t=t, sm_clock_mhz=float(parts[1]), power_w=float(parts[2]),
+                           power_limit_w=float(parts[3]), reasons=int(parts[4], 16))
+    except ValueError:
+        return None
+
+
+def power_summary(samples: list[PowerSample], t0: float | None = None, t1: float | None = None) -> dict:
+    """Min / median / max of power (W) and SM clock (MHz) over the samples taken in [t0, t1] (time.time() s;
+    None = no bound), the power limit, and the fraction of samples with :data:`SW_POWER_CAP` set.
+
+    Returns ``{"samples": 0}`` when no sample falls in the window (e.g. a window shorter than the interval).
+    """
+    sel = [s for s in samples if (t0 is None or s.t >= t0) and (t1 is None or s.t <= t1)]
+    if not sel:
+        return {"samples": 0}
+
+    def stats(xs):
+        xs = sorted(xs)
+        return {"min": xs[0], "median": xs[len(xs) // 2], "max": xs[-1]}
+
+    return {"samples": len(sel), "power_w": stats([s.power_w for s in sel]),
+            "sm_clock_mhz": stats([s.sm_clock_mhz for s in sel]), "power_limit_w": sel[-1].power_limit_w,
+            "sw_power_cap_fraction": sum(bool(s.reasons & SW_POWER_CAP) for s in sel) / len(sel)}
+
+
+class GPUPowerSampler:
+    """Reads a GPU's SM clock, power draw and clock-event reasons every ``interval_ms`` while a block runs.
+
+    ``nvidia-smi --query-gpu=... -lms interval_ms`` runs in the background (NVIDIA's tool: it reads the same
+    NVML counters as ``nvidia-smi -q -d POWER,CLOCK``); a thread timestamps each line as it arrives::
+
+        with hardware.GPUPowerSampler(torch.device("cuda")) as smi:
+            t0 = time.time(); run_steps(); t1 = time.time()
+        print(hardware.power_summary(smi.samples, t0, t1))
+
+    The counters are the driver's own averages, so a sample describes the last ~100 ms, not one kernel.
+    Sampling only reads; it never changes clocks or limits.
+
+    Raises:
+        RuntimeError: on entering, if the device is not a CUDA GPU or ``nvidia-smi`` is not on PATH (it ships
+            with the NVIDIA driver; on a CPU or a machine without it, time the workload without ``--power``).
+    """
+
+    def __init__(self, device: torch.device | str = "cuda", interval_ms: int = 100, command: list[str] | None = None):
+        self.device = torch.device(device)
+        self.interval_ms = int(interval_ms)
+        self.command = command
+        self.samples: list[PowerSample] = []
+        self._proc = None
+        self._thread = None
+
+    def _default_command(self) -> list[str]:
+        if self.device.type != "cuda":
+            raise RuntimeError(f"GPUPowerSampler reads an NVIDIA GPU's counters; {self.device} is not a CUDA device")
+        if shutil.which("nvidia-smi") is None:
+            raise RuntimeError("nvidia-smi is not on PATH: it ships with the NVIDIA driver. Without it, power and "
+                               "clocks cannot be sampled; run without --power.")
+        uuid = str(torch.cuda.get_device_properties(self.device).uuid)
+        gpu = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+        return ["nvidia-smi", "-i", gpu, f"--query-gpu={SMI_QUERY}", "--format=csv,noheader,nounits",
+                "-lms", str(self.interval_ms)]
+
+    def __enter__(self) -> "GPUPowerSampler":
+        import subprocess
+        import threading
+        import time
+
+        cmd = self.command or self._default_command()
+        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+        def read():
+            for line in self._proc.stdout:
+                s = parse_smi_line(line, time.time())
+                if s is not None:
+                    self.samples.append(s)
+
+        self._thread = threading.Thread(target=read, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=5)
+            except Exception:
+                self._proc.kill()
+        if self._thread is not None:
+            self._thread.join(timeout=5)

@@ -340,3 +340,50 @@ def test_emulating_on_a_cpu_with_the_variable_set_says_to_unset_it(monkeypatch):
     monkeypatch.setenv(hardware.EMULATE_ENV, "T4")
     with pytest.raises(ValueError, match="unset \\$COURSE_EMULATE_GPU"):
         hardware.emulate("T4", "cpu")
+
+
+# --- GPUPowerSampler: nvidia-smi lines in, samples and a summary out (a fake nvidia-smi on the CPU) ---
+
+SMI_LINES = ["2026/11/30 03:39:09.345, 1740, 697.75, 700.00, 0x0000000000000004",
+             "2026/11/30 03:39:09.445, 1980, 124.80, 700.00, 0x0000000000000000",
+             "2026/11/30 03:39:09.545, 1650, 693.88, 700.00, 0x0000000000000004"]
+
+
+def test_parse_smi_line_reads_clock_power_limit_and_reasons():
+    s = hardware.parse_smi_line(SMI_LINES[0], t=5.0)
+    assert (s.t, s.sm_clock_mhz, s.power_w, s.power_limit_w, s.reasons) == (5.0, 1740, 697.75, 700.0, 4)
+    assert s.reasons & hardware.SW_POWER_CAP
+    for bad in ["timestamp, clocks.current.sm [MHz], power.draw [W], power.limit [W], reasons",
+                "2026/11/30 03:39:09.345, [N/A], 697.75, 700.00, 0x4", "No devices were found", ""]:
+        assert hardware.parse_smi_line(bad, t=0.0) is None
+
+
+def test_power_summary_keeps_only_the_window():
+    samples = [hardware.parse_smi_line(line, t=float(i)) for i, line in enumerate(SMI_LINES)]
+    all3 = hardware.power_summary(samples)
+    assert all3["samples"] == 3 and all3["power_w"] == {"min": 124.8, "median": 693.88, "max": 697.75}
+    assert all3["sm_clock_mhz"]["min"] == 1650 and all3["sw_power_cap_fraction"] == pytest.approx(2 / 3)
+    assert hardware.power_summary(samples, 0.5, 1.5)["sm_clock_mhz"] == {"min": 1980, "median": 1980, "max": 1980}
+    assert hardware.power_summary(samples, 10.0, 11.0) == {"samples": 0}
+
+
+def test_gpu_power_sampler_collects_the_lines_a_command_prints():
+    import sys
+
+    script = "import sys, time\n" + "".join(f"print({line!r}, flush=True)\n" for line in SMI_LINES) + "time.sleep(30)\n"
+    with hardware.GPUPowerSampler("cuda", command=[sys.executable, "-c", script]) as smi:
+        import time
+
+        deadline = time.time() + 20
+        while len(smi.samples) < 3 and time.time() < deadline:
+            time.sleep(0.05)
+    assert [s.sm_clock_mhz for s in smi.samples] == [1740, 1980, 1650]  # the sleeping 'nvidia-smi' was stopped
+    assert smi._proc.poll() is not None
+
+
+def test_gpu_power_sampler_says_what_is_missing(monkeypatch):
+    with pytest.raises(RuntimeError, match="not a CUDA device"):
+        hardware.GPUPowerSampler("cpu").__enter__()
+    monkeypatch.setattr(hardware.shutil, "which", lambda name: None)
+    with pytest.raises(RuntimeError, match="nvidia-smi is not on PATH"):
+        hardware.GPUPowerSampler("cuda").__enter__()
