@@ -575,6 +575,30 @@ def power_summary(samples: list[PowerSample], t0: float | None = None, t1: float
             "sw_power_cap_fraction": sum(bool(s.reasons & SW_POWER_CAP) for s in sel) / len(sel)}
 
 
+def _smi_gpu_id(device: torch.device) -> str:
+    """nvidia-smi's ``-i`` for a torch CUDA device: its UUID (right whatever CUDA_VISIBLE_DEVICES renumbers)."""
+    if device.type != "cuda":
+        raise RuntimeError(f"nvidia-smi reads an NVIDIA GPU's counters; {device} is not a CUDA device")
+    if shutil.which("nvidia-smi") is None:
+        raise RuntimeError("nvidia-smi is not on PATH: it ships with the NVIDIA driver. Without it, power and "
+                           "clocks cannot be read here (benchmarks/perf.py: run without --power).")
+    uuid = str(torch.cuda.get_device_properties(device).uuid)
+    return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+
+
+def max_sm_clock_mhz(device: torch.device | str = "cuda") -> float | None:
+    """The GPU's maximum SM clock in MHz (``nvidia-smi --query-gpu=clocks.max.sm``), e.g. 1980 on an H200 SXM;
+    None if nvidia-smi cannot say (no CUDA device, no nvidia-smi, "[N/A]")."""
+    import subprocess
+
+    try:
+        cmd = ["nvidia-smi", "-i", _smi_gpu_id(torch.device(device)), "--query-gpu=clocks.max.sm",
+               "--format=csv,noheader,nounits"]
+        return float(subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip())
+    except (RuntimeError, ValueError, OSError, subprocess.SubprocessError):
+        return None
+
+
 class GPUPowerSampler:
     """Reads a GPU's SM clock, power draw and clock-event reasons every ``interval_ms`` while a block runs.
 
@@ -602,15 +626,8 @@ class GPUPowerSampler:
         self._thread = None
 
     def _default_command(self) -> list[str]:
-        if self.device.type != "cuda":
-            raise RuntimeError(f"GPUPowerSampler reads an NVIDIA GPU's counters; {self.device} is not a CUDA device")
-        if shutil.which("nvidia-smi") is None:
-            raise RuntimeError("nvidia-smi is not on PATH: it ships with the NVIDIA driver. Without it, power and "
-                               "clocks cannot be sampled; run without --power.")
-        uuid = str(torch.cuda.get_device_properties(self.device).uuid)
-        gpu = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
-        return ["nvidia-smi", "-i", gpu, f"--query-gpu={SMI_QUERY}", "--format=csv,noheader,nounits",
-                "-lms", str(self.interval_ms)]
+        return ["nvidia-smi", "-i", _smi_gpu_id(self.device), f"--query-gpu={SMI_QUERY}",
+                "--format=csv,noheader,nounits", "-lms", str(self.interval_ms)]
 
     def __enter__(self) -> "GPUPowerSampler":
         import subprocess

@@ -387,3 +387,4 @@ def test_gpu_power_sampler_says_what_is_missing(monkeypatch):
     monkeypatch.setattr(hardware.shutil, "which", lambda name: None)
     with pytest.raises(RuntimeError, match="nvidia-smi is not on PATH"):
         hardware.GPUPowerSampler("cuda").__enter__()
+    assert hardware.max_sm_clock_mhz("cuda") is None and hardware.max_sm_clock_mhz("cpu") is None
