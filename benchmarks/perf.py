@@ -7,7 +7,10 @@ Each variant is the ladder's last rung plus one change; every variant is built a
 median of 10 CUDA-event-timed steps), the same method as the ladder and the reference.
 ``--profile`` runs torch.profiler over 3 steps and sums device time per kernel family.
 ``--power`` samples the GPU's power draw and SM clock with nvidia-smi every 100 ms
-(``helpers.hardware.GPUPowerSampler``) and stores, per row, what it read during the timed steps.
+(``helpers.hardware.GPUPowerSampler``) and stores, per row, what it read during the timed steps; the
+step first runs (compiled) for ``--power-settle`` seconds, so that the timed steps, and the power
+reading (a ~1 s average on Ampere and newer), are those of a GPU that has been under this load
+for a while rather than one just back from the idle compile.
 """
 
 from __future__ import annotations
@@ -137,6 +140,7 @@ def main(argv=None) -> int:
     p.add_argument("--variants", nargs="+", default=["final"], choices=list(VARIANTS))
     p.add_argument("--profile", action="store_true")
     p.add_argument("--power", action="store_true", help="sample power and SM clock with nvidia-smi (100 ms)")
+    p.add_argument("--power-settle", type=float, default=3.0, help="with --power: seconds of steps before timing")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -169,6 +173,13 @@ def run_batch_size(B: int, args, device: torch.device, cfg: GPTConfig, tokens, r
         trainer = build(run, cfg, device)
         loader = data.BatchLoader(tokens, B, 1024, device)
         with experiment(v):  # compilation happens in the warm-up steps, inside the context
+            if smi is not None:  # compile, then keep the GPU under this load before the timed steps
+                trainer.step(loader)
+                torch.cuda.synchronize(device)
+                t_settle = time.time()
+                while time.time() - t_settle < args.power_settle:
+                    trainer.step(loader)
+                    torch.cuda.synchronize(device)
             t_before = time.time()
             t = timing.measure(lambda: trainer.step(loader), device, warmup=3, iters=10)  # noqa: B023
             t_after = time.time()
@@ -180,16 +191,19 @@ def run_batch_size(B: int, args, device: torch.device, cfg: GPTConfig, tokens, r
                 t0 = t_before + sum(t.warmup_ms) / 1e3
                 row["power_timed_steps"] = hardware.power_summary(smi.samples, t0, t_after)
                 row["power_samples"] = [dataclasses.asdict(s) for s in smi.samples if t0 <= s.t <= t_after]
+                row["power_settle_s"] = args.power_settle
+                row["power_is_average"] = torch.cuda.get_device_capability(device) >= (8, 0)
             if args.profile:
                 row["profile"] = profile(trainer, loader)
         rows.append(row)
         print(f"B={B:<3} {v:<16} {t.median_ms:8.1f} ms  {tok_s:10,.0f} tok/s  {row['tflops']:6.1f} TFLOP/s  "
               f"spread {t.spread_pct:4.1f}%  compile+first step {row['first_step_s']:.1f} s", flush=True)
-        if row.get("power_timed_steps", {}).get("samples"):
-            pw = row["power_timed_steps"]
-            print(f"      power {pw['power_w']['min']:.0f}-{pw['power_w']['max']:.0f} W (limit "
-                  f"{pw['power_limit_w']:.0f}), SM clock {pw['sm_clock_mhz']['min']:.0f}-"
-                  f"{pw['sm_clock_mhz']['max']:.0f} MHz, {pw['samples']} samples in the timed steps")
+        if smi is not None:
+            summary = row["power_timed_steps"]
+            text = (hardware.format_power_summary(summary, hardware.max_sm_clock_mhz(device), row["power_is_average"])
+                    if summary["samples"] else f"no sample in the {summary['window_s']:.2f} s of timed steps; "
+                    f"{smi.problem() or 'the window is shorter than the 100 ms interval'}")
+            print("\n".join("      " + line for line in text.splitlines()))
         if "profile" in row:
             for fam, ms in row["profile"]["families_ms"].items():
                 print(f"      {fam:<48} {ms:7.2f} ms/step")

@@ -354,8 +354,11 @@ def test_parse_smi_line_reads_clock_power_limit_and_reasons():
     assert (s.t, s.sm_clock_mhz, s.power_w, s.power_limit_w, s.reasons) == (5.0, 1740, 697.75, 700.0, 4)
     assert s.reasons & hardware.SW_POWER_CAP
     for bad in ["timestamp, clocks.current.sm [MHz], power.draw [W], power.limit [W], reasons",
-                "2026/11/30 03:39:09.345, [N/A], 697.75, 700.00, 0x4", "No devices were found", ""]:
+                "Field \"power.draw.instant\" is not a valid field to query.", "No devices were found", "",
+                "2026/11/30 03:39:09.345, [N/A], [N/A], [N/A], [N/A]"]:
         assert hardware.parse_smi_line(bad, t=0.0) is None
+    na = hardware.parse_smi_line("2026/11/30 03:39:09.345, 1740, [N/A], [Not Supported], 0x4", t=1.0)
+    assert (na.sm_clock_mhz, na.power_w, na.power_limit_w, na.reasons) == (1740, None, None, 4)  # the clock is kept
 
 
 def test_power_summary_keeps_only_the_window():
@@ -364,7 +367,22 @@ def test_power_summary_keeps_only_the_window():
     assert all3["samples"] == 3 and all3["power_w"] == {"min": 124.8, "median": 693.88, "max": 697.75}
     assert all3["sm_clock_mhz"]["min"] == 1650 and all3["sw_power_cap_fraction"] == pytest.approx(2 / 3)
     assert hardware.power_summary(samples, 0.5, 1.5)["sm_clock_mhz"] == {"min": 1980, "median": 1980, "max": 1980}
-    assert hardware.power_summary(samples, 10.0, 11.0) == {"samples": 0}
+    assert hardware.power_summary(samples, 10.0, 11.0) == {"samples": 0, "window_s": 1.0}
+    two = hardware.power_summary(samples[:2])
+    assert two["sm_clock_mhz"]["median"] == 1860  # the mean of the middle two, not the upper one
+    samples.append(hardware.PowerSample(t=3.0, sm_clock_mhz=1500, power_w=None, power_limit_w=None, reasons=None))
+    with_na = hardware.power_summary(samples)
+    assert with_na["samples"] == 4 and with_na["power_w"]["max"] == 697.75 and with_na["sm_clock_mhz"]["min"] == 1500
+    assert with_na["sw_power_cap_fraction"] == pytest.approx(2 / 3)  # over the samples that had reasons
+
+
+def test_format_power_summary_says_what_was_measured():
+    samples = [hardware.parse_smi_line(line, t=float(i)) for i, line in enumerate(SMI_LINES)]
+    text = hardware.format_power_summary(hardware.power_summary(samples), max_clock_mhz=1980)
+    assert "1650 / 1740 / 1980 MHz" in text and "the median is 88% of it" in text
+    assert "up to 698 W of a 700 W limit (a ~1 s average" in text and "in 67% of the samples" in text
+    assert "average" not in hardware.format_power_summary(hardware.power_summary(samples), power_is_average=False)
+    assert "no nvidia-smi sample" in hardware.format_power_summary({"samples": 0, "window_s": 0.05})
 
 
 def test_gpu_power_sampler_collects_the_lines_a_command_prints():
@@ -378,7 +396,18 @@ def test_gpu_power_sampler_collects_the_lines_a_command_prints():
         while len(smi.samples) < 3 and time.time() < deadline:
             time.sleep(0.05)
     assert [s.sm_clock_mhz for s in smi.samples] == [1740, 1980, 1650]  # the sleeping 'nvidia-smi' was stopped
-    assert smi._proc.poll() is not None
+    assert smi._proc.poll() is not None and smi.returncode is None and smi.problem() is None
+
+
+def test_gpu_power_sampler_reports_why_nvidia_smi_gave_nothing():
+    import sys
+    import time
+
+    script = "import sys; print('Field \"power.draw.instant\" is not a valid field to query.'); sys.exit(2)"
+    with hardware.GPUPowerSampler("cuda", command=[sys.executable, "-c", script]) as smi:
+        time.sleep(1.0)
+    assert smi.samples == [] and smi.returncode == 2
+    assert "exit status 2" in smi.problem() and "not a valid field" in smi.problem()
 
 
 def test_gpu_power_sampler_says_what_is_missing(monkeypatch):
@@ -388,3 +417,8 @@ def test_gpu_power_sampler_says_what_is_missing(monkeypatch):
     with pytest.raises(RuntimeError, match="nvidia-smi is not on PATH"):
         hardware.GPUPowerSampler("cuda").__enter__()
     assert hardware.max_sm_clock_mhz("cuda") is None and hardware.max_sm_clock_mhz("cpu") is None
+    monkeypatch.setattr(hardware.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(hardware.torch.cuda, "is_available", lambda: False)  # a CPU-only torch
+    with pytest.raises(RuntimeError, match="cannot see a CUDA GPU"):
+        hardware.GPUPowerSampler("cuda").__enter__()
+    assert hardware.max_sm_clock_mhz("cuda") is None
