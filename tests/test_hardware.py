@@ -290,7 +290,8 @@ def test_default_device_without_the_variable_or_on_a_cpu_does_not_emulate(monkey
     calls = {}
     monkeypatch.setattr(hardware, "_env_emulation_done", False)
     monkeypatch.setenv(hardware.EMULATE_ENV, "T4")
-    assert hardware.default_device() == torch.device("cpu") and hardware.emulated_profile() is None  # no GPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # no GPU (also when the tests run on one)
+    assert hardware.default_device() == torch.device("cpu") and hardware.emulated_profile() is None
     _fake_h200(monkeypatch, calls)
     monkeypatch.setattr(hardware, "_env_emulation_done", False)
     monkeypatch.delenv(hardware.EMULATE_ENV)
