@@ -173,10 +173,13 @@ def run_batch_size(B: int, args, device: torch.device, cfg: GPTConfig, tokens, r
         trainer = build(run, cfg, device)
         loader = data.BatchLoader(tokens, B, 1024, device)
         with experiment(v):  # compilation happens in the warm-up steps, inside the context
+            compile_s = None
             if smi is not None:  # compile, then keep the GPU under this load before the timed steps
+                t_compile = time.time()
                 trainer.step(loader)
                 torch.cuda.synchronize(device)
                 t_settle = time.time()
+                compile_s = t_settle - t_compile
                 while time.time() - t_settle < args.power_settle:
                     trainer.step(loader)
                     torch.cuda.synchronize(device)
@@ -186,7 +189,8 @@ def run_batch_size(B: int, args, device: torch.device, cfg: GPTConfig, tokens, r
             tok_s = timing.tokens_per_second(B * 1024, t.median_ms)
             row = {"variant": v, "batch_size": B, "ms_per_step": t.median_ms, "spread_pct": t.spread_pct,
                    "tokens_per_s": tok_s, "tflops": flops_per_token(cfg) * tok_s / 1e12,
-                   "peak_mem_bytes": memory.peak_bytes(device), "first_step_s": t.warmup_ms[0] / 1e3}
+                   "peak_mem_bytes": memory.peak_bytes(device),
+                   "first_step_s": compile_s if compile_s is not None else t.warmup_ms[0] / 1e3}
             if smi is not None:  # the timed steps began when the (synchronised) warm-up steps ended
                 t0 = t_before + sum(t.warmup_ms) / 1e3
                 row["power_timed_steps"] = hardware.power_summary(smi.samples, t0, t_after)
