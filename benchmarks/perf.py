@@ -151,6 +151,7 @@ def main(argv=None) -> int:
     tokens = data.load_tokens()
     rows = []
     smi = hardware.GPUPowerSampler(device) if args.power else contextlib.nullcontext()
+    args.max_clock_mhz = hardware.max_sm_clock_mhz(device) if args.power else None  # read once, printed per row
     with smi:
         for B in args.batch_size:
             run_batch_size(B, args, device, cfg, tokens, rows, smi if args.power else None)
@@ -194,9 +195,9 @@ def run_batch_size(B: int, args, device: torch.device, cfg: GPTConfig, tokens, r
             if smi is not None:  # the timed steps began when the (synchronised) warm-up steps ended
                 t0 = t_before + sum(t.warmup_ms) / 1e3
                 row["power_timed_steps"] = hardware.power_summary(smi.samples, t0, t_after)
-                row["power_samples"] = [dataclasses.asdict(s) for s in smi.samples if t0 <= s.t <= t_after]
+                row["power_samples"] = [dataclasses.asdict(s) for s in hardware.samples_in_window(smi.samples, t0, t_after)]
                 row["power_settle_s"] = args.power_settle
-                row["power_is_average"] = torch.cuda.get_device_capability(device) >= (8, 0)
+                row["power_is_average"] = hardware.power_reading_is_average(device)
             if args.profile:
                 row["profile"] = profile(trainer, loader)
         rows.append(row)
@@ -204,7 +205,7 @@ def run_batch_size(B: int, args, device: torch.device, cfg: GPTConfig, tokens, r
               f"spread {t.spread_pct:4.1f}%  compile+first step {row['first_step_s']:.1f} s", flush=True)
         if smi is not None:
             summary = row["power_timed_steps"]
-            text = (hardware.format_power_summary(summary, hardware.max_sm_clock_mhz(device), row["power_is_average"])
+            text = (hardware.format_power_summary(summary, args.max_clock_mhz, row["power_is_average"])
                     if summary["samples"] else f"no sample in the {summary['window_s']:.2f} s of timed steps; "
                     f"{smi.problem() or 'the window is shorter than the 100 ms interval'}")
             print("\n".join("      " + line for line in text.splitlines()))

@@ -571,6 +571,18 @@ def parse_smi_line(line: str, t: float) -> PowerSample | None:
     return PowerSample(t, *values)
 
 
+def samples_in_window(samples: list[PowerSample], t0: float | None = None, t1: float | None = None) -> list[PowerSample]:
+    """The samples that arrived in [t0, t1] (time.time() s; None = no bound)."""
+    return [s for s in samples if (t0 is None or s.t >= t0) and (t1 is None or s.t <= t1)]
+
+
+def power_reading_is_average(device: torch.device | str = "cuda") -> bool:
+    """Whether nvidia-smi's ``power.draw`` on this CUDA GPU is a ~1 s average (Ampere and newer: compute
+    capability >= 8.0, ``nvidia-smi --help-query-gpu``) rather than an instantaneous reading (a T4). Reads the
+    real GPU's capability, also under :func:`emulate`."""
+    return torch.cuda.get_device_capability(torch.device(device)) >= (8, 0)
+
+
 def power_summary(samples: list[PowerSample], t0: float | None = None, t1: float | None = None) -> dict:
     """Min / median / max of power (W) and SM clock (MHz) over the samples taken in [t0, t1] (time.time() s;
     None = no bound), the window's length, the power limit, and the fraction of samples whose clock-event
@@ -582,7 +594,7 @@ def power_summary(samples: list[PowerSample], t0: float | None = None, t1: float
     """
     import statistics
 
-    sel = [s for s in samples if (t0 is None or s.t >= t0) and (t1 is None or s.t <= t1)]
+    sel = samples_in_window(samples, t0, t1)
     window = (t1 - t0) if t0 is not None and t1 is not None else None
     if not sel:
         return {"samples": 0, "window_s": window}

@@ -423,3 +423,13 @@ def test_gpu_power_sampler_says_what_is_missing(monkeypatch):
     with pytest.raises(RuntimeError, match="cannot see a CUDA GPU"):
         hardware.GPUPowerSampler("cuda").__enter__()
     assert hardware.max_sm_clock_mhz("cuda") is None
+
+
+def test_power_window_and_reading_kind(monkeypatch):
+    samples = [hardware.parse_smi_line(line, t=float(i)) for i, line in enumerate(SMI_LINES)]
+    assert [s.t for s in hardware.samples_in_window(samples, 0.5, 2.0)] == [1.0, 2.0]
+    assert hardware.samples_in_window(samples) == samples
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (7, 5))  # a T4: instantaneous
+    assert hardware.power_reading_is_average("cuda") is False
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))  # an H200: ~1 s average
+    assert hardware.power_reading_is_average("cuda") is True
