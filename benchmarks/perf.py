@@ -144,7 +144,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
-        print("benchmarks/perf.py needs a CUDA GPU", file=sys.stderr)
+        print("benchmarks/perf.py needs a CUDA GPU (on a CPU, python -m helpers.ladder runs the small model)",
+              file=sys.stderr)
         return 2
     device = torch.device("cuda")
     cfg = GPTConfig()

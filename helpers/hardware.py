@@ -637,12 +637,12 @@ def _smi_gpu_id(device: torch.device) -> str:
     """nvidia-smi's ``-i`` for a torch CUDA device: its UUID (right whatever CUDA_VISIBLE_DEVICES renumbers)."""
     if device.type != "cuda":
         raise RuntimeError(f"nvidia-smi reads an NVIDIA GPU's counters; {device} is not a CUDA device")
-    if shutil.which("nvidia-smi") is None:
-        raise RuntimeError("nvidia-smi is not on PATH: it ships with the NVIDIA driver. Without it, power and "
-                           "clocks cannot be read here (benchmarks/perf.py: run without --power).")
     if not torch.cuda.is_available():
         raise RuntimeError("this PyTorch cannot see a CUDA GPU (a CPU-only build, or no driver), so there is no GPU "
                            "to read: install a CUDA build of torch on a machine with an NVIDIA GPU")
+    if shutil.which("nvidia-smi") is None:
+        raise RuntimeError("nvidia-smi is not on PATH: it ships with the NVIDIA driver. Without it, power and "
+                           "clocks cannot be read here (benchmarks/perf.py: run without --power).")
     uuid = str(torch.cuda.get_device_properties(device).uuid)
     return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
 

@@ -415,11 +415,14 @@ def test_gpu_power_sampler_says_what_is_missing(monkeypatch):
     with pytest.raises(RuntimeError, match="not a CUDA device"):
         hardware.GPUPowerSampler("cpu").__enter__()
     monkeypatch.setattr(hardware.shutil, "which", lambda name: None)
+    with pytest.raises(RuntimeError, match="cannot see a CUDA GPU"):  # a CPU-only torch: the first thing to say
+        hardware.GPUPowerSampler("cuda").__enter__()
+    monkeypatch.setattr(hardware.torch.cuda, "is_available", lambda: True)
     with pytest.raises(RuntimeError, match="nvidia-smi is not on PATH"):
         hardware.GPUPowerSampler("cuda").__enter__()
     assert hardware.max_sm_clock_mhz("cuda") is None and hardware.max_sm_clock_mhz("cpu") is None
     monkeypatch.setattr(hardware.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
-    monkeypatch.setattr(hardware.torch.cuda, "is_available", lambda: False)  # a CPU-only torch
+    monkeypatch.setattr(hardware.torch.cuda, "is_available", lambda: False)  # a CPU-only torch, nvidia-smi present
     with pytest.raises(RuntimeError, match="cannot see a CUDA GPU"):
         hardware.GPUPowerSampler("cuda").__enter__()
     assert hardware.max_sm_clock_mhz("cuda") is None
