@@ -46,6 +46,7 @@ VARIANTS = {
     "eager-two-kernel-ce": {"compile": None, "loss_kernel": "triton"},
     "eager-pytorch-ce": {"compile": None, "loss_kernel": "pytorch"},
     "separate-clip": {"fused_clip": False},
+    "bf16-lm-head": {"lm_head_fp8": False},  # the fused LM-head CE's matmuls in bf16 (the last rung of session 6)
     "session-3-final": {"residual_dtype": "fp32", "detach_logits": False, "loss_kernel": "pytorch", "fused_clip": False},
     # experiments that are not RunConfig switches (yet): applied by ``experiment()`` below
     "coord-descent": {},
@@ -91,13 +92,13 @@ def experiment(name: str):
     return contextlib.nullcontext()
 
 FAMILIES = [  # (family, regex on the kernel name), first match wins
-    ("cross-entropy (hand-written Triton)", r"_ce_(forward|backward|fused)_kernel"),
+    ("cross-entropy (hand-written Triton)", r"_ce_(forward|backward|fused|fused_e5m2)_kernel"),
     ("attention", r"flash|fmha|attention|sdpa|cudnn"),
     ("matmul (inductor Triton template)", r"^triton_tem_"),
     ("matmul", r"gemm|nvjet|xmma|cutlass|sm90_|sm80_|wgmma|cublas"),
     ("optimizer", r"adam|multi_tensor|foreach|norm_kernel|_amp_"),
     ("triton fused (elementwise, norms, softmax, CE)", r"^triton_"),
-    ("copies / casts", r"copy|cast|fill|memset|memcpy"),
+    ("copies / casts", r"copy|cast|fill|memset|memcpy|_transpose_kernel"),
 ]
 
 

@@ -43,6 +43,13 @@ FUSED_BLOCK = 4096  # columns per iteration of the fused kernel (8192 was slower
 # (results/h200-perf-fused-ce-chunks-2026-11-30.json) peaked at 32.2 GiB unchunked, 26.2 GiB with 32768 rows and
 # 23.3 GiB with 16384 (two-kernel CE: 32.7 GiB).
 FUSED_CHUNK_ROWS: int | None = 32768
+# FP8 LM head (linear_cross_entropy(..., fp8=True)). x and the weight are cast to float8_e4m3fn with one scale per
+# tensor (amax -> the format's largest value, 448, as torchao's tensorwise float8 recipe); the logits' gradient
+# softmax - onehot lies in [-1, 1] and is stored as float8_e5m2 times a fixed 2**15 (largest e5m2 value: 57344), so
+# probabilities down to ~5e-10 stay representable instead of flushing to 0.
+E4M3_MAX = 448.0
+FP8_GRAD_SCALE = 2.0**15
+TRANSPOSE_TILE = 64  # bytes per side of transpose_fp8's tiles
 
 try:  # pragma: no cover - which branch runs depends on the install
     import triton
@@ -196,6 +203,98 @@ if triton is not None:
             num_warps=FUSED_NUM_WARPS)
         return loss, grad
 
+    @triton.jit
+    def _e5m2_bits(g):
+        # fp32 -> float8_e5m2 bits (uint8), rounded to nearest, ties to even, as torch's .to(torch.float8_e5m2) for
+        # |g| < 57344. e5m2 is fp16 without its 8 lowest mantissa bits (same sign, exponent and bias): truncate to
+        # fp16, set the lowest bit if that lost anything ("round to odd", so the second rounding cannot meet a
+        # false tie), then round the 16 bits to their top 8. Written out because Triton's CPU interpreter casts
+        # to fp8 wrongly; the same arithmetic runs on the GPU and in the tests.
+        h = g.to(tl.float16, fp_downcast_rounding="rtz")
+        bits = (h.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) | (h.to(tl.float32) != g).to(tl.int32)
+        return (((bits + 0x7F + ((bits >> 8) & 1)) >> 8) & 0xFF).to(tl.uint8)
+
+    @triton.jit
+    def _ce_fused_e5m2_kernel(logits_ptr, targets_ptr, loss_ptr, grad_ptr, row_stride, ignore_index,
+                              n_cols: tl.constexpr, BLOCK: tl.constexpr, GRAD_SCALE: tl.constexpr):
+        # _ce_fused_kernel for the fp8 LM head: the gradient times GRAD_SCALE, written as float8_e5m2 bits
+        # (grad_ptr: the uint8 view of a float8_e5m2 tensor). Its loop repeats _store_row_grad's on purpose: a
+        # version that shared it (a constexpr switch and a runtime scale in _store_row_grad) made the bf16 fused
+        # kernel fail Triton 3.6's LLVM lowering when torch.compile built it on the H200 (session 7, call 27).
+        row = tl.program_id(0).to(tl.int64)
+        row_ptr = logits_ptr + row * row_stride
+        loss, lse, target, in_range = _row_loss(row_ptr, targets_ptr, row, ignore_index, n_cols, BLOCK)
+        tl.store(loss_ptr + row, loss)
+        keep = tl.where(target != ignore_index, GRAD_SCALE, 0.0)
+        keep = tl.where(in_range | (target == ignore_index), keep, float("nan"))
+        cols = tl.arange(0, BLOCK)
+        for start in range(0, n_cols, BLOCK):
+            idx = start + cols
+            mask = idx < n_cols
+            x = tl.load(row_ptr + idx, mask=mask, other=0.0).to(tl.float32)
+            g = (tl.exp(x - lse) - tl.where(idx == target, 1.0, 0.0)) * keep
+            tl.store(grad_ptr + row * n_cols + idx, _e5m2_bits(g), mask=mask)
+
+    # The fp8 ops are opaque custom ops: torch.compile calls them as they are and does not re-compile their
+    # kernels (launched here by Triton's own JIT), so the compiled step runs the same kernels as eager code.
+    @torch.library.custom_op("fastgpt2::cross_entropy_rows_with_e5m2_grad", mutates_args=())
+    def _cross_entropy_rows_with_e5m2_grad(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # As _cross_entropy_rows_with_grad, but the gradient times FP8_GRAD_SCALE, stored as float8_e5m2.
+        N, V = logits.shape
+        loss = torch.empty(N, dtype=torch.float32, device=logits.device)
+        grad = torch.empty((N, V), dtype=torch.float8_e5m2, device=logits.device)
+        _ce_fused_e5m2_kernel[(N,)](
+            logits, targets, loss, grad.view(torch.uint8), logits.stride(0), IGNORE_INDEX, n_cols=V, BLOCK=FUSED_BLOCK,
+            GRAD_SCALE=FP8_GRAD_SCALE, num_warps=FUSED_NUM_WARPS)
+        return loss, grad
+
+    @_cross_entropy_rows_with_e5m2_grad.register_fake
+    def _(logits, targets):
+        N, V = logits.shape
+        return logits.new_empty(N, dtype=torch.float32), logits.new_empty((N, V), dtype=torch.float8_e5m2)
+
+    @triton.jit
+    def _transpose_kernel(src_ptr, dst_ptr, M, N, BM: tl.constexpr, BN: tl.constexpr):
+        # dst (N, M) = src (M, N).T, both contiguous, one BM x BN tile per program (bytes: any 1-byte dtype)
+        rm = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
+        rn = tl.program_id(1).to(tl.int64) * BN + tl.arange(0, BN)
+        mask = (rm[:, None] < M) & (rn[None, :] < N)
+        tile = tl.load(src_ptr + rm[:, None] * N + rn[None, :], mask=mask)
+        tl.store(dst_ptr + rn[None, :] * M + rm[:, None], tile, mask=mask)
+
+    @torch.library.custom_op("fastgpt2::transpose_fp8", mutates_args=())
+    def _transpose_fp8(src: torch.Tensor) -> torch.Tensor:
+        M, N = src.shape
+        dst = torch.empty((N, M), dtype=src.dtype, device=src.device)
+        _transpose_kernel[(triton.cdiv(M, TRANSPOSE_TILE), triton.cdiv(N, TRANSPOSE_TILE))](
+            src.view(torch.uint8), dst.view(torch.uint8), M, N, BM=TRANSPOSE_TILE, BN=TRANSPOSE_TILE, num_warps=4)
+        return dst
+
+    @_transpose_fp8.register_fake
+    def _(src):
+        return src.new_empty((src.shape[1], src.shape[0]))
+
+
+def transpose_fp8(t: torch.Tensor) -> torch.Tensor:
+    """``t.T.contiguous()`` for a 2-D fp8 tensor, by a tiled Triton copy.
+
+    Hopper's fp8 tensor cores take both matmul operands with the reduction dimension contiguous, so
+    the weight gradient G.T @ x needs G transposed in memory. PyTorch's own copy moved a
+    32768 x 50304 fp8 tensor in 10.7 ms on the H200 (``results/h200-fp8-matmul-2026-11-30.json``).
+
+    Args:
+        t: (M, N) contiguous float8_e4m3fn or float8_e5m2.
+
+    Returns:
+        (N, M) contiguous tensor of ``t``'s dtype.
+
+    Raises:
+        ValueError: if ``t`` is not a contiguous 2-D fp8 tensor.
+    """
+    if t.dim() != 2 or not t.is_contiguous() or t.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise ValueError(f"transpose_fp8 expects a contiguous 2-D fp8 tensor, got {t.dtype} {tuple(t.shape)}")
+    return _transpose_fp8(t)
+
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy in nats, like ``F.cross_entropy(logits.float(), targets)``, in two Triton kernels.
@@ -248,7 +347,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, targets):
+    def forward(ctx, x, weight, targets, fp8=False):
+        if fp8:
+            return _LinearCrossEntropy._forward_fp8(ctx, x, weight, targets)
         losses, dxs, dweight = [], [], None
         for s, e in _row_chunks(x.shape[0]):
             logits = x[s:e] @ weight.t()  # (rows, V), x's dtype; freed after this chunk
@@ -257,8 +358,33 @@ class _LinearCrossEntropy(torch.autograd.Function):
             dxs.append(grad @ weight)  # (rows, C)
             dw = grad.t() @ x[s:e]  # (V, C)
             dweight = dw if dweight is None else dweight.float() + dw
+        return _LinearCrossEntropy._finish(ctx, losses, dxs, dweight, weight.dtype, targets)
+
+    @staticmethod
+    def _forward_fp8(ctx, x, weight, targets):
+        # The same three matmuls on fp8 tensor cores (torch._scaled_mm computes (a @ b) * scale_a * scale_b,
+        # fp32 accumulation). Hopper's fp8 matmul wants both operands with the reduction dimension contiguous:
+        # a row-major, b column-major, hence the transposes (small ones for x and the weight, one of G per chunk).
+        x8, x_inv = to_fp8_e4m3(x)  # (N, C)
+        w8, w_inv = to_fp8_e4m3(weight)  # (V, C)
+        w8_t = transpose_fp8(w8)  # (C, V): w8_t.t() is the weight in the column-major layout dx's matmul needs
+        g_inv = torch.full((), 1.0 / FP8_GRAD_SCALE, dtype=torch.float32, device=x.device)
+        losses, dxs, dweight = [], [], None
+        for s, e in _row_chunks(x.shape[0]):
+            logits = torch._scaled_mm(x8[s:e], w8.t(), scale_a=x_inv, scale_b=w_inv, out_dtype=x.dtype,
+                                      use_fast_accum=True)  # (rows, V)
+            loss_rows, g8 = _cross_entropy_rows_with_e5m2_grad(logits, targets[s:e])  # g8 = G * FP8_GRAD_SCALE
+            losses.append(loss_rows)
+            dxs.append(torch._scaled_mm(g8, w8_t.t(), scale_a=g_inv, scale_b=w_inv, out_dtype=x.dtype))  # (rows, C)
+            dw = torch._scaled_mm(transpose_fp8(g8), transpose_fp8(x8[s:e]).t(), scale_a=g_inv, scale_b=x_inv,
+                                  out_dtype=torch.float32)  # (V, C)
+            dweight = dw if dweight is None else dweight + dw
+        return _LinearCrossEntropy._finish(ctx, losses, dxs, dweight, weight.dtype, targets)
+
+    @staticmethod
+    def _finish(ctx, losses, dxs, dweight, weight_dtype, targets):
         n_valid = (targets != IGNORE_INDEX).sum()
-        ctx.save_for_backward(dxs[0] if len(dxs) == 1 else torch.cat(dxs), dweight.to(weight.dtype), n_valid)
+        ctx.save_for_backward(dxs[0] if len(dxs) == 1 else torch.cat(dxs), dweight.to(weight_dtype), n_valid)
         loss_rows = losses[0] if len(losses) == 1 else torch.cat(losses)
         return loss_rows.sum() / n_valid
 
@@ -268,10 +394,54 @@ class _LinearCrossEntropy(torch.autograd.Function):
         # 0-d fp32: the mean over rows and the upstream gradient in one scalar. With every row ignored, dx and
         # dweight are 0 and so is the gradient (as F.cross_entropy's), while the loss is nan (0 / 0).
         scale = grad_loss / n_valid.clamp(min=1)
-        return dx * scale, dweight * scale, None
+        return dx * scale, dweight * scale, None, None
 
 
-def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def to_fp8_e4m3(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``t`` in float8_e4m3fn with one scale for the whole tensor, and the scale that undoes it.
+
+    The scale maps ``t``'s largest magnitude (amax) to e4m3's largest value, 448 (:data:`E4M3_MAX`);
+    this is the "tensorwise" dynamic scaling of torchao's float8 training recipe and of Micikevicius et
+    al. 2022, "FP8 Formats for Deep Learning" (https://arxiv.org/abs/2209.05433). e4m3 keeps 3 mantissa
+    bits: each value is rounded by at most 1/16 of itself (relative), values below ~2**-9 of amax to 0 or
+    a subnormal.
+
+    Args:
+        t: floating tensor of any shape.
+
+    Returns:
+        (t8, inv_scale): t8 float8_e4m3fn of ``t``'s shape with t8 ≈ t * scale; inv_scale a 0-d fp32 tensor,
+        1 / scale, so that ``t8.float() * inv_scale ≈ t`` (what ``torch._scaled_mm``'s scale_a/scale_b take).
+        An all-zero ``t`` gives zeros and a finite scale.
+    """
+    amax = t.detach().abs().amax().float()
+    scale = E4M3_MAX / amax.clamp(min=1e-12)
+    t8 = (t.float() * scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return t8, scale.reciprocal()
+
+
+def fp8_available(device: torch.device | str) -> tuple[bool, str]:
+    """(whether :func:`linear_cross_entropy` can run with ``fp8=True`` on ``device``, the reason if not).
+
+    fp8 tensor cores (``torch._scaled_mm``) need compute capability >= 8.9: Ada (L4, RTX 40xx), Hopper
+    (H100, H200) or newer; a T4 (7.5) and an A100 (8.0) have none. On a CPU it runs for the tests
+    (PyTorch's CPU ``_scaled_mm``, Triton's interpreter), as :func:`available` says.
+    """
+    ok, reason = available(device)
+    if not ok:
+        return ok, reason
+    device = torch.device(device)
+    if device.type == "cuda":
+        from helpers import hardware
+
+        cap = hardware.capability(device)
+        if cap < (8, 9):
+            return False, (f"fp8 matmuls need compute capability >= 8.9 (Ada, Hopper or newer); this GPU is "
+                           f"{cap[0]}.{cap[1]}")
+    return True, ""
+
+
+def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, fp8: bool = False) -> torch.Tensor:
     """LM head and mean cross-entropy in one step: the logits are made in chunks and never kept whole.
 
     Equal to ``F.cross_entropy((x @ weight.T).float(), targets)``. The rows go in chunks of
@@ -285,11 +455,23 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.T
     ``nn.Linear`` + ``F.cross_entropy``'s (the scale is applied after the matmuls): relative
     differences of a few 1e-3, as bf16 itself.
 
+    With ``fp8=True`` (rung "+ fp8 LM head") the three matmuls run on fp8 tensor cores, at about twice
+    bf16's rate (H200: ``results/h200-fp8-matmul-2026-11-30.json``): x and the weight in
+    float8_e4m3fn with one scale each (:func:`to_fp8_e4m3`), the gradient softmax - onehot in
+    float8_e5m2 times :data:`FP8_GRAD_SCALE`, written so by the kernel. The loss then differs from
+    bf16's by the rounding of 3 mantissa bits (e4m3) in the logits, and the gradients by that of 2
+    (e5m2): a numerics change, checked by training (``benchmarks/loss_check.py``), not a bit-level
+    equality. It is the same recipe as the FP8 LM head of the modded-nanogpt speedrun
+    (https://github.com/KellerJordan/modded-nanogpt) and the e4m3-forward / e5m2-gradient split of
+    Micikevicius et al. 2022 (https://arxiv.org/abs/2209.05433).
+
     Args:
         x: (N, C) floating activations (the final LayerNorm's output). Under autocast, ``x`` and
             ``weight`` are cast to the autocast dtype first, as ``nn.Linear`` would.
         weight: (V, C) LM-head weight (tied to the token embedding in GPT-2).
         targets: (N,) int64 ids in [0, V), or -100 to skip a row; an id outside [0, V) makes the loss nan.
+        fp8: run the LM head's matmuls in fp8 (see above). C and V must be multiples of 16 (pad the
+            vocabulary: ``GPTConfig(vocab_multiple=64)``); rows are padded to a multiple of 16 inside.
 
     Returns:
         0-d fp32 mean over the non-skipped rows (nan if all are skipped, or N = 0; the gradients are then
@@ -299,7 +481,9 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.T
         RuntimeError: if Triton cannot run on ``x.device`` (see :func:`available`), or under fp16:
             the gradient is rounded before any loss scale reaches it, so fp16 would lose small values.
             fp32 (no autocast) and bf16 autocast are fine.
-        ValueError: on wrong shapes or dtypes, or a :data:`FUSED_CHUNK_ROWS` that is not None or >= 1.
+        ValueError: on wrong shapes or dtypes, or a :data:`FUSED_CHUNK_ROWS` that is not None or >= 1;
+            with ``fp8``: C or V not a multiple of 16, or a :data:`FUSED_CHUNK_ROWS` that is not.
+        RuntimeError: with ``fp8`` on a GPU without fp8 tensor cores (see :func:`fp8_available`).
     """
     if x.dim() != 2 or weight.dim() != 2 or targets.dim() != 1 or x.shape[0] != targets.shape[0] or x.shape[1] != weight.shape[1]:
         raise ValueError(f"expected x (N, C), weight (V, C), targets (N,); got {tuple(x.shape)}, {tuple(weight.shape)}, "
@@ -318,10 +502,28 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.T
     x, weight, targets = x.to(dtype), weight.to(dtype), targets.contiguous()
     if x.shape[0] == 0:  # no rows: nan, as F.cross_entropy; zero gradients through the graph
         return torch.full((), float("nan"), device=x.device) + (x.sum() * weight.sum()).float() * 0.0
+    if fp8:
+        ok, reason = fp8_available(x.device)
+        if not ok:
+            raise RuntimeError(f"linear_cross_entropy(fp8=True) cannot run: {reason}. Use fp8=False (bf16).")
+        if x.shape[1] % 16 or weight.shape[0] % 16 or (FUSED_CHUNK_ROWS is not None and FUSED_CHUNK_ROWS % 16):
+            raise ValueError(f"fp8 matmuls need multiples of 16: C={x.shape[1]}, V={weight.shape[0]}, "
+                             f"kernels.FUSED_CHUNK_ROWS={FUSED_CHUNK_ROWS}; pad the vocabulary (GPTConfig(vocab_multiple=64))")
+        pad = -x.shape[0] % 16  # zero rows with ignored targets: no loss, no gradient, sliced off again by autograd
+        if pad:
+            x = torch.nn.functional.pad(x, (0, 0, 0, pad))
+            targets = torch.nn.functional.pad(targets, (0, pad), value=IGNORE_INDEX)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
-        return _LinearCrossEntropy.apply(x, weight, targets)
+        return _LinearCrossEntropy.apply(x, weight, targets, fp8)
     total = torch.zeros((), dtype=torch.float32, device=x.device)
+    if fp8:
+        x8, x_inv = to_fp8_e4m3(x)
+        w8, w_inv = to_fp8_e4m3(weight)
     for s, e in _row_chunks(x.shape[0]):  # no gradient wanted: the loss alone, chunk by chunk
-        loss_rows, _ = _cross_entropy_rows(x[s:e] @ weight.t(), targets[s:e])
+        if fp8:
+            logits = torch._scaled_mm(x8[s:e], w8.t(), scale_a=x_inv, scale_b=w_inv, out_dtype=x.dtype, use_fast_accum=True)
+        else:
+            logits = x[s:e] @ weight.t()
+        loss_rows, _ = _cross_entropy_rows(logits, targets[s:e])
         total = total + loss_rows.sum()
     return total / (targets != IGNORE_INDEX).sum()

@@ -36,6 +36,7 @@ RUNGS: list[tuple[str, dict]] = [
     ("+ Triton CE", dict(loss_kernel="triton")),
     ("+ clip in AdamW", dict(fused_clip=True)),
     ("+ fused LM-head CE", dict(loss_kernel="fused")),
+    ("+ fp8 LM head", dict(lm_head_fp8=True)),
 ]
 
 
@@ -80,7 +81,8 @@ def last_runnable(
 ) -> RunConfig:
     """The ladder's fastest configuration on ``device``: its last rung that can run here (every
     runnable switch on). On a T4 that is not the last rung: "+ clip in AdamW" and
-    "+ fused LM-head CE" need bf16 (no GradScaler).
+    "+ fused LM-head CE" need bf16 (no GradScaler); below compute capability 8.9 (T4, A100) "+ fp8 LM
+    head" needs fp8 tensor cores.
 
     Raises:
         ValueError: if no rung can run on ``device``.

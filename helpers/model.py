@@ -57,6 +57,7 @@ class GPTConfig:
     loss_kernel: str = "pytorch"  # cross-entropy: "pytorch" (F.cross_entropy), "triton" (helpers.kernels.cross_entropy)
     # or "fused" (helpers.kernels.linear_cross_entropy: LM head + loss, logits' gradient computed in the forward)
     detach_logits: bool = False  # with targets, return logits.detach(): no logits-sized gradient input to backward
+    lm_head_fp8: bool = False  # with loss_kernel="fused": the LM head's matmuls in fp8 (e4m3 x and W, e5m2 gradient)
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KINDS:
@@ -72,6 +73,9 @@ class GPTConfig:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         if self.checkpoint_every < 0:
             raise ValueError(f"GPTConfig.checkpoint_every must be >= 0 (0 = off), got {self.checkpoint_every}")
+        if self.lm_head_fp8 and self.loss_kernel != "fused":
+            raise ValueError(f"GPTConfig.lm_head_fp8 runs inside the fused LM-head cross-entropy: it needs "
+                             f"loss_kernel='fused', got {self.loss_kernel!r}")
 
     @property
     def padded_vocab_size(self) -> int:
@@ -244,7 +248,8 @@ class GPT(nn.Module):
             from helpers import kernels
 
             # the LM head runs inside, in chunks of rows, with its backward matmuls (see the function's docstring)
-            return None, kernels.linear_cross_entropy(x.view(B * T, -1), self.lm_head.weight, targets.view(-1))
+            return None, kernels.linear_cross_entropy(x.view(B * T, -1), self.lm_head.weight, targets.view(-1),
+                                                      fp8=self.config.lm_head_fp8)
         logits = self.lm_head(x)  # (B, T, V_padded)
         loss = None
         if targets is not None:

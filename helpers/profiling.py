@@ -80,8 +80,8 @@ FAMILY_RULES: list[tuple[str, str]] = [
     (MATMUL, r"gemm|nvjet|xmma|cutlass|wgmma|cublas|sm90_|sm80_|^triton_tem_|^aten::(mm|addmm|bmm|baddbmm|matmul|addmv|mv|dot)$"),
     (OPTIMIZER, r"adam|multi_tensor_apply|foreach|_amp_|amp_update_scale|non_finite"),
     (TRITON, r"^triton_"),
-    (REDUCTION, r"softmax|nll_loss|cross_entropy|_ce_(forward|backward|fused)_kernel|layer_norm|reduce_kernel|^aten::(sum|mean|amax|max|min|norm|linalg_vector_norm|var|std)$"),
-    (COPY, r"copy|memcpy|memset|fill|^aten::(zero_|clone|contiguous|to|cat|index_select|index|gather|scatter|embedding|embedding_dense_backward)$|indexing_backward|index_select|gather|scatter"),
+    (REDUCTION, r"softmax|nll_loss|cross_entropy|_ce_(forward|backward|fused|fused_e5m2)_kernel|layer_norm|reduce_kernel|^aten::(sum|mean|amax|max|min|norm|linalg_vector_norm|var|std)$"),
+    (COPY, r"copy|memcpy|memset|fill|_transpose_kernel|^aten::(zero_|clone|contiguous|to|cat|index_select|index|gather|scatter|embedding|embedding_dense_backward)$|indexing_backward|index_select|gather|scatter"),
     (ELEMENTWISE, rf"elementwise|gelu|tanh|^aten::({_ELEMENTWISE_OPS})_?$"),
 ]
 _COMPILED_RULES = [(fam, re.compile(pattern, re.IGNORECASE)) for fam, pattern in FAMILY_RULES]

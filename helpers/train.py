@@ -45,6 +45,7 @@ class RunConfig:
     # + cross-entropy with the logits' gradient computed in the forward (helpers.kernels.linear_cross_entropy)
     detach_logits: bool = False  # the model returns detached logits when it computes the loss (see GPTConfig)
     fused_clip: bool = False  # clip by handing fused AdamW the clip factor (grad_scale) instead of rescaling every grad
+    lm_head_fp8: bool = False  # the fused LM-head CE's matmuls on fp8 tensor cores (needs loss_kernel="fused"; see GPTConfig)
     grad_clip: float | None = 1.0  # max global grad norm (None = no clipping)
     lr: float = 6e-4
     weight_decay: float = 0.1  # applied to 2-D weights only
@@ -152,6 +153,16 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
         if run.loss_kernel == "fused" and run.autocast == "fp16":
             return ("the fused LM-head cross-entropy computes the logits' gradient before the fp16 GradScaler's scale "
                     "reaches it (small values would round to 0): keep loss_kernel='triton' with fp16")
+    if run.lm_head_fp8:
+        from helpers import kernels
+
+        ok, why = kernels.fp8_available(device)
+        if not ok:
+            return f"the fp8 LM head cannot run: {why}"
+        if run.loss_kernel != "fused":
+            return f"lm_head_fp8 runs inside the fused LM-head cross-entropy: it needs loss_kernel='fused', not {run.loss_kernel!r}"
+        if run.vocab_multiple % 16:
+            return f"fp8 matmuls need a vocabulary padded to a multiple of 16; this run pads to {run.vocab_multiple}: use vocab_multiple=64"
     if run.optimizer == "fused" and device.type not in ("cuda", "cpu"):
         return f"fused AdamW is not implemented for device type {device.type}"
     return None
@@ -281,7 +292,7 @@ def build(
 
     The model is initialised on the CPU from ``run.seed`` (so every switch and every device starts
     from the same weights), then moved to ``device``. ``run.attention``, ``run.vocab_multiple``,
-    ``run.checkpoint_every``, ``run.residual_dtype``, ``run.loss_kernel`` and ``run.detach_logits`` override the
+    ``run.checkpoint_every``, ``run.residual_dtype``, ``run.loss_kernel``, ``run.detach_logits`` and ``run.lm_head_fp8`` override the
     same fields of ``model_config``. Compiled runs call ``torch._dynamo.reset()`` first,
     so a graph compiled for an earlier model is never reused.
 
@@ -297,6 +308,7 @@ def build(
     cfg = dataclasses.replace(
         base, attention=run.attention, vocab_multiple=run.vocab_multiple, checkpoint_every=run.checkpoint_every,
         residual_dtype=run.residual_dtype, loss_kernel=run.loss_kernel, detach_logits=run.detach_logits,
+        lm_head_fp8=run.lm_head_fp8,
     )
     if run.seq_len > cfg.block_size:
         raise ValueError(f"seq_len={run.seq_len} > block_size={cfg.block_size}: lower seq_len.")

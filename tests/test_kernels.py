@@ -124,10 +124,15 @@ CHECK = textwrap.dedent(
 )
 
 
+def run_check(script: str, device: str = "cpu") -> subprocess.CompletedProcess:
+    """Run a check script in a fresh interpreter: with Triton's CPU interpreter on "cpu" (chosen at import)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"} if device == "cpu" else None
+    return subprocess.run([sys.executable, "-c", script, device], env=env, capture_output=True, text=True, timeout=300)
+
+
 @needs_triton
 def test_cross_entropy_matches_pytorch_in_the_triton_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    out = subprocess.run([sys.executable, "-c", CHECK, "cpu"], env=env, capture_output=True, text=True, timeout=300)
+    out = run_check(CHECK)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "kernels OK" in out.stdout
 
@@ -138,8 +143,7 @@ def test_a_wrong_kernel_fails_the_check(tmp_path):
     broken = CHECK.replace("from helpers import kernels",
                            "from helpers import kernels\n"
                            "kernels.cross_entropy = lambda x, t: F.cross_entropy(x.float()[:, :-1], t.clamp(max=x.shape[1] - 2))")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    out = subprocess.run([sys.executable, "-c", broken, "cpu"], env=env, capture_output=True, text=True, timeout=300)
+    out = run_check(broken)
     assert out.returncode != 0 and "AssertionError" in out.stderr
 
 
@@ -150,43 +154,180 @@ def test_a_wrong_fused_gradient_fails_the_check():
     broken = CHECK.replace("kernels.FUSED_CHUNK_ROWS = 4",
                            "kernels.FUSED_CHUNK_ROWS = 4\n"
                            "kernels._LinearCrossEntropy.backward = staticmethod(lambda ctx, g: (lambda dx, dw, n: "
-                           "(dx * g / n, dw * g / (n + 1), None))(*ctx.saved_tensors))")
+                           "(dx * g / n, dw * g / (n + 1), None, None))(*ctx.saved_tensors))")
     assert broken != CHECK
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    out = subprocess.run([sys.executable, "-c", broken, "cpu"], env=env, capture_output=True, text=True, timeout=300)
+    out = run_check(broken)
+    assert out.returncode != 0 and "AssertionError" in out.stderr, out.stderr[-2000:]
+
+
+# The fp8 LM head (linear_cross_entropy(fp8=True)) against the same arithmetic done by PyTorch: the e5m2 gradient
+# bits against torch's own rounding, the tiled transpose against .t().contiguous(), and loss and gradients against an
+# fp32 LM head on the fp8-rounded x and W (the matmuls' accumulation is the only difference left), with rows that are
+# not a multiple of 16, an ignored row, several chunks, and the loss-only path; plus the fp32 truth, loosely.
+FP8_CHECK = textwrap.dedent(
+    """
+    import sys, torch, torch.nn.functional as F
+    from helpers import kernels
+    device = sys.argv[1]
+    torch.manual_seed(0)
+    # 1. the kernel's gradient bits: (softmax - onehot) * 2**15 rounded to e5m2 as torch rounds it
+    logits = torch.randn(37, 4100, device=device) * 4
+    t = torch.randint(0, 4100, (37,), device=device)
+    t[3] = kernels.IGNORE_INDEX
+    loss_rows, g8 = kernels._cross_entropy_rows_with_e5m2_grad(logits, t)
+    assert g8.dtype == torch.float8_e5m2 and g8.shape == logits.shape
+    ref = (torch.softmax(logits, -1) - F.one_hot(t.clamp(min=0), 4100)) * kernels.FP8_GRAD_SCALE
+    ref[3] = 0
+    ref8 = ref.to(torch.float8_e5m2)
+    # the kernel's softmax is computed differently from torch's: a value within fp32 rounding of an e5m2
+    # rounding boundary may land on the other side (then one e5m2 step apart); anything more is a bug
+    differ = (g8.view(torch.uint8) != ref8.view(torch.uint8))
+    assert differ.float().mean().item() < 1e-4, differ.float().mean().item()
+    step = (g8.view(torch.uint8).int() - ref8.view(torch.uint8).int()).abs()
+    assert step.max().item() <= 1, step.max().item()
+    assert torch.allclose(loss_rows, F.cross_entropy(logits, t, reduction="none"), atol=1e-5)
+    # 2. the transpose, on shapes that are not multiples of its tile
+    for M, N in ((1, 1), (70, 130), (128, 64), (3, 200)):
+        a = torch.randn(M, N, device=device).to(torch.float8_e4m3fn)
+        assert torch.equal(kernels.transpose_fp8(a).view(torch.uint8), a.t().contiguous().view(torch.uint8)), (M, N)
+    # 3. the whole fp8 LM head + CE
+    def rounded(a):  # the fp8 value of a in the forward, the identity in backward (no fp8 gradients here)
+        a8, inv = kernels.to_fp8_e4m3(a)
+        return a + (a8.float() * inv - a).detach()
+    def emulated(x, w, t):  # the same fp8 rounding of x and W, then an fp32 LM head
+        return F.cross_entropy(rounded(x) @ rounded(w).t(), t)
+    kernels.FUSED_CHUNK_ROWS = 16
+    for N, C, V, amp in [(37, 32, 4096, False), (16, 64, 50304, True), (50, 16, 160, True)]:
+        x0, w0 = torch.randn(N, C, device=device), torch.randn(V, C, device=device) * 0.5
+        t = torch.randint(0, V, (N,), device=device)
+        t[2] = kernels.IGNORE_INDEX
+        res = {}
+        for kind in ("fp8", "emulated", "fp32"):
+            x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=amp and kind == "fp8"):
+                if kind == "fp8":
+                    loss = kernels.linear_cross_entropy(x, w, t, fp8=True)
+                elif kind == "emulated":
+                    loss = emulated(x, w, t)
+                else:
+                    loss = F.cross_entropy(x @ w.t(), t)
+            (loss * 0.7).backward()
+            res[kind] = (loss.item(), x.grad, w.grad)
+        (l8, gx8, gw8), (le, gxe, gwe), (l32, gx32, gw32) = res["fp8"], res["emulated"], res["fp32"]
+        assert gx8.dtype == gw8.dtype == torch.float32 and gx8.shape == (N, C)
+        assert abs(l8 - le) <= 1e-2 * abs(le), (N, V, amp, l8, le)  # bf16 logits under autocast
+        def rel(a, b):
+            return ((a - b).norm() / b.norm()).item()
+        # e5m2 keeps 2 mantissa bits: each gradient element is off by up to 1/8; summed over V or N columns
+        # the errors mostly cancel
+        for a, b in ((gx8, gxe), (gw8, gwe)):
+            assert rel(a, b) < 0.05, (N, V, amp, rel(a, b))
+        assert abs(l8 - l32) <= 0.03 * abs(l32), (N, V, amp, l8, l32)
+        for a, b in ((gx8, gx32), (gw8, gw32)):
+            assert rel(a, b) < 0.1, (N, V, amp, rel(a, b))
+        assert gx8[2].abs().max().item() == 0.0  # the ignored row
+        with torch.no_grad():
+            assert abs(kernels.linear_cross_entropy(x0, w0, t, fp8=True).item() - le) <= 1e-3 * abs(le)
+    try:
+        kernels.linear_cross_entropy(torch.randn(4, 12, device=device), torch.randn(32, 12, device=device),
+                                     torch.zeros(4, dtype=torch.int64, device=device), fp8=True)
+        raise AssertionError("C=12 accepted")
+    except ValueError as e:
+        assert "multiples of 16" in str(e)
+    print("fp8 OK")
+    """
+)
+
+
+@needs_triton
+def test_fp8_lm_head_matches_its_emulation_in_the_triton_interpreter():
+    out = run_check(FP8_CHECK)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "fp8 OK" in out.stdout
+
+
+FP8_BUGS = {
+    # the gradient stored at twice the scale the matmuls undo
+    "grad_scale": "_g = kernels._cross_entropy_rows_with_e5m2_grad\n"
+                  "kernels._cross_entropy_rows_with_e5m2_grad = lambda l, t: (lambda r: (r[0], (r[1].float() * 2).to(torch.float8_e5m2)))(_g(l, t))",
+    # a transpose that loses its last column (the last row of the source)
+    "transpose": "_t = kernels.transpose_fp8\n"
+                 "kernels.transpose_fp8 = lambda a: torch.cat([_t(a)[:, :-1], torch.zeros_like(_t(a)[:, :1])], 1)",
+}
+
+
+@needs_triton
+@pytest.mark.parametrize("bug", sorted(FP8_BUGS))
+def test_a_wrong_fp8_lm_head_fails_its_check(bug):
+    """The fp8 check can fail: a gradient at twice its scale, or a transpose that drops data, is caught."""
+    broken = FP8_CHECK.replace("\nkernels.FUSED_CHUNK_ROWS = 16\n", "\nkernels.FUSED_CHUNK_ROWS = 16\n" + FP8_BUGS[bug] + "\n")
+    assert broken != FP8_CHECK
+    out = run_check(broken)
     assert out.returncode != 0 and "AssertionError" in out.stderr, out.stderr[-2000:]
 
 
 @needs_cuda
 @needs_triton
-def test_cross_entropy_matches_pytorch_on_the_gpu():
-    out = subprocess.run([sys.executable, "-c", CHECK, "cuda"], capture_output=True, text=True, timeout=300)
+def test_fp8_lm_head_matches_its_emulation_on_the_gpu():
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 tensor cores need compute capability >= 8.9")
+    out = run_check(FP8_CHECK, "cuda")
     assert out.returncode == 0, out.stderr[-3000:]
+
+
+@needs_cuda
+@needs_triton
+def test_cross_entropy_matches_pytorch_on_the_gpu():
+    out = run_check(CHECK, "cuda")
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+def _compiled_step_results(configs: dict) -> dict:
+    """{key: (loss, LM-head weight gradient)} of one compiled (fullgraph) bf16-autocast forward+backward of a small
+    GPT per config, from the same weights and batch."""
+    torch.manual_seed(0)
+    x = torch.randint(0, GPTConfig().vocab_size, (4, 128), device="cuda")
+    y = torch.randint(0, GPTConfig().vocab_size, (4, 128), device="cuda")
+    results = {}
+    for key, cfg in configs.items():
+        torch._dynamo.reset()
+        torch.manual_seed(1)
+        model = GPT(cfg).cuda()
+        step = torch.compile(model, fullgraph=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            _, loss = step(x, y)
+        loss.backward()
+        results[key] = (loss.item(), model.lm_head.weight.grad.float().clone())
+    return results
+
+
+SMALL = GPTConfig(block_size=128, n_layer=2, n_head=4, n_embd=128, vocab_multiple=64)
 
 
 @needs_cuda
 @needs_triton
 def test_compiled_model_with_the_triton_loss_matches_pytorch_loss():
     """Inside torch.compile (one graph, custom op traced) the step gives the loss and gradients of F.cross_entropy."""
-    cfg = GPTConfig(block_size=128, n_layer=2, n_head=4, n_embd=128, vocab_multiple=64)
-    torch.manual_seed(0)
-    x = torch.randint(0, cfg.vocab_size, (4, 128), device="cuda")
-    y = torch.randint(0, cfg.vocab_size, (4, 128), device="cuda")
-    results = {}
-    for kernel in ("pytorch", "triton", "fused"):
-        torch._dynamo.reset()
-        torch.manual_seed(1)
-        model = GPT(dataclasses.replace(cfg, loss_kernel=kernel)).cuda()
-        step = torch.compile(model, fullgraph=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            _, loss = step(x, y)
-        loss.backward()
-        results[kernel] = (loss.item(), model.lm_head.weight.grad.float().clone())
+    results = _compiled_step_results({k: dataclasses.replace(SMALL, loss_kernel=k) for k in ("pytorch", "triton", "fused")})
     lp, gp = results["pytorch"]
     for kernel in ("triton", "fused"):
         lt, gt = results[kernel]
         assert abs(lp - lt) < 1e-3 * abs(lp), kernel
         assert (gp - gt).abs().max().item() <= 1e-2 * gp.abs().max().item(), kernel
+
+
+@needs_cuda
+@needs_triton
+def test_compiled_model_with_the_fp8_lm_head_trains_like_bf16():
+    """Compiled with fullgraph (no graph break), the fp8 LM head's loss and LM-head gradient are those of the
+    bf16 fused LM head within fp8's rounding."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 tensor cores need compute capability >= 8.9")
+    fused = dataclasses.replace(SMALL, loss_kernel="fused")
+    results = _compiled_step_results({fp8: dataclasses.replace(fused, lm_head_fp8=fp8) for fp8 in (False, True)})
+    (lb, gb), (l8, g8) = results[False], results[True]
+    assert abs(lb - l8) < 1e-2 * abs(lb), (lb, l8)
+    assert ((g8 - gb).norm() / gb.norm()).item() < 0.1
 
 
 def test_cross_entropy_says_why_it_cannot_run_on_a_cpu(monkeypatch):
@@ -305,3 +446,19 @@ def test_triton_kernel_needs_compute_capability_7(monkeypatch):
     assert not ok and "7.0" in reason
     monkeypatch.setattr(hardware, "capability", lambda d=None: (7, 5))
     assert kernels.available("cuda") == (True, "")
+
+
+def test_fp8_lm_head_needs_the_fused_loss_and_fp8_tensor_cores(monkeypatch):
+    from helpers import hardware
+
+    with pytest.raises(ValueError, match="loss_kernel='fused'"):
+        GPTConfig(lm_head_fp8=True)
+    monkeypatch.setattr(kernels, "available", lambda device: (True, ""))
+    for cap, ok in (((7, 5), False), ((8, 0), False), ((8, 9), True), ((9, 0), True)):
+        monkeypatch.setattr(hardware, "capability", lambda device, cap=cap: cap)
+        got, reason = kernels.fp8_available("cuda")
+        assert got == ok and (ok or "8.9" in reason), (cap, reason)
+    run = train.RunConfig(autocast="bf16", vocab_multiple=64, lm_head_fp8=True)
+    assert "loss_kernel='fused'" in train.unsupported_reason(run.replace(loss_kernel="triton"), "cuda")
+    assert "multiple of 16" in train.unsupported_reason(run.replace(loss_kernel="fused", vocab_multiple=1), "cuda")
+    assert train.unsupported_reason(run.replace(loss_kernel="fused"), "cuda") is None

@@ -11,12 +11,14 @@ def test_rungs_are_cumulative_and_skip_what_the_cpu_cannot_run():
     names = [c.name for c, _ in configs]
     assert names == ["fp32", "+ tf32", "+ bf16 autocast", "+ torch.compile", "+ sdpa attention", "+ vocab 50304",
                      "+ fused AdamW", "+ bf16 residual", "+ detached logits", "+ Triton CE", "+ clip in AdamW",
-                     "+ fused LM-head CE"]
+                     "+ fused LM-head CE", "+ fp8 LM head"]
     reasons = dict((c.name, r) for c, r in configs)
     assert "TF32" in reasons["+ tf32"]
     assert "Triton" in reasons["+ Triton CE"]  # the kernel runs on a CUDA GPU
     assert "Triton" in reasons["+ fused LM-head CE"]
-    assert all(r is None for n, r in reasons.items() if n not in ("+ tf32", "+ Triton CE", "+ fused LM-head CE"))
+    assert "fp8 LM head cannot run" in reasons["+ fp8 LM head"] and "CUDA GPU" in reasons["+ fp8 LM head"]
+    skipped = ("+ tf32", "+ Triton CE", "+ fused LM-head CE", "+ fp8 LM head")
+    assert all(r is None for n, r in reasons.items() if n not in skipped)
     last = [c for c, r in configs if r is None][-1]
     # TF32 and the Triton kernels were skipped, so they are not carried into later rungs; everything else is.
     assert (last.matmul_precision, last.autocast, last.compile, last.attention, last.vocab_multiple, last.optimizer) == (
@@ -26,9 +28,23 @@ def test_rungs_are_cumulative_and_skip_what_the_cpu_cannot_run():
 
 def test_gpu_ladder_carries_every_switch():
     configs = ladder.ladder_configs(16, 1024)
-    assert configs[-1][0] == RunConfig(name="+ fused LM-head CE", matmul_precision="tf32", autocast="bf16", compile="default",
+    assert configs[-1][0] == RunConfig(name="+ fp8 LM head", matmul_precision="tf32", autocast="bf16", compile="default",
                                        attention="sdpa", vocab_multiple=64, optimizer="fused", batch_size=16, seq_len=1024,
-                                       residual_dtype="bf16", detach_logits=True, loss_kernel="fused", fused_clip=True)
+                                       residual_dtype="bf16", detach_logits=True, loss_kernel="fused", fused_clip=True,
+                                       lm_head_fp8=True)
+
+
+def test_fp8_rung_is_skipped_below_compute_capability_8_9(monkeypatch):
+    """An A100 (8.0) runs every rung but the fp8 LM head, and its fastest configuration is the bf16 fused LM head."""
+    _fake_cuda(monkeypatch, (8, 0))
+    configs = ladder.ladder_configs(16, 1024, device="cuda")
+    reasons = dict((c.name, r) for c, r in configs)
+    assert "8.9" in reasons["+ fp8 LM head"] and "8.0" in reasons["+ fp8 LM head"]
+    assert all(r is None for n, r in reasons.items() if n != "+ fp8 LM head")
+    last = ladder.last_runnable(16, 1024, "cuda")
+    assert last.name == "+ fused LM-head CE" and not last.lm_head_fp8
+    _fake_cuda(monkeypatch, (9, 0))  # an H100 / H200
+    assert ladder.last_runnable(16, 1024, "cuda").lm_head_fp8
 
 
 def test_cli_writes_results_json_and_plot(tmp_path, capsys):
@@ -117,6 +133,7 @@ def test_autocast_rung_is_fp16_with_gradscaler_where_bf16_is_not_native(monkeypa
     assert "bf16 autocast" in reasons["+ bf16 residual"]  # a bf16 residual stream needs bf16 matmul inputs
     assert "GradScaler" in reasons["+ clip in AdamW"]
     assert "GradScaler" in reasons["+ fused LM-head CE"]  # its gradient is rounded before the loss scale reaches it
+    assert "8.9" in reasons["+ fp8 LM head"]  # no fp8 tensor cores on a T4
     runnable = [c for c, r in configs if r is None]
     assert runnable[-1].autocast == "fp16" and runnable[-1].matmul_precision == "fp32"
     assert runnable[-1].residual_dtype == "fp32" and not runnable[-1].fused_clip and runnable[-1].loss_kernel == "triton"
