@@ -12,6 +12,7 @@ then compares the mean loss of the last 10 steps. Passing means within ``--toler
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import sys
@@ -53,15 +54,18 @@ def main(argv=None) -> int:
     final = last_runnable(args.batch_size, 1024, device)
     base = run_losses(plain, args.steps, tokens, device)
     base_end = sum(base[-10:]) / 10
-    rows = [{"config": "plain bf16 (ladder rung '+ bf16 autocast')", "last10_mean_loss": base_end, "losses": base}]
+    rows = [{"config": "plain bf16 (ladder rung '+ bf16 autocast')", "switches": dataclasses.asdict(plain),
+             "last10_mean_loss": base_end, "losses": base}]
     print(f"plain bf16: loss(last 10 of {args.steps}) = {base_end:.4f}", flush=True)
     ok = True
     for v in args.variants:
-        losses = run_losses(final.replace(name=v, **VARIANTS[v]), args.steps, tokens, device, v)
+        run = final.replace(name=v, **VARIANTS[v])
+        losses = run_losses(run, args.steps, tokens, device, v)
         end = sum(losses[-10:]) / 10
         rel = (end - base_end) / base_end
         ok &= abs(rel) <= args.tolerance
-        rows.append({"config": f"last rung + {v}", "last10_mean_loss": end, "rel_diff": rel, "losses": losses})
+        rows.append({"config": f"last rung ({final.name}) + {v}", "switches": dataclasses.asdict(run), "last10_mean_loss": end,
+                     "rel_diff": rel, "losses": losses})
         print(f"{v}: loss(last 10) = {end:.4f}  ({100 * rel:+.2f}% vs plain bf16)", flush=True)
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": datetime.date.today().isoformat(),
            "batch_size": args.batch_size, "seq_len": 1024, "steps": args.steps, "tolerance": args.tolerance,

@@ -462,3 +462,7 @@ def test_fp8_lm_head_needs_the_fused_loss_and_fp8_tensor_cores(monkeypatch):
     assert "loss_kernel='fused'" in train.unsupported_reason(run.replace(loss_kernel="triton"), "cuda")
     assert "multiple of 16" in train.unsupported_reason(run.replace(loss_kernel="fused", vocab_multiple=1), "cuda")
     assert train.unsupported_reason(run.replace(loss_kernel="fused"), "cuda") is None
+    # refused before any work, even for no rows (which would otherwise return nan quietly)
+    monkeypatch.setattr(kernels, "fp8_available", lambda device: (False, "no fp8 tensor cores here"))
+    with pytest.raises(RuntimeError, match="no fp8 tensor cores here"):
+        kernels.linear_cross_entropy(torch.zeros(0, 16), torch.zeros(32, 16), torch.zeros(0, dtype=torch.int64), fp8=True)
