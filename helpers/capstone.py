@@ -58,7 +58,7 @@ WHEN_TO_USE: dict[str | tuple[str, object], str] = {
     "and the loss run in chunks of rows with the logits' gradient made in the forward, so no logits-sized tensor "
     "waits for backward; mostly a memory saving (peak -6.5 GiB at B=64 on the H200); not under fp16",
     ("lm_head_fp8", True): "on a GPU with fp8 tensor cores (compute capability >= 8.9: L4, RTX 40xx, H100/H200) when "
-    "the LM head is a large share of the matmul time (GPT-2 124M: about 30%): its three matmuls ran 1.5-1.9x "
+    "the LM head is a large share of the matmul time (GPT-2 124M: about 30% of the weight matmuls' FLOPs): its three matmuls ran 1.5-1.9x "
     "faster than bf16 on the H200; a numerics change (e4m3 inputs, e5m2 gradient), so compare the loss curve with "
     "bf16's before keeping it",
     ("fused_clip", True): "with fused AdamW and gradient clipping: AdamW divides by the clip factor while it reads the "

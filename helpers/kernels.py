@@ -75,6 +75,8 @@ def available(device: torch.device | str) -> tuple[bool, str]:
         return False, f"the Triton kernels run on a CUDA GPU; this device is a {device.type.upper()}"
     if triton is None:
         return False, "the 'triton' package is not installed (it comes with the CUDA builds of torch)"
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return False, "no CUDA GPU is available here (torch.cuda.is_available() is False)"
     if device.type == "cuda":
         from helpers import hardware
 
@@ -431,7 +433,7 @@ def fp8_available(device: torch.device | str) -> tuple[bool, str]:
     """
     ok, reason = available(device)
     if not ok:
-        return ok, reason
+        return ok, f"{reason}; fp8 matmuls need an NVIDIA GPU of compute capability >= 8.9 (Ada, Hopper or newer)"
     device = torch.device(device)
     if device.type == "cuda":
         from helpers import hardware

@@ -76,6 +76,9 @@ class GPTConfig:
         if self.lm_head_fp8 and self.loss_kernel != "fused":
             raise ValueError(f"GPTConfig.lm_head_fp8 runs inside the fused LM-head cross-entropy: it needs "
                              f"loss_kernel='fused', got {self.loss_kernel!r}")
+        if self.lm_head_fp8 and (self.padded_vocab_size % 16 or self.n_embd % 16):
+            raise ValueError(f"GPTConfig.lm_head_fp8: fp8 matmuls need multiples of 16, got n_embd={self.n_embd} and "
+                             f"{self.padded_vocab_size} LM-head rows: pad the vocabulary (vocab_multiple=64)")
 
     @property
     def padded_vocab_size(self) -> int:

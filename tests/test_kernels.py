@@ -453,6 +453,12 @@ def test_fp8_lm_head_needs_the_fused_loss_and_fp8_tensor_cores(monkeypatch):
 
     with pytest.raises(ValueError, match="loss_kernel='fused'"):
         GPTConfig(lm_head_fp8=True)
+    with pytest.raises(ValueError, match="vocab_multiple=64"):
+        GPTConfig(lm_head_fp8=True, loss_kernel="fused")  # 50257 LM-head rows
+    GPTConfig(lm_head_fp8=True, loss_kernel="fused", vocab_multiple=64)
+    if not torch.cuda.is_available():  # a CPU-only torch: a reason, not torch's "not compiled with CUDA" assertion
+        ok, reason = kernels.fp8_available("cuda")
+        assert not ok and "no CUDA GPU" in reason and "8.9" in reason
     monkeypatch.setattr(kernels, "available", lambda device: (True, ""))
     for cap, ok in (((7, 5), False), ((8, 0), False), ((8, 9), True), ((9, 0), True)):
         monkeypatch.setattr(hardware, "capability", lambda device, cap=cap: cap)
