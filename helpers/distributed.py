@@ -553,6 +553,15 @@ def main_train(args: argparse.Namespace) -> int:
         barrier(env)
     finally:
         shutdown(env)
+    if env.distributed:
+        # A torchrun worker that finished cleanly leaves without Python's interpreter finalization. Gloo's
+        # worker threads can still hold DDP's communication-hook futures (Python objects) after the group is
+        # destroyed, and tearing those down during finalization aborted a worker with "terminate called
+        # without an active exception" after its results were written (CI, twice; pytorch/pytorch PR 179291
+        # describes the mechanism). Everything is written and flushed first.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

@@ -441,6 +441,7 @@ def test_triton_kernel_needs_compute_capability_7(monkeypatch):
         pytest.skip("the 'triton' package is not installed")
     from helpers import hardware
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU, as far as available() asks
     monkeypatch.setattr(hardware, "capability", lambda d=None: (6, 1))
     ok, reason = kernels.available("cuda")
     assert not ok and "7.0" in reason
