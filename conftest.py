@@ -19,3 +19,30 @@ def pytest_collectstart(collector):
     if path is not None and str(path).endswith(".ipynb") and hasattr(collector, "skip_compare"):
         collector.skip_compare += ("stderr", "text/html", "application/javascript",
                                    "application/vnd.jupyter.widget-view+json")
+
+
+_seconds: dict[str, float] = {}  # wall time of the test items, per group (see pytest_terminal_summary)
+
+
+def _group(nodeid: str) -> str:
+    path = nodeid.split("::")[0]
+    if path.endswith(".ipynb"):
+        return f"nbval {Path(path).name}"
+    if "test_student_version_of_real_notebook" in nodeid:
+        return "student versions of the exercise notebooks"
+    return "unit tests"
+
+
+def pytest_runtest_logreport(report):
+    _seconds[_group(report.nodeid)] = _seconds.get(_group(report.nodeid), 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Where the run's time went: unit tests, the student-version executions, each notebook."""
+    if not _seconds:
+        return
+    terminalreporter.section("time per group (s)")
+    for group, seconds in sorted(_seconds.items(), key=lambda kv: (kv[0].startswith("nbval"), kv[0])):
+        terminalreporter.write_line(f"{seconds:8.1f}  {group}")
+    nbval = sum(s for g, s in _seconds.items() if g.startswith("nbval"))
+    terminalreporter.write_line(f"{nbval:8.1f}  nbval, all notebooks")

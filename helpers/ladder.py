@@ -20,7 +20,7 @@ import torch
 
 from helpers import cli, data, hardware, memory, timing
 from helpers.model import GPTConfig, flops_per_token
-from helpers.train import RunConfig, build, default_shapes, unsupported_reason
+from helpers.train import RunConfig, build, default_shapes, slow_reason, unsupported_reason
 
 # (name, switches added on top of the previous rung)
 RUNGS: list[tuple[str, dict]] = [
@@ -53,7 +53,8 @@ def autocast_rung(name: str, changes: dict, device: torch.device | None) -> tupl
 
 
 def ladder_configs(
-    batch_size: int, seq_len: int, compile_mode: str = "default", device: torch.device | str | None = None
+    batch_size: int, seq_len: int, compile_mode: str = "default", device: torch.device | str | None = None,
+    run_slow: bool = False,
 ) -> list[tuple[RunConfig, str | None]]:
     """The ladder as cumulative RunConfigs, each with the reason it cannot run here (None if it can).
 
@@ -61,6 +62,8 @@ def ladder_configs(
     rung skipped and is *not* carried into the later rungs, which build on the last runnable one.
     The autocast rung uses the device's recipe dtype (:func:`autocast_rung`): on a GPU without native
     bf16 (a T4, a V100, an emulated T4) it is "+ fp16 autocast + GradScaler", so the fp16 path runs.
+    A rung that runs but slowly here (bf16 on a CPU without fast bf16, :func:`train.slow_reason`) is
+    skipped with that reason too, unless ``run_slow``.
     """
     device = torch.device(device) if device is not None else None
     configs, current = [], RunConfig(batch_size=batch_size, seq_len=seq_len)
@@ -70,6 +73,8 @@ def ladder_configs(
         name, changes = autocast_rung(name, changes, device)
         candidate = current.replace(name=name, **changes)
         reason = unsupported_reason(candidate, device) if device is not None else None
+        if reason is None and device is not None and not run_slow:
+            reason = slow_reason(candidate, device)
         configs.append((candidate, reason))
         if reason is None:
             current = candidate
@@ -97,6 +102,12 @@ def _short(name: str) -> str:
     return name.lstrip("+ ")
 
 
+def names_autocast_rung(rungs: list[str] | None) -> bool:
+    """Whether ``rungs`` (``--rungs`` names) asks for the autocast rung by one of its names."""
+    names = {"autocast", "bf16 autocast", "fp16 autocast", _short(FP16_AUTOCAST_RUNG)}
+    return any(_short(r).casefold() in names for r in rungs or ())
+
+
 def select_rungs(configs: list[RunConfig], rungs: list[str]) -> list[RunConfig]:
     """The configs named in ``rungs`` (with or without the leading "+ ", in any letter case). "autocast",
     "bf16 autocast" and "fp16 autocast" all name the autocast rung, whichever dtype this device's
@@ -119,17 +130,25 @@ def select_rungs(configs: list[RunConfig], rungs: list[str]) -> list[RunConfig]:
     return [c for c in configs if aliases(c) & asked]
 
 
+def skipped_row(run: RunConfig, reason: str | None) -> dict:
+    """A result row for ``run`` with status "skipped" and ``reason`` (run_rung fills in the rest)."""
+    return {"name": run.name, "status": "skipped", "ms_per_step": None, "tokens_per_s": None, "speedup": None,
+            "mfu": None, "peak_mem_bytes": None, "first_step_ms": None, "loss": None, "reason": reason,
+            "switches": {k: v for k, v in run.__dict__.items() if k not in ("name",)}}
+
+
 def run_rung(
-    run: RunConfig, model_config: GPTConfig, device: torch.device, tokens: torch.Tensor, warmup: int, iters: int
+    run: RunConfig, model_config: GPTConfig, device: torch.device, tokens: torch.Tensor, warmup: int, iters: int,
+    run_slow: bool = False,
 ) -> dict:
     """Build ``run``, time ``iters`` steps after ``warmup``, and return one result row
-    (``status`` "measured", "skipped" with the hardware reason, or "failed" with the error)."""
-    row = {"name": run.name, "status": "skipped", "ms_per_step": None, "tokens_per_s": None, "speedup": None,
-           "mfu": None, "peak_mem_bytes": None, "first_step_ms": None, "loss": None, "reason": None,
-           "switches": {k: v for k, v in run.__dict__.items() if k not in ("name",)}}
+    (``status`` "measured", "skipped" with the hardware reason, or "failed" with the error).
+    A run that is only slow here (:func:`train.slow_reason`) is skipped too, unless ``run_slow``."""
     reason = unsupported_reason(run, device)
+    if reason is None and not run_slow:
+        reason = slow_reason(run, device)
+    row = skipped_row(run, reason)
     if reason is not None:
-        row["reason"] = reason
         return row
     trainer = None
     try:
@@ -194,12 +213,13 @@ def run_ladder(
         raise ValueError(f"--seq-len {T} > block_size {model_config.block_size} of the {device.type} model config: "
                          f"use --seq-len <= {model_config.block_size} here")
     tokens = data.load_tokens()
-    configs = [run for run, _ in ladder_configs(B, T, compile_mode, device)]
+    run_slow = names_autocast_rung(rungs)  # asked for by name: measured even where it is slow
+    configs = [run for run, _ in ladder_configs(B, T, compile_mode, device, run_slow=run_slow)]
     if rungs:
         configs = select_rungs(configs, rungs)
     rows = []
     for run in tqdm(configs, desc="ladder", disable=not progress):
-        rows.append(run_rung(run, model_config, device, tokens, warmup, iters))
+        rows.append(run_rung(run, model_config, device, tokens, warmup, iters, run_slow=run_slow))
     base = next((r["ms_per_step"] for r in rows if r["status"] == "measured"), None)
     for r in rows:
         if r["status"] == "measured" and base is not None:
@@ -268,7 +288,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rungs", nargs="+", default=None,
                    help="run only these rungs, by name, quoted where they contain spaces (default: all): "
                    + ", ".join(repr(n.lstrip("+ ")) for n, _ in RUNGS)
-                   + "; 'autocast' names the autocast rung in either dtype (fp16 + GradScaler where bf16 is not native)")
+                   + "; 'autocast' names the autocast rung in either dtype (fp16 + GradScaler where bf16 is not native); "
+                   "on a CPU without fast bf16 the bf16 rungs are skipped unless the autocast rung is named here")
     p.add_argument("--compile-mode", default="default", choices=["default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead"],
                    help="torch.compile mode of the compiled rungs (default: 'default')")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON to this file")

@@ -236,14 +236,19 @@ def precision_run(name: str, batch_size: int, seq_len: int) -> "train.RunConfig"
     return train.RunConfig(name=name, batch_size=batch_size, seq_len=seq_len, **PRECISIONS[name])
 
 
-def skip_reason(run: "train.RunConfig", device: torch.device | str, cpu_fp16: bool = False) -> str | None:
+def skip_reason(
+    run: "train.RunConfig", device: torch.device | str, cpu_fp16: bool = False, cpu_bf16: bool = False
+) -> str | None:
     """Why ``run`` is not measured on ``device`` (None if it is): :func:`helpers.train.unsupported_reason`,
-    plus fp16 on a CPU unless ``cpu_fp16`` (see :data:`CPU_FP16_REASON`)."""
+    plus fp16 on a CPU unless ``cpu_fp16`` (see :data:`CPU_FP16_REASON`), plus bf16 on a CPU without
+    fast bf16 unless ``cpu_bf16`` (:func:`helpers.train.slow_reason`)."""
     from helpers import train
 
     reason = train.unsupported_reason(run, device)
     if reason is None and run.autocast == "fp16" and torch.device(device).type == "cpu" and not cpu_fp16:
         reason = CPU_FP16_REASON
+    if reason is None and not cpu_bf16:
+        reason = train.slow_reason(run, device)
     return reason
 
 
@@ -280,6 +285,7 @@ def compare_precisions(
     names: tuple[str, ...] = tuple(PRECISIONS),
     cpu_fp16: bool = False,
     progress: bool = True,
+    cpu_bf16: bool = False,
 ) -> list[dict]:
     """Train the same model (same seed, same Tiny Shakespeare batches) in each precision of ``names``
     on ``device``, and measure it.
@@ -289,7 +295,8 @@ def compare_precisions(
     ``warmup`` untimed ones with :func:`helpers.timing.measure` (CUDA events on a GPU). Peak memory
     covers build, training and timing (CUDA only). ``model_config``, ``batch_size`` and ``seq_len``
     default to :func:`helpers.train.default_shapes`. A precision this device cannot run is returned
-    as ``"skipped"`` with the reason (:func:`skip_reason`), never run in another mode.
+    as ``"skipped"`` with the reason (:func:`skip_reason`), never run in another mode; so are fp16 on
+    a CPU (unless ``cpu_fp16``) and bf16 on a CPU without fast bf16 (unless ``cpu_bf16``).
 
     Returns one dict per name: {"name", "status" ("measured"/"skipped"), "reason", "matmul_precision",
     "autocast", "losses" (nats per step), "final_loss", "max_loss_gap_vs_fp32" (max over steps of
@@ -318,7 +325,7 @@ def compare_precisions(
     rows = []
     try:
         for run in tqdm(runs, desc="precisions", disable=not progress):
-            row = {"name": run.name, "status": "skipped", "reason": skip_reason(run, device, cpu_fp16),
+            row = {"name": run.name, "status": "skipped", "reason": skip_reason(run, device, cpu_fp16, cpu_bf16),
                    "matmul_precision": run.matmul_precision, "autocast": run.autocast, "losses": [],
                    "final_loss": None, "max_loss_gap_vs_fp32": None, "ms_per_step": None, "spread_pct": None,
                    "tokens_per_s": None, "peak_mem_bytes": None, "grad_scale": [], "skipped_steps": []}

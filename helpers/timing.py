@@ -149,7 +149,7 @@ def benchmark_matmul(n: int, mode: str, device: torch.device | str, warmup: int 
         row["reason"] = "TF32 tensor cores need an NVIDIA GPU of compute capability >= 8.0"
         return row
     if mode == "bf16" and not hardware.native_bf16(device):
-        row["reason"] = "no native bf16 below compute capability 8.0"
+        row["reason"] = hardware.no_native_bf16_reason(device)
         return row
     if mode == "fp16" and device.type == "cpu":
         row["reason"] = "fp16 matmuls are a GPU tensor-core format; CPUs emulate them slowly"

@@ -113,12 +113,32 @@ def default_shapes(device: torch.device | str) -> tuple[GPTConfig, int, int]:
     return small_model_config(), 4, 128
 
 
-def recipe_autocast(device: torch.device | str) -> str:
+def recipe_autocast(device: torch.device | str) -> str | None:
     """The autocast dtype name the course uses for mixed precision on ``device``: ``"bf16"`` where bf16
-    is native (a CPU; CUDA compute capability >= 8.0), ``"fp16"`` on older GPUs (a T4, a V100, an
-    emulated T4), where ``RunConfig(autocast="fp16")`` adds the GradScaler. Every chapter's "bf16"
-    configuration takes its dtype from here, so it runs on a Colab T4 too (chapter 04 explains why)."""
-    return "bf16" if hardware.native_bf16(torch.device(device)) else "fp16"
+    is native (CUDA compute capability >= 8.0; a CPU with AVX-512 BF16 or AMX), ``"fp16"`` on older
+    GPUs (a T4, a V100, an emulated T4), where ``RunConfig(autocast="fp16")`` adds the GradScaler, and
+    None (fp32) on a CPU without fast bf16, where bf16 would run ~30x slower than fp32
+    (:func:`helpers.hardware.cpu_bf16`). Every chapter's "bf16" configuration takes its dtype from
+    here, so it runs on a Colab T4 and on any CPU too (chapter 04 explains why)."""
+    device = torch.device(device)
+    if hardware.native_bf16(device):
+        return "bf16"
+    return None if device.type == "cpu" else "fp16"
+
+
+def autocast_label(autocast: str | None) -> str:
+    """How tables and titles name an autocast setting: ``"bf16"``, ``"fp16"``, or ``"fp32"`` for None."""
+    return autocast or "fp32"
+
+
+def slow_reason(run: RunConfig, device: torch.device | str) -> str | None:
+    """Why ``run`` can run on ``device`` but the course does not time it by default (None if it
+    does): bf16 autocast on a CPU without fast bf16 (:func:`helpers.hardware.no_native_bf16_reason`).
+    Callers that are asked for such a run explicitly still run it."""
+    device = torch.device(device)
+    if run.autocast == "bf16" and device.type == "cpu":
+        return hardware.no_native_bf16_reason(device)
+    return None
 
 
 def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None:

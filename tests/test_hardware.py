@@ -38,10 +38,57 @@ def test_t4_has_no_bf16_or_tf32_and_mfu_uses_fp16_peak():
     assert all(p.source for p in hardware.PROFILES.values())
 
 
-def test_native_bf16_and_tf32_on_cpu():
+def test_native_bf16_and_tf32_on_cpu(monkeypatch):
     cpu = torch.device("cpu")
-    assert hardware.native_bf16(cpu) is True
+    monkeypatch.setenv(hardware.CPU_BF16_ENV, "fast")
+    assert hardware.native_bf16(cpu) is True and hardware.no_native_bf16_reason(cpu) is None
+    monkeypatch.setenv(hardware.CPU_BF16_ENV, "slow")
+    assert hardware.native_bf16(cpu) is False
+    assert "uses fp32" in hardware.no_native_bf16_reason(cpu)
     assert hardware.tf32_supported(cpu) is False
+
+
+def _fake_cpu(monkeypatch, vector_unit: str, avx512_bf16: bool, amx: bool, onednn_cap: str | None = None):
+    monkeypatch.delenv(hardware.CPU_BF16_ENV, raising=False)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: vector_unit)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    if onednn_cap is None:
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    else:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", onednn_cap)
+
+
+@pytest.mark.parametrize(
+    "vector_unit, avx512_bf16, amx, onednn_cap, fast",
+    [
+        ("AVX2", False, False, None, False),  # an AVX2-only AMD EPYC: bf16 ~30x slower than fp32
+        ("AVX2", True, True, None, False),  # ATEN_CPU_CAPABILITY=avx2 on a Sapphire Rapids
+        ("DEFAULT", False, False, None, False),
+        ("AVX512", False, False, None, False),  # Skylake/Cascade Lake: AVX-512 without BF16
+        ("AVX512", True, False, None, True),  # Cooper Lake, AMD Zen 4
+        ("AVX512", True, True, None, True),  # Sapphire Rapids (AMX)
+        ("AVX512", True, True, "AVX2", False),  # oneDNN capped below its bf16 kernels
+        ("AVX512", True, True, "AVX512_CORE_AMX", True),
+    ],
+)
+def test_cpu_bf16_is_decided_by_the_instructions_not_by_bf16_existing(
+    monkeypatch, vector_unit, avx512_bf16, amx, onednn_cap, fast
+):
+    _fake_cpu(monkeypatch, vector_unit, avx512_bf16, amx, onednn_cap)
+    got, why = hardware.cpu_bf16()
+    assert got is fast and why
+    assert hardware.native_bf16(torch.device("cpu")) is fast
+    assert (hardware.no_native_bf16_reason("cpu") is None) is fast
+
+
+def test_cpu_bf16_override_is_checked(monkeypatch):
+    _fake_cpu(monkeypatch, "AVX2", False, False)
+    monkeypatch.setenv(hardware.CPU_BF16_ENV, "fast")
+    assert hardware.cpu_bf16()[0] is True
+    monkeypatch.setenv(hardware.CPU_BF16_ENV, "quick")
+    with pytest.raises(ValueError, match="'fast' or 'slow'"):
+        hardware.cpu_bf16()
 
 
 def _as_dict(choices):

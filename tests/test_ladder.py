@@ -1,12 +1,14 @@
 import json
 
 import pytest
+import torch
 
-from helpers import ladder
+from helpers import hardware, ladder
 from helpers.train import RunConfig
 
 
-def test_rungs_are_cumulative_and_skip_what_the_cpu_cannot_run():
+def test_rungs_are_cumulative_and_skip_what_the_cpu_cannot_run(monkeypatch):
+    monkeypatch.setenv(hardware.CPU_BF16_ENV, "fast")  # a CPU with AVX-512 BF16 or AMX
     configs = ladder.ladder_configs(4, 64, device="cpu")
     names = [c.name for c, _ in configs]
     assert names == ["fp32", "+ tf32", "+ bf16 autocast", "+ torch.compile", "+ sdpa attention", "+ vocab 50304",
@@ -155,8 +157,26 @@ def test_autocast_rung_stays_bf16_where_it_is_native(monkeypatch):
     _fake_cuda(monkeypatch, (9, 0))
     names = [c.name for c, _ in ladder.ladder_configs(16, 1024, device="cuda")]
     assert names[2] == "+ bf16 autocast"
+    monkeypatch.setenv(hardware.CPU_BF16_ENV, "fast")
     cpu = ladder.ladder_configs(4, 64, device="cpu")
     assert cpu[2][0].name == "+ bf16 autocast" and cpu[2][1] is None
+
+
+def test_bf16_rungs_are_skipped_on_a_slow_bf16_cpu_unless_asked(monkeypatch, tiny_config):
+    monkeypatch.setenv(hardware.CPU_BF16_ENV, "slow")
+    configs = ladder.ladder_configs(4, 64, device="cpu")
+    reasons = {run.name: reason for run, reason in configs}
+    assert "uses fp32" in reasons["+ bf16 autocast"]
+    assert "needs bf16 autocast" in reasons["+ bf16 residual"]  # not carried: it needs the rung above
+    assert all(run.autocast is None for run, reason in configs if reason is None)
+    asked = ladder.ladder_configs(2, 32, device="cpu", run_slow=True)
+    assert asked[2][1] is None and asked[2][0].autocast == "bf16"
+    assert ladder.names_autocast_rung(["fp32", "bf16 autocast"]) and not ladder.names_autocast_rung(["fp32"])
+    tokens = torch.randint(0, tiny_config.vocab_size, (4096,))
+    row = ladder.run_rung(asked[2][0], tiny_config, torch.device("cpu"), tokens, 0, 1)
+    assert row["status"] == "skipped" and "uses fp32" in row["reason"]
+    row = ladder.run_rung(asked[2][0], tiny_config, torch.device("cpu"), tokens, 0, 1, run_slow=True)
+    assert row["status"] == "measured"
 
 
 def test_autocast_rung_follows_t4_emulation(monkeypatch):

@@ -83,9 +83,22 @@ def test_precision_run_and_skip_reasons():
     assert "compute capability >= 8.0" in precision.skip_reason(precision.precision_run("tf32", 2, 16), "cpu")
 
 
+def test_bf16_is_skipped_on_a_cpu_without_fast_bf16_unless_asked(monkeypatch, tiny_config):
+    from helpers import hardware
+
+    monkeypatch.setenv(hardware.CPU_BF16_ENV, "slow")
+    bf16 = precision.precision_run("bf16", 2, 16)
+    assert "uses fp32" in precision.skip_reason(bf16, "cpu")
+    assert precision.skip_reason(bf16, "cpu", cpu_bf16=True) is None
+    rows = precision.compare_precisions("cpu", 1, tiny_config, 2, 16, warmup=0, iters=1, names=("fp32", "bf16"),
+                                        progress=False)
+    assert [r["status"] for r in rows] == ["measured", "skipped"]
+
+
 def test_compare_precisions_on_cpu_measures_fp32_bf16_and_skips_tf32_fp16(tiny_config):
     before = torch.get_float32_matmul_precision()
-    rows = precision.compare_precisions("cpu", 4, tiny_config, 2, 16, warmup=0, iters=1, progress=False)
+    rows = precision.compare_precisions("cpu", 4, tiny_config, 2, 16, warmup=0, iters=1, progress=False,
+                                        cpu_bf16=True)  # a tiny model: cheap even where bf16 is slow
     by = {r["name"]: r for r in rows}
     assert [r["name"] for r in rows] == ["fp32", "tf32", "bf16", "fp16"]
     assert by["fp32"]["status"] == by["bf16"]["status"] == "measured"

@@ -150,7 +150,13 @@ def test_negative_checkpoint_every_is_rejected_by_run_config():
 
 
 def test_recipe_autocast_is_bf16_where_native_else_fp16(monkeypatch):
+    monkeypatch.setenv(hardware.CPU_BF16_ENV, "fast")
     assert train.recipe_autocast("cpu") == "bf16"
+    monkeypatch.setenv(hardware.CPU_BF16_ENV, "slow")  # an AVX2-only CPU: fp32, not fp16
+    assert train.recipe_autocast("cpu") is None and train.autocast_label(None) == "fp32"
+    slow = train.RunConfig(autocast="bf16")
+    assert train.unsupported_reason(slow, "cpu") is None  # it runs if asked ...
+    assert "uses fp32" in train.slow_reason(slow, "cpu")  # ... but is not timed by default
     monkeypatch.setattr(hardware, "capability", lambda device: (7, 5))  # a T4 (or an emulated one)
     assert train.recipe_autocast("cuda") == "fp16"
     run = train.RunConfig(autocast=train.recipe_autocast("cuda"))
