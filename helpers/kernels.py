@@ -59,6 +59,13 @@ except ImportError:  # CPU-only torch ships without Triton
     tl = None
 
 
+# The kernels are registered with torch.library.triton_op and launched through wrap_triton (torch >= 2.6);
+# on an older torch the module still imports and available() says why the Triton rungs are skipped.
+TRITON_OP_MISSING: str | None = None if all(
+    hasattr(torch.library, name) for name in ("triton_op", "wrap_triton")) else (
+    f"torch {torch.__version__} has no torch.library.triton_op (torch >= 2.6 has it): "
+    "the Triton kernels need a newer torch")
+
 # True when Triton's CPU interpreter runs the kernels (TRITON_INTERPRET=1). Triton reads the variable
 # when the kernels are decorated, at import, so this module reads it then too.
 _INTERPRETED_AT_IMPORT = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -75,6 +82,8 @@ def available(device: torch.device | str) -> tuple[bool, str]:
         return False, f"the Triton kernels run on a CUDA GPU; this device is a {device.type.upper()}"
     if triton is None:
         return False, "the 'triton' package is not installed (it comes with the CUDA builds of torch)"
+    if TRITON_OP_MISSING is not None:
+        return False, TRITON_OP_MISSING
     if device.type == "cuda" and not torch.cuda.is_available():
         return False, "no CUDA GPU is available here (torch.cuda.is_available() is False)"
     if device.type == "cuda":
@@ -87,7 +96,7 @@ def available(device: torch.device | str) -> tuple[bool, str]:
     return True, ""  # a CPU with TRITON_INTERPRET=1 set before import (tests)
 
 
-if triton is not None:
+if triton is not None and TRITON_OP_MISSING is None:
 
     @triton.jit
     def _row_loss(row_ptr, targets_ptr, row, ignore_index, n_cols: tl.constexpr, BLOCK: tl.constexpr):
@@ -442,6 +451,20 @@ def fp8_available(device: torch.device | str) -> tuple[bool, str]:
         if cap < (8, 9):
             return False, (f"fp8 matmuls need compute capability >= 8.9 (Ada, Hopper or newer); this GPU is "
                            f"{cap[0]}.{cap[1]}")
+        return True, ""
+    return _cpu_scaled_mm_fp8()
+
+
+def _cpu_scaled_mm_fp8() -> tuple[bool, str]:
+    """Whether PyTorch's CPU ``_scaled_mm`` runs an e4m3 matmul here: it goes to oneDNN, which has fp8
+    kernels only for some instruction sets (none with AVX2 alone)."""
+    a = torch.ones(16, 16).to(torch.float8_e4m3fn)
+    one = torch.ones((), dtype=torch.float32)
+    try:
+        torch._scaled_mm(a, a.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    except RuntimeError as e:
+        return False, (f"PyTorch's CPU _scaled_mm cannot run fp8 on this CPU ({str(e).splitlines()[0][:120]}); "
+                       "fp8 matmuls need an NVIDIA GPU of compute capability >= 8.9")
     return True, ""
 
 

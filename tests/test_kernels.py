@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +17,8 @@ import torch
 from helpers import kernels, train
 from helpers.model import GPT, GPTConfig
 
-needs_triton = pytest.mark.skipif(kernels.triton is None, reason="the 'triton' package is not installed")
+needs_triton = pytest.mark.skipif(kernels.triton is None or kernels.TRITON_OP_MISSING is not None,
+                                  reason="the 'triton' package is not installed, or torch < 2.6")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 # Compares kernels.cross_entropy with F.cross_entropy(logits.float()) forward and backward, on shapes
@@ -239,7 +241,15 @@ FP8_CHECK = textwrap.dedent(
 )
 
 
+# the interpreter checks run the fp8 matmuls with PyTorch's CPU _scaled_mm (oneDNN), which some CPUs lack
+needs_cpu_fp8 = pytest.mark.skipif(
+    kernels.triton is not None and not kernels._cpu_scaled_mm_fp8()[0],
+    reason="PyTorch's CPU _scaled_mm has no fp8 kernel for this CPU (oneDNN, e.g. AVX2 only)",
+)
+
+
 @needs_triton
+@needs_cpu_fp8
 def test_fp8_lm_head_matches_its_emulation_in_the_triton_interpreter():
     out = run_check(FP8_CHECK)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -257,6 +267,7 @@ FP8_BUGS = {
 
 
 @needs_triton
+@needs_cpu_fp8
 @pytest.mark.parametrize("bug", sorted(FP8_BUGS))
 def test_a_wrong_fp8_lm_head_fails_its_check(bug):
     """The fp8 check can fail: a gradient at twice its scale, or a transpose that drops data, is caught."""
@@ -434,6 +445,23 @@ def test_detached_logits_keep_values_and_the_loss_gradient(tiny_config):
         assert logits.requires_grad is (not detach)
         assert model(idx)[0].requires_grad  # without targets the logits are never detached
     assert torch.equal(out[False][0].detach(), out[True][0]) and torch.equal(out[False][2], out[True][2])
+
+
+def test_a_torch_without_triton_op_imports_the_kernels_and_skips_their_rungs():
+    """torch 2.4/2.5 bring Triton but not torch.library.triton_op: the import must not fail."""
+    code = (
+        "import torch, torch.library\n"
+        "del torch.library.triton_op\n"
+        "from helpers import kernels, ladder\n"
+        "ok, why = kernels.available('cuda')\n"
+        "assert not ok and ('triton_op' in why or 'triton' in why), why\n"
+        "reasons = dict((r.name, why) for r, why in ladder.ladder_configs(4, 64, device='cpu'))\n"
+        "assert reasons['fp32'] is None and reasons['+ Triton CE'], reasons\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
 def test_triton_kernel_needs_compute_capability_7(monkeypatch):
