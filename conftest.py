@@ -45,4 +45,5 @@ def pytest_terminal_summary(terminalreporter):
     for group, seconds in sorted(_seconds.items(), key=lambda kv: (kv[0].startswith("nbval"), kv[0])):
         terminalreporter.write_line(f"{seconds:8.1f}  {group}")
     nbval = sum(s for g, s in _seconds.items() if g.startswith("nbval"))
-    terminalreporter.write_line(f"{nbval:8.1f}  nbval, all notebooks")
+    if nbval:
+        terminalreporter.write_line(f"{nbval:8.1f}  nbval, all notebooks")

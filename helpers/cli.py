@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -44,7 +45,8 @@ def out_path(path: str | Path | None, flag: str = "--out") -> Path | None:
     """An output file path, checked before the run: its folder is created; a folder is refused.
 
     Raises:
-        ValueError: ``path`` is an existing folder.
+        ValueError: ``path`` is an existing folder, its folder cannot be made (a file is in the way),
+            or that folder or the file is not writable.
     """
     if path is None:
         return None
@@ -52,7 +54,13 @@ def out_path(path: str | Path | None, flag: str = "--out") -> Path | None:
     if path.is_dir():
         example = path / ("results.json" if flag == "--out" else "ladder.png")
         raise ValueError(f"{flag} {path} is a folder: give a file name, e.g. {example}")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{flag} {path}: cannot make its folder {path.parent} ({e.strerror or e}): "
+                         "choose a path in a writable folder") from None
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ValueError(f"{flag} {path} is not writable here: choose a path in a writable folder")
     return path
 
 

@@ -8,6 +8,7 @@ synchronise; on the CPU a monotonic host clock is exact. The first steps pay one
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -117,11 +118,15 @@ def peak_flops(device: torch.device | str) -> tuple[float | None, str]:
 def mfu(flops_per_token: float, tokens_per_s: float, peak_flops_per_s: float | None) -> tuple[float | None, str]:
     """Model FLOPs utilisation = achieved FLOP/s / peak FLOP/s (PaLM, Chowdhery et al. 2022, App. B).
 
-    Returns (None, reason) when the peak is unknown, or when the achieved rate would exceed the
-    peak (a wrong timing or peak: never reported as MFU > 1).
+    Returns (None, reason) when the peak is unknown, when the FLOPs per token or the throughput is
+    not a positive finite number (a NaN, an infinite or a negative timing), or when the achieved
+    rate would exceed the peak (a wrong timing or peak: never reported as MFU > 1).
     """
     if peak_flops_per_s is None or peak_flops_per_s <= 0:
         return None, "peak FLOP/s unknown for this device"
+    for what, value in (("tokens/s", tokens_per_s), ("FLOPs per token", flops_per_token)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            return None, f"{what} must be a positive finite number, got {value!r}: check the timing"
     achieved = flops_per_token * tokens_per_s
     value = achieved / peak_flops_per_s
     if value > 1.0:

@@ -1,6 +1,7 @@
 """Tests for helpers/cli.py: user errors of the command-line tools end in one line and exit 2."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +23,20 @@ def test_out_path_refuses_a_folder_and_makes_the_parent(tmp_path):
         cli.out_path(tmp_path)
     assert cli.out_path(tmp_path / "new" / "x.json").parent.is_dir()
     assert cli.out_path(None) is None
+
+
+def test_out_path_that_cannot_be_written_is_one_clear_error(tmp_path):
+    (tmp_path / "README.md").write_text("a file, not a folder")
+    with pytest.raises(ValueError, match="cannot make its folder"):
+        cli.out_path(tmp_path / "README.md" / "x.json")
+
+def test_out_path_in_a_read_only_folder_is_one_clear_error(tmp_path, monkeypatch):
+    # CI runs as root, who may write anywhere: the permission answer is faked
+    monkeypatch.setattr(cli.os, "access", lambda path, mode: Path(path) != tmp_path)
+    with pytest.raises(ValueError, match="not writable"):
+        cli.out_path(tmp_path / "x.json")
+    assert cli.out_path(tmp_path / "sub" / "x.json") == tmp_path / "sub" / "x.json"
+
 
 
 def test_at_least_accepts_none_and_refuses_zero():

@@ -76,6 +76,13 @@ def test_unknown_rung_and_too_long_sequence_are_clear_errors(capsys):
     assert "unknown rung" in err and "block_size" in err
 
 
+def test_an_out_or_plot_path_that_cannot_be_written_is_refused_before_the_run(capsys, tmp_path):
+    (tmp_path / "README.md").write_text("a file")
+    for flag in ("--out", "--plot"):
+        assert ladder.main(["--device", "cpu", flag, str(tmp_path / "README.md" / "x.json")]) == 2
+        assert f"error: {flag}" in capsys.readouterr().err
+
+
 def test_bad_arguments_are_refused_not_replaced(capsys):
     for argv in (["--batch-size", "0"], ["--seq-len", "0"], ["--iters", "0"], ["--warmup", "-1"], ["--device", "tpu"]):
         assert ladder.main(["--device", "cpu", *argv] if argv[0] != "--device" else argv) == 2, argv

@@ -46,6 +46,14 @@ def test_mfu_is_none_for_unknown_peak_and_never_above_one():
     assert value is None and "exceeds" in reason
 
 
+@pytest.mark.parametrize("tokens_per_s", [float("nan"), float("inf"), -467_000.0, 0.0])
+def test_mfu_refuses_a_throughput_that_is_not_positive_and_finite(tokens_per_s):
+    value, reason = timing.mfu(855e6, tokens_per_s, 989.4e12)
+    assert value is None and "positive finite" in reason
+    value, reason = timing.mfu(float("nan"), 467_000, 989.4e12)
+    assert value is None and "FLOPs per token" in reason
+
+
 def test_cpu_has_no_peak_flops():
     peak, reason = timing.peak_flops(torch.device("cpu"))
     assert peak is None and "cpu" in reason
