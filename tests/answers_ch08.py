@@ -1,4 +1,4 @@
-"""Right answers of chapter 08's exercises, written independently of helpers/checks_ch08.py."""
+"""Right answers of chapter 08's exercises, written independently of helpers/grading/ch08.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Right answers of chapter 10's exercises, written independently of helpers/checks_ch10.py."""
+"""Right answers of chapter 10's exercises, written independently of helpers/grading/ch10.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Right answers for the chapter 12 check, written independently of helpers/checks_ch12.py."""
+"""Right answers for the chapter 12 check, written independently of helpers/grading/ch12.py."""
 
 
 def steps_in_budget(step_ms: float, budget_s: float, first_step_ms: float) -> int:

@@ -1,16 +1,16 @@
-"""Tests for helpers/grading.py: the checks, student versions, and grading of submissions."""
+"""Tests for helpers/grading/: the checks, student versions, and grading of submissions."""
 
 from __future__ import annotations
 
 import csv
 import json
-import math
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import nbformat
+import notebook_slice
 import pytest
 
 from helpers import grading
@@ -19,124 +19,9 @@ FIXTURE = Path(__file__).parent / "fixtures" / "grading_demo.ipynb"
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 
-# ---- the right answers, written independently of the checks -------------------------------------
-
-
-def matmul_flops(M: int, N: int, K: int) -> int:
-    return 2 * M * N * K
-
-
-def achieved_tflops(flops: float, ms: float) -> float:
-    return flops / (ms / 1e3) / 1e12
-
-
-def expected_initial_loss(vocab_size: int) -> float:
-    return math.log(vocab_size)
-
-
-def block_parameters(n_embd: int) -> int:
-    return 12 * n_embd * n_embd + 13 * n_embd
-
-
-def time_steps(step, synchronize, warmup, iters):
-    import time
-
-    for _ in range(warmup):
-        step()
-    synchronize()
-    out = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        step()
-        synchronize()
-        out.append(1e3 * (time.perf_counter() - t0))
-    return out
-
-
-def mfu(step_ms, tokens_per_step, flops_per_token, peak_flops):
-    return flops_per_token * tokens_per_step / (step_ms / 1e3) / peak_flops
-
-
-def adamw_state_bytes(n_params):
-    return 8 * n_params
-
-
-def find_max_batch(try_step, start=1):
-    from helpers import memory
-
-    return memory.find_max_batch_size(try_step, "cpu", start=start)["max_batch_size"]
-
-
-def causal_attention(q, k, v):
-    import torch
-
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-
-def combine_two_tiles(s1, v1, s2, v2):
-    import torch
-
-    m1 = s1.amax(dim=1, keepdim=True)
-    m = torch.maximum(m1, s2.amax(dim=1, keepdim=True))
-    p1, p2 = torch.exp(s1 - m), torch.exp(s2 - m)
-    return (p1 @ v1 + p2 @ v2) / (p1.sum(1, keepdim=True) + p2.sum(1, keepdim=True))
-
-
-def pad_vocab(n, multiple):
-    return -(-n // multiple) * multiple
-
-
-def sample_next(logits, vocab_size, generator):
-    import torch
-
-    return torch.multinomial(logits[:, :vocab_size].float().softmax(-1), 1, generator=generator)
-
-
-def autocast_step(model, optimizer, x, y, dtype, scaler=None):
-    import torch
-
-    optimizer.zero_grad(set_to_none=True)
-    with torch.autocast(device_type=x.device.type, dtype=dtype):
-        logits, loss = model(x, y)
-    if scaler is not None:
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-    else:
-        loss.backward()
-        optimizer.step()
-    return logits, loss
-
-
-def pick_autocast_dtype(capability):
-    import torch
-
-    if capability is None:
-        return torch.bfloat16
-    return torch.bfloat16 if capability >= (8, 0) else torch.float16
-
-
-RIGHT_ANSWERS = {
-    "ch00_matmul_flops": matmul_flops,
-    "ch00_tflops": achieved_tflops,
-    "ch01_loss_at_init": expected_initial_loss,
-    "ch01_block_params": block_parameters,
-    "ch02_step_timer": time_steps,
-    "ch02_mfu": mfu,
-    "ch03_adamw_bytes": adamw_state_bytes,
-    "ch03_batch_probe": find_max_batch,
-    "ch04_autocast_step": autocast_step,
-    "ch04_autocast_dtype": pick_autocast_dtype,
-    "ch06_sdpa_attention": causal_attention,
-    "ch06_online_softmax": combine_two_tiles,
-    "ch07_pad_vocab": pad_vocab,
-    "ch07_masked_sampling": sample_next,
-}
-
-
 def _chapter_right_answers() -> dict:
-    """Right answers of the chapters whose checks live in helpers/checks_chNN.py: each chapter has
-    tests/answers_chNN.py defining RIGHT_ANSWERS (kept out of the package students install)."""
+    """Right answers, one file per chapter: tests/answers_chNN.py defines RIGHT_ANSWERS for the
+    checks of helpers/grading/chNN.py (kept out of the package students install)."""
     import importlib.util
 
     found = {}
@@ -148,7 +33,7 @@ def _chapter_right_answers() -> dict:
     return found
 
 
-RIGHT_ANSWERS.update(_chapter_right_answers())
+RIGHT_ANSWERS = _chapter_right_answers()
 
 
 def test_every_check_has_a_right_answer_wrong_answers_and_a_section():
@@ -186,21 +71,21 @@ def test_block_params_check_measures_the_real_block():
     from helpers.model import Block, GPTConfig
 
     block = Block(GPTConfig(n_embd=64, n_head=4, block_size=8))
-    assert grading.measured_block_parameters(64, 4) == sum(p.numel() for p in block.parameters())
+    assert grading.ch01.measured_block_parameters(64, 4) == sum(p.numel() for p in block.parameters())
 
 
 @pytest.mark.parametrize(
     "grade_id,wrong,words",
     [
-        ("ch00_matmul_flops", grading._flops_forgot_add, "adds"),
-        ("ch00_matmul_flops", grading._flops_no_return, "return"),
-        ("ch00_tflops", grading._tflops_forgot_ms_to_s, "divide ms by 1e3"),
-        ("ch00_tflops", grading._tflops_forgot_tera, "1e12"),
-        ("ch01_loss_at_init", grading._loss_log10, "natural log"),
-        ("ch01_loss_at_init", grading._loss_log2, "nats"),
-        ("ch01_loss_at_init", grading._loss_probability, "probability"),
-        ("ch01_block_params", grading._block_weights_only, "biases"),
-        ("ch01_block_params", grading._block_forgot_layernorm, "LayerNorm"),
+        ("ch00_matmul_flops", grading.ch00._flops_forgot_add, "adds"),
+        ("ch00_matmul_flops", grading.ch00._flops_no_return, "return"),
+        ("ch00_tflops", grading.ch00._tflops_forgot_ms_to_s, "divide ms by 1e3"),
+        ("ch00_tflops", grading.ch00._tflops_forgot_tera, "1e12"),
+        ("ch01_loss_at_init", grading.ch01._loss_log10, "natural log"),
+        ("ch01_loss_at_init", grading.ch01._loss_log2, "nats"),
+        ("ch01_loss_at_init", grading.ch01._loss_probability, "probability"),
+        ("ch01_block_params", grading.ch01._block_weights_only, "biases"),
+        ("ch01_block_params", grading.ch01._block_forgot_layernorm, "LayerNorm"),
     ],
 )
 def test_hint_names_the_mistake(grade_id, wrong, words):
@@ -483,7 +368,7 @@ def test_unreadable_notebook_is_reported_not_crashed(graded):
 def test_missing_notebook_and_empty_student_folder_are_reported(tmp_path):
     (tmp_path / "subs" / "frank").mkdir(parents=True)
     rows = grading.grade(tmp_path / "subs", FIXTURE.parent, timeout=5)
-    assert rows == [grading._row("frank", "", "", 0, 0, "missing", "no notebook submitted")]
+    assert rows == [grading.grader._row("frank", "", "", 0, 0, "missing", "no notebook submitted")]
 
 
 def test_command_line_help_runs_without_nbgrader():
@@ -527,6 +412,35 @@ def exercise_notebooks() -> list[Path]:
     return found
 
 
+def student_run_problems(solution, cwd: Path) -> list[str]:
+    """Execute the student version of ``solution``: what went wrong, one line per cell ([] = as it
+    should be: the graded cells fail, only those, only as "not attempted" or a hint, and the kernel
+    survives). Only the cells a blank can change run, with the cells they need
+    (tests/notebook_slice.py); nbval runs the rest, unchanged, in the solution notebook."""
+    student = grading.student_version(solution)
+    graded_cells = {index for index, _ in grading.check_cells(student).values()}
+    code = [i for i, c in enumerate(student.cells) if c.cell_type == "code" and c.source.strip()]
+    learner = {k for k, i in enumerate(code) if grading.is_solution_cell(student.cells[i])}
+    checks = {k for k, i in enumerate(code) if i in graded_cells}
+    kept = [code[k] for k in notebook_slice.cells_to_run([student.cells[i].source for i in code],
+                                                          learner, checks)]
+    assert set(kept) >= graded_cells and len(learner) == len(checks) > 0
+    reduced = nbformat.v4.new_notebook(metadata=student.metadata, cells=[student.cells[i] for i in kept])
+    run = grading.execute_notebook(reduced, cwd=cwd, timeout=600)
+    if run.startup_error or run.kernel_died_in is not None or run.stuck_after_timeout_in is not None:
+        return [f"kernel: {run.startup_error} died in {run.kernel_died_in} stuck in {run.stuck_after_timeout_in}"]
+    problems = []
+    for position, cell in run.cells.items():
+        index = kept[position]
+        if index in graded_cells and not (
+            cell.status == "error" and cell.ename in ("AssertionError", "NotImplementedError")
+        ):
+            problems.append(f"graded cell {index + 1}: {cell.status} {cell.ename} {cell.evalue[:80]}")
+        if index not in graded_cells and cell.status != "ok":
+            problems.append(f"cell {index + 1} (not graded): {cell.status} {cell.ename} {cell.evalue[:80]}")
+    return problems
+
+
 @pytest.mark.notebooks
 @pytest.mark.parametrize("path", exercise_notebooks(), ids=lambda p: p.name)
 def test_student_version_of_real_notebook_fails_exactly_the_graded_cells(path):
@@ -539,28 +453,20 @@ def test_student_version_of_real_notebook_fails_exactly_the_graded_cells(path):
     leaked = [line for line in solution_lines(solution) if line in text and line not in public]
     assert not leaked, f"solution lines left in the student version: {leaked}"
 
-    # (b) executed, it fails the graded cells, only those, only as "not attempted" or a hint,
-    # and the kernel survives to the last cell
-    run = grading.execute_notebook(student, cwd=path.parent, timeout=600)
-    assert (
-        run.startup_error is None
-        and run.kernel_died_in is None
-        and run.stuck_after_timeout_in is None
-    )
-    graded_cells = {index for index, _ in grading.check_cells(student).values()}
-    problems = []
-    for index, cell in run.cells.items():
-        if index in graded_cells and not (
-            cell.status == "error" and cell.ename in ("AssertionError", "NotImplementedError")
-        ):
-            problems.append(
-                f"graded cell {index + 1}: {cell.status} {cell.ename} {cell.evalue[:80]}"
-            )
-        if index not in graded_cells and cell.status != "ok":
-            problems.append(
-                f"cell {index + 1} (not graded): {cell.status} {cell.ename} {cell.evalue[:80]}"
-            )
+    # (b) executed, it fails the graded cells, only those
+    problems = student_run_problems(solution, path.parent)
     assert not problems, "\n".join(problems)
+
+
+def test_a_later_cell_that_calls_the_learners_function_is_caught():
+    """The reduced run keeps every cell that depends on a learner's name, so this one fails it."""
+    solution = nbformat.read(FIXTURE, as_version=4)
+    assert student_run_problems(solution, FIXTURE.parent) == []
+    check = _check_cell_index(solution, "ch00_matmul_flops")
+    fn = re.search(r"def (\w+)\(", solution.cells[check - 1].source).group(1)
+    solution.cells.insert(check + 1, nbformat.v4.new_code_cell(f"print({fn}(2, 3, 4))"))
+    problems = student_run_problems(solution, FIXTURE.parent)
+    assert len(problems) == 1 and "(not graded): error NotImplementedError" in problems[0], problems
 
 
 def test_a_submission_that_replaces_the_checks_does_not_pass(tmp_path):
@@ -582,33 +488,57 @@ def test_a_submission_that_replaces_the_checks_does_not_pass(tmp_path):
     assert rows["ch00_matmul_flops"]["status"] == "failed"
 
 
-def test_chapter_check_modules_are_merged_and_reloaded(tmp_path, monkeypatch):
+def test_the_registry_lists_every_chapter_module_each_of_the_same_shape():
+    import pkgutil
+
+    names = sorted(m.name for m in pkgutil.iter_modules(grading.__path__) if re.fullmatch(r"ch\d\d", m.name))
+    assert [m.__name__.rsplit(".", 1)[1] for m in grading.CHAPTERS] == names  # none forgotten, in order
+    for module in grading.CHAPTERS:
+        chapter = module.__name__.rsplit(".", 1)[1]
+        assert set(module.CHECKS) == set(module.WRONG_ANSWERS) <= set(module.SECTIONS), chapter
+        assert all(gid.startswith(chapter + "_") for gid in module.SECTIONS), chapter
+        for check in module.CHECKS.values():  # notebooks call grading.check_x
+            assert getattr(grading, check.__name__) is check
+
+
+def test_merging_refuses_two_chapters_with_one_grade_id():
+    import types
+
+    a = types.SimpleNamespace(__name__="a", CHECKS={"ch99_x": print})
+    b = types.SimpleNamespace(__name__="b", CHECKS={"ch99_x": len})
+    assert grading.merged((a,), "CHECKS") == {"ch99_x": print}
+    with pytest.raises(RuntimeError, match="b redefines grade ids"):
+        grading.merged((a, b), "CHECKS")
+
+
+def test_the_graders_prelude_restores_checks_a_submission_replaced():
     import importlib
 
-    import helpers
-
-    (tmp_path / "checks_ch99.py").write_text(
-        "SECTIONS = {'ch99_demo': 'chapter 99, section 1 (Demo)'}\n"
-        "def check_demo(fn):\n    assert fn() == 1, 'Reread chapter 99.'\n    print('PASS ch99_demo: ok')\n"
-        "CHECKS = {'ch99_demo': check_demo}\n"
-        "WRONG_ANSWERS = {'ch99_demo': [lambda: 2]}\n"
-    )
-    monkeypatch.setattr(helpers, "__path__", [*helpers.__path__, str(tmp_path)])
     try:
-        fresh = importlib.reload(grading)
-        assert fresh.CHECKS["ch99_demo"] is fresh.check_demo and "ch99_demo" in fresh.SECTIONS
-        sys.modules["helpers.checks_ch99"].check_demo = lambda fn: None  # a submission patches it
-        fresh = importlib.reload(grading)  # the grader's fresh import undoes the patch
-        with pytest.raises(AssertionError):
-            fresh.CHECKS["ch99_demo"](lambda: 2)
-        (tmp_path / "checks_ch98.py").write_text(
-            "SECTIONS = {'ch99_demo': 'x'}\nCHECKS = {'ch99_demo': print}\nWRONG_ANSWERS = {'ch99_demo': []}\n"
-        )
-        with pytest.raises(RuntimeError, match="redefines grade ids"):
-            importlib.reload(grading)
+        grading.ch00.check_matmul_flops = lambda fn: print("PASS")  # what a submission might do
+        grading.common.as_number = lambda value, call, hint: 0.0
+        grading.CHAPTERS = ()
+        namespace: dict = {}
+        exec(grading.FRESH_CHECKS_PRELUDE, namespace)
+        fresh = namespace["grading"]
+        with pytest.raises(AssertionError, match="Reread chapter 00"):
+            fresh.check_matmul_flops(lambda M, N, K: M * N * K)
+        assert fresh.CHECKS["ch00_matmul_flops"] is fresh.ch00.check_matmul_flops
     finally:
-        monkeypatch.undo()
-        sys.modules.pop("helpers.checks_ch99", None)
-        sys.modules.pop("helpers.checks_ch98", None)
+        for module in (grading.common, *grading.CHAPTERS):
+            importlib.reload(module)
         importlib.reload(grading)
-    assert "ch99_demo" not in grading.CHECKS
+
+
+def test_the_reduced_run_keeps_what_a_blank_changes_and_what_that_needs():
+    sources = [
+        "import math",  # 0: read by 5
+        "x = expensive()",  # 1: nothing a blank changes reads x
+        "def f():\n    raise NotImplementedError",  # 2: the learner's cell
+        "check(f)",  # 3: its check
+        "y = f()",  # 4: depends on the learner's function
+        "print(y, math.pi)",  # 5: depends on 4
+        "plot(x)",  # 6: independent of the exercise
+        "%matplotlib inline\nz = 1",  # 7: IPython syntax parses
+    ]
+    assert notebook_slice.cells_to_run(sources, learner={2}, always={3}) == [0, 2, 3, 4, 5]

@@ -306,7 +306,8 @@ def test_what_torch_says_about_bf16_on_old_and_new_versions(monkeypatch):
 
 
 def test_chapter_08_budget_parts_are_chapter_03s_estimate():
-    from helpers import checks_ch08, memory, model
+    from helpers import memory, model
+    from helpers.grading import ch08 as checks_ch08
 
     cfg = model.GPTConfig(vocab_multiple=64)
     parts = checks_ch08.step_parts(cfg, 1024, True, False)

@@ -1,4 +1,4 @@
-"""Chapter 05 (torch.compile): graded checks, merged into :mod:`helpers.grading` on import.
+"""Chapter 05 (torch.compile): graded checks, listed in :mod:`helpers.grading`.
 
 Each check runs the learner's function on small CPU inputs, prints one ``PASS <grade_id>: ...``
 line, or raises ``AssertionError`` whose one-line message says what is wrong and which section to
@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from helpers.grading.common import as_number, reread
+
 SECTIONS = {
     "ch05_fused_chain": "chapter 05, section 2 (Exercise: fuse bias + GELU + residual)",
     "ch05_compile_pays_off": "chapter 05, section 4 (Exercise: when does compiling pay off?)",
@@ -21,7 +23,7 @@ SECTIONS = {
 
 
 def _reread(grade_id: str) -> str:
-    return f"Reread {SECTIONS[grade_id]}."
+    return reread(SECTIONS[grade_id])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -29,8 +31,14 @@ def _reread(grade_id: str) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
-def _reference_chain(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor, half: float = 0.5,
-                     exact: bool = False, with_residual: bool = True) -> torch.Tensor:
+def _reference_chain(
+    x: torch.Tensor,
+    bias: torch.Tensor,
+    residual: torch.Tensor,
+    half: float = 0.5,
+    exact: bool = False,
+    with_residual: bool = True,
+) -> torch.Tensor:
     """residual + GELU(x + bias) in float64, computed here independently of helpers.compilation."""
     u = (x + bias).double()
     if exact:  # the erf GELU, not GPT-2's
@@ -59,14 +67,20 @@ def check_fused_chain(make_fused_chain: Callable[[], Callable]) -> None:
 
     gid = "ch05_fused_chain"
     device, why = torch.device("cpu"), hardware.compile_support(torch.device("cpu"))[1]
-    if not hardware.compile_support(device)[0]:  # no C++ compiler: use the GPU's Triton if there is one
+    if not hardware.compile_support(device)[
+        0
+    ]:  # no C++ compiler: use the GPU's Triton if there is one
         if not (torch.cuda.is_available() and hardware.compile_support(torch.device("cuda"))[0]):
-            raise AssertionError(f"torch.compile cannot run on this machine ({why}); run this check where it can. {_reread(gid)}")
+            raise AssertionError(
+                f"torch.compile cannot run on this machine ({why}); run this check where it can. {_reread(gid)}"
+            )
         device = torch.device("cuda")
     torch._dynamo.reset()
     fused = make_fused_chain()
     if fused is None or not callable(fused):
-        raise AssertionError(f"make_fused_chain() returned {type(fused).__name__}, expected the compiled function: return torch.compile(...). {_reread(gid)}")
+        raise AssertionError(
+            f"make_fused_chain() returned {type(fused).__name__}, expected the compiled function: return torch.compile(...). {_reread(gid)}"
+        )
     gen = torch.Generator().manual_seed(5)
     x = (torch.randn(64, 96, generator=gen) * 2.0).to(device)
     bias = torch.randn(96, generator=gen).to(device)
@@ -77,7 +91,9 @@ def check_fused_chain(make_fused_chain: Callable[[], Callable]) -> None:
     with torch.no_grad():
         out = fused(x, bias, residual)
     if not isinstance(out, torch.Tensor) or out.shape != x.shape:
-        raise AssertionError(f"f(x, bias, residual) returned {type(out).__name__} {getattr(out, 'shape', '')}, expected a tensor of shape {tuple(x.shape)}. {_reread(gid)}")
+        raise AssertionError(
+            f"f(x, bias, residual) returned {type(out).__name__} {getattr(out, 'shape', '')}, expected a tensor of shape {tuple(x.shape)}. {_reread(gid)}"
+        )
 
     def rel(ref: torch.Tensor) -> float:
         return float((out.double() - ref).norm() / ref.norm())
@@ -93,21 +109,33 @@ def check_fused_chain(make_fused_chain: Callable[[], Callable]) -> None:
         elif rel(_reference_chain(x, torch.zeros_like(bias), residual)) < 1e-5:
             why = "the bias is not added before the GELU"
         else:
-            why = f"the output differs from residual + GELU_tanh(x + bias) (relative error {err:.1e})"
+            why = (
+                f"the output differs from residual + GELU_tanh(x + bias) (relative error {err:.1e})"
+            )
         raise AssertionError(f"{why}. {_reread(gid)}")
     if graphs == 0:
-        raise AssertionError(f"the result is right but nothing was compiled (0 Dynamo graphs): wrap the chain in torch.compile and return the compiled function. {_reread(gid)}")
+        raise AssertionError(
+            f"the result is right but nothing was compiled (0 Dynamo graphs): wrap the chain in torch.compile and return the compiled function. {_reread(gid)}"
+        )
     if graphs > 1:
-        raise AssertionError(f"the chain was split into {graphs} graphs (a graph break: print, .item(), torch._dynamo.graph_break ...), so it cannot fuse into one kernel. {_reread(gid)}")
+        raise AssertionError(
+            f"the chain was split into {graphs} graphs (a graph break: print, .item(), torch._dynamo.graph_break ...), so it cannot fuse into one kernel. {_reread(gid)}"
+        )
     if counted["kernels"] > 1:
-        raise AssertionError(f"one graph, but {counted['kernels']} kernels ran ({', '.join(counted['names'][:4])}): keep only tensor ops in the chain. {_reread(gid)}")
-    print(f"PASS {gid}: one compiled graph, at most one kernel, output equals residual + GELU_tanh(x + bias) (rel. error < 1e-5)")
+        raise AssertionError(
+            f"one graph, but {counted['kernels']} kernels ran ({', '.join(counted['names'][:4])}): keep only tensor ops in the chain. {_reread(gid)}"
+        )
+    print(
+        f"PASS {gid}: one compiled graph, at most one kernel, output equals residual + GELU_tanh(x + bias) (rel. error < 1e-5)"
+    )
 
 
 def _fused_returns_eager() -> Callable:
     def chain(x, bias, residual):
         u = x + bias
-        return residual + 0.5 * u * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (u + 0.044715 * u**3)))
+        return residual + 0.5 * u * (
+            1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (u + 0.044715 * u**3))
+        )
 
     return chain
 
@@ -135,7 +163,9 @@ def _fused_graph_break() -> Callable:
 
 
 def _fused_no_residual() -> Callable:
-    return torch.compile(lambda x, bias, residual: torch.nn.functional.gelu(x + bias, approximate="tanh"))
+    return torch.compile(
+        lambda x, bias, residual: torch.nn.functional.gelu(x + bias, approximate="tanh")
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -168,7 +198,6 @@ def check_compile_pays_off(steps_to_break_even: Callable[[float, float, float], 
     Raises:
         AssertionError: with a hint naming the likely mistake (ms vs s, rounding, never-pays case).
     """
-    from helpers.grading import _as_number
 
     gid = "ch05_compile_pays_off"
     for compile_s, eager_ms, compiled_ms in PAYS_OFF_CASES:
@@ -177,16 +206,22 @@ def check_compile_pays_off(steps_to_break_even: Callable[[float, float, float], 
         try:
             returned = steps_to_break_even(compile_s, eager_ms, compiled_ms)
         except ZeroDivisionError:
-            raise AssertionError(f"{call} divided by zero: when the compiled step saves nothing it never pays off, return math.inf. {_reread(gid)}") from None
+            raise AssertionError(
+                f"{call} divided by zero: when the compiled step saves nothing it never pays off, return math.inf. {_reread(gid)}"
+            ) from None
         if returned is None and math.isinf(want):
-            raise AssertionError(f"{call} returned None: when compiling never pays off, return math.inf (as the exercise asks). {_reread(gid)}")
-        got = _as_number(returned, call, gid)
+            raise AssertionError(
+                f"{call} returned None: when compiling never pays off, return math.inf (as the exercise asks). {_reread(gid)}"
+            )
+        got = as_number(returned, call, _reread(gid))
         if got == want or (not math.isinf(want) and abs(got - want) < 1e-9):
             continue
         per_ms = compile_s / (eager_ms - compiled_ms) if eager_ms != compiled_ms else math.inf
         if math.isinf(want):
-            why = (f"{call} returned {got:g}, but the compiled step ({compiled_ms} ms) is not faster than eager "
-                   f"({eager_ms} ms): it never pays off, return math.inf")
+            why = (
+                f"{call} returned {got:g}, but the compiled step ({compiled_ms} ms) is not faster than eager "
+                f"({eager_ms} ms): it never pays off, return math.inf"
+            )
         elif math.isclose(got, per_ms, rel_tol=1e-6) or got == math.ceil(per_ms):
             why = f"{call} returned {got:g}: compile_s is in seconds and the step times in ms; convert before dividing"
         elif got == want - 1:
@@ -196,7 +231,9 @@ def check_compile_pays_off(steps_to_break_even: Callable[[float, float, float], 
         else:
             why = f"{call} returned {got:g}, expected {want:g} steps"
         raise AssertionError(f"{why}. {_reread(gid)}")
-    print(f"PASS {gid}: break-even steps right for {len(PAYS_OFF_CASES)} cases, including compiled slower (inf) and no compile cost (0)")
+    print(
+        f"PASS {gid}: break-even steps right for {len(PAYS_OFF_CASES)} cases, including compiled slower (inf) and no compile cost (0)"
+    )
 
 
 def _pays_forgot_ms_to_s(compile_s, eager_ms, compiled_ms):
@@ -229,6 +266,18 @@ CHECKS = {
 }
 
 WRONG_ANSWERS = {
-    "ch05_fused_chain": [_fused_returns_eager, _fused_erf_gelu, _fused_missing_half, _fused_graph_break, _fused_no_residual],
-    "ch05_compile_pays_off": [_pays_forgot_ms_to_s, _pays_ignores_slower, _pays_truncates, _pays_rounds, _pays_none_when_never],
+    "ch05_fused_chain": [
+        _fused_returns_eager,
+        _fused_erf_gelu,
+        _fused_missing_half,
+        _fused_graph_break,
+        _fused_no_residual,
+    ],
+    "ch05_compile_pays_off": [
+        _pays_forgot_ms_to_s,
+        _pays_ignores_slower,
+        _pays_truncates,
+        _pays_rounds,
+        _pays_none_when_never,
+    ],
 }

@@ -1,4 +1,4 @@
-"""Chapter 08 (T4 and Colab fallbacks): graded checks, merged into :mod:`helpers.grading` on import.
+"""Chapter 08 (T4 and Colab fallbacks): graded checks, listed in :mod:`helpers.grading`.
 
 Each check runs the learner's function on small CPU inputs, prints one ``PASS <grade_id>: ...``
 line, or raises ``AssertionError`` whose one-line message says what is wrong and which section to
@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from helpers.grading.common import as_number, reread
+
 SECTIONS = {
     "ch08_recipe_dtype": "chapter 08, section 2 (Exercise: the precision recipe, without trusting is_bf16_supported)",
     "ch08_max_batch_15gb": "chapter 08, section 5 (Exercise: the largest batch in a T4's 15 GB)",
@@ -19,7 +21,7 @@ SECTIONS = {
 
 
 def _reread(grade_id: str) -> str:
-    return f"Reread {SECTIONS[grade_id]}."
+    return reread(SECTIONS[grade_id])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -43,10 +45,22 @@ class FakeDevice:
 
 
 RECIPE_DEVICES = [
-    (FakeDevice("Tesla T4", (7, 5), True), {"autocast": "fp16", "grad_scaler": True, "tf32": False}),
-    (FakeDevice("NVIDIA A100-SXM4-40GB", (8, 0), True), {"autocast": "bf16", "grad_scaler": False, "tf32": True}),
-    (FakeDevice("NVIDIA H100 80GB HBM3", (9, 0), True), {"autocast": "bf16", "grad_scaler": False, "tf32": True}),
-    (FakeDevice("Tesla V100-SXM2-16GB", (7, 0), True), {"autocast": "fp16", "grad_scaler": True, "tf32": False}),
+    (
+        FakeDevice("Tesla T4", (7, 5), True),
+        {"autocast": "fp16", "grad_scaler": True, "tf32": False},
+    ),
+    (
+        FakeDevice("NVIDIA A100-SXM4-40GB", (8, 0), True),
+        {"autocast": "bf16", "grad_scaler": False, "tf32": True},
+    ),
+    (
+        FakeDevice("NVIDIA H100 80GB HBM3", (9, 0), True),
+        {"autocast": "bf16", "grad_scaler": False, "tf32": True},
+    ),
+    (
+        FakeDevice("Tesla V100-SXM2-16GB", (7, 0), True),
+        {"autocast": "fp16", "grad_scaler": True, "tf32": False},
+    ),
     (FakeDevice("cpu", None, False), {"autocast": None, "grad_scaler": False, "tf32": False}),
 ]
 
@@ -66,35 +80,61 @@ def check_recipe_dtype(fn: Callable[[Any], Any]) -> None:
     for dev, want in RECIPE_DEVICES:
         got = fn(dev)
         if not isinstance(got, dict) or not set(want) <= set(got):
-            raise AssertionError(f"precision_recipe({dev.name}) returned {got!r}: return a dict with the keys "
-                                 f"'autocast', 'grad_scaler' and 'tf32'. {_reread(gid)}")
-        where = "a CPU" if dev.capability is None else f"{dev.name} (sm{dev.capability[0]}{dev.capability[1]})"
+            raise AssertionError(
+                f"precision_recipe({dev.name}) returned {got!r}: return a dict with the keys "
+                f"'autocast', 'grad_scaler' and 'tf32'. {_reread(gid)}"
+            )
+        where = (
+            "a CPU"
+            if dev.capability is None
+            else f"{dev.name} (sm{dev.capability[0]}{dev.capability[1]})"
+        )
         if got["autocast"] != want["autocast"]:
             if want["autocast"] == "fp16" and got["autocast"] == "bf16":
-                why = ("is_bf16_supported() says True there, but bf16 is only emulated below compute capability 8.0: "
-                       "decide from the capability")
+                why = (
+                    "is_bf16_supported() says True there, but bf16 is only emulated below compute capability 8.0: "
+                    "decide from the capability"
+                )
             elif want["autocast"] is None:
                 why = "a CPU (capability None) keeps fp32: autocast None"
             else:
                 why = "bf16 is native from compute capability 8.0 and needs no loss scaling"
-            raise AssertionError(f"on {where} autocast should be {want['autocast']!r}, got {got['autocast']!r}: {why}. {_reread(gid)}")
+            raise AssertionError(
+                f"on {where} autocast should be {want['autocast']!r}, got {got['autocast']!r}: {why}. {_reread(gid)}"
+            )
         if bool(got["grad_scaler"]) != want["grad_scaler"]:
-            why = ("fp16 gradients underflow without loss scaling: fp16 needs a GradScaler" if want["grad_scaler"]
-                   else "only fp16 needs a GradScaler (bf16 and fp32 have fp32's range)")
-            raise AssertionError(f"on {where} grad_scaler should be {want['grad_scaler']}, got {got['grad_scaler']!r}: {why}. {_reread(gid)}")
+            why = (
+                "fp16 gradients underflow without loss scaling: fp16 needs a GradScaler"
+                if want["grad_scaler"]
+                else "only fp16 needs a GradScaler (bf16 and fp32 have fp32's range)"
+            )
+            raise AssertionError(
+                f"on {where} grad_scaler should be {want['grad_scaler']}, got {got['grad_scaler']!r}: {why}. {_reread(gid)}"
+            )
         if bool(got["tf32"]) != want["tf32"]:
-            why = ("TF32 tensor cores exist from compute capability 8.0 only" if not want["tf32"]
-                   else "TF32 matmuls are free speed from compute capability 8.0")
-            raise AssertionError(f"on {where} tf32 should be {want['tf32']}, got {got['tf32']!r}: {why}. {_reread(gid)}")
-    print(f"PASS {gid}: T4 and V100 -> fp16 + GradScaler (is_bf16_supported() said True), A100 and H100 -> bf16 + TF32, "
-          f"CPU -> fp32, on {len(RECIPE_DEVICES)} devices")
+            why = (
+                "TF32 tensor cores exist from compute capability 8.0 only"
+                if not want["tf32"]
+                else "TF32 matmuls are free speed from compute capability 8.0"
+            )
+            raise AssertionError(
+                f"on {where} tf32 should be {want['tf32']}, got {got['tf32']!r}: {why}. {_reread(gid)}"
+            )
+    print(
+        f"PASS {gid}: T4 and V100 -> fp16 + GradScaler (is_bf16_supported() said True), A100 and H100 -> bf16 + TF32, "
+        f"CPU -> fp32, on {len(RECIPE_DEVICES)} devices"
+    )
 
 
 def _recipe_trusts_is_bf16_supported(device):
     bf16 = device.capability is not None and device.is_bf16_supported()
     if device.capability is None:
         return {"autocast": None, "grad_scaler": False, "tf32": False}
-    return {"autocast": "bf16" if bf16 else "fp16", "grad_scaler": not bf16, "tf32": device.capability >= (8, 0)}
+    return {
+        "autocast": "bf16" if bf16 else "fp16",
+        "grad_scaler": not bf16,
+        "tf32": device.capability >= (8, 0),
+    }
 
 
 def _recipe_fp16_without_scaler(device):
@@ -116,7 +156,9 @@ def _recipe_tf32_on_every_gpu(device):
 # ----------------------------------------------------------------------------------------------
 
 
-def step_parts(config, T: int, autocast: bool, manual_attention: bool) -> Callable[[int], dict[str, int]]:
+def step_parts(
+    config, T: int, autocast: bool, manual_attention: bool
+) -> Callable[[int], dict[str, int]]:
     """``parts_for_batch(B)``: the parts of ``helpers.memory.training_step_estimate(config, B, T, ...)``
     in bytes (parameters, gradients, adamw_state, activations, logits; no "total"), computed from one
     call: the first three do not depend on B, the last two grow linearly with it."""
@@ -147,7 +189,11 @@ def _cases():
     return [
         ("GPT-2 124M, T=1024, fp16 autocast + SDPA", step_parts(gpt2, 1024, True, False), 15),
         ("GPT-2 124M, T=1024, fp32, manual attention", step_parts(gpt2, 1024, False, True), 15),
-        ("GPT-2 124M, T=1024, fp16 autocast, manual attention", step_parts(gpt2, 1024, True, True), 15),
+        (
+            "GPT-2 124M, T=1024, fp16 autocast, manual attention",
+            step_parts(gpt2, 1024, True, True),
+            15,
+        ),
         ("GPT-2 124M, T=512, fp16 autocast + SDPA", step_parts(gpt2, 512, True, False), 15),
         ("GPT-2 124M, T=1024, fp16 autocast + SDPA", step_parts(gpt2, 1024, True, False), 40),
         ("GPT-2 124M, T=1024, fp16 autocast + SDPA", step_parts(gpt2, 1024, True, False), 1),
@@ -165,33 +211,56 @@ def check_max_batch_15gb(fn: Callable[..., Any]) -> None:
     Raises:
         AssertionError: with a hint naming the likely mistake.
     """
-    from helpers.grading import _as_number
 
     gid = "ch08_max_batch_15gb"
     cases = _cases()
-    got = [_as_number(fn(parts, budget_gb), f"max_batch_for_budget(<{what}>, {budget_gb})", gid)
-           for what, parts, budget_gb in cases]
+    got = [
+        as_number(
+            fn(parts, budget_gb), f"max_batch_for_budget(<{what}>, {budget_gb})", _reread(gid)
+        )
+        for what, parts, budget_gb in cases
+    ]
     want = [_reference_max_batch(parts, budget_gb) for _, parts, budget_gb in cases]
     if got != want:
         i = next(i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w)
         what, parts, budget_gb = cases[i]
         mistakes = [
-            (_batch_forgets_optimizer_state, "count AdamW's two fp32 moments too (8 bytes per parameter)"),
-            (_batch_gib_budget, f"a budget of {budget_gb} GB is {budget_gb}e9 bytes, not {budget_gb} GiB"),
-            (_batch_first_that_does_not_fit, "return the last B that fits, not the first one that does not"),
+            (
+                _batch_forgets_optimizer_state,
+                "count AdamW's two fp32 moments too (8 bytes per parameter)",
+            ),
+            (
+                _batch_gib_budget,
+                f"a budget of {budget_gb} GB is {budget_gb}e9 bytes, not {budget_gb} GiB",
+            ),
+            (
+                _batch_first_that_does_not_fit,
+                "return the last B that fits, not the first one that does not",
+            ),
         ]
-        why = next((hint for wrong, hint in mistakes if [wrong(p, b) for _, p, b in cases] == got), None)
+        why = next(
+            (hint for wrong, hint in mistakes if [wrong(p, b) for _, p, b in cases] == got), None
+        )
         if why is None:
             g = int(got[i])
-            why = (f"B={g} needs {sum(parts(g).values()) / 1e9:.2f} GB" if got[i] > want[i]
-                   else f"a larger batch still fits: B={want[i]} needs {sum(parts(want[i]).values()) / 1e9:.2f} GB")
-        raise AssertionError(f"{what} in {budget_gb} GB: expected B={want[i]}, got {got[i]:g}; {why}. {_reread(gid)}")
-    print(f"PASS {gid}: largest B for {len(cases) - 1} GPT-2 124M set-ups in 15 or 40 GB (B = {want[:-1]}), and 0 when nothing fits")
+            why = (
+                f"B={g} needs {sum(parts(g).values()) / 1e9:.2f} GB"
+                if got[i] > want[i]
+                else f"a larger batch still fits: B={want[i]} needs {sum(parts(want[i]).values()) / 1e9:.2f} GB"
+            )
+        raise AssertionError(
+            f"{what} in {budget_gb} GB: expected B={want[i]}, got {got[i]:g}; {why}. {_reread(gid)}"
+        )
+    print(
+        f"PASS {gid}: largest B for {len(cases) - 1} GPT-2 124M set-ups in 15 or 40 GB (B = {want[:-1]}), and 0 when nothing fits"
+    )
 
 
 def _batch_forgets_optimizer_state(parts_for_batch, budget_gb):
     B = 0
-    while sum(v for k, v in parts_for_batch(B + 1).items() if k != "adamw_state") <= budget_gb * 10**9:
+    while (
+        sum(v for k, v in parts_for_batch(B + 1).items() if k != "adamw_state") <= budget_gb * 10**9
+    ):
         B += 1
     return B
 
@@ -216,6 +285,14 @@ CHECKS: dict[str, Callable[[Callable[..., Any]], None]] = {
 }
 
 WRONG_ANSWERS: dict[str, list[Callable[..., Any]]] = {
-    "ch08_recipe_dtype": [_recipe_trusts_is_bf16_supported, _recipe_fp16_without_scaler, _recipe_tf32_on_every_gpu],
-    "ch08_max_batch_15gb": [_batch_forgets_optimizer_state, _batch_gib_budget, _batch_first_that_does_not_fit],
+    "ch08_recipe_dtype": [
+        _recipe_trusts_is_bf16_supported,
+        _recipe_fp16_without_scaler,
+        _recipe_tf32_on_every_gpu,
+    ],
+    "ch08_max_batch_15gb": [
+        _batch_forgets_optimizer_state,
+        _batch_gib_budget,
+        _batch_first_that_does_not_fit,
+    ],
 }

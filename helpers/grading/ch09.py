@@ -12,6 +12,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from helpers.grading.common import as_number, is_close, reread
+
 SECTIONS = {
     "ch09_accumulation_step": "chapter 09, sections 1-2 (Gradient accumulation; Forgetting to divide)",
     "ch09_checkpointed_block": "chapter 09, sections 4-5 (Activation checkpointing; The reentrant trap)",
@@ -19,7 +21,7 @@ SECTIONS = {
 
 
 def _reread(grade_id: str) -> str:
-    return f"Reread {SECTIONS[grade_id]}."
+    return reread(SECTIONS[grade_id])
 
 
 def _tiny_gpt():
@@ -34,7 +36,9 @@ def _tiny_gpt():
 def _norm(tensors) -> float:
     import torch
 
-    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in tensors])).item()
+    return torch.linalg.vector_norm(
+        torch.stack([torch.linalg.vector_norm(t) for t in tensors])
+    ).item()
 
 
 # --------------------------------------------------------------------------------------------
@@ -55,8 +59,6 @@ def check_accumulation_step(fn: Callable[..., Any]) -> None:
     """
     import torch
 
-    from helpers import grading
-
     gid = "ch09_accumulation_step"
     g = torch.Generator().manual_seed(0)
     for n, B in ((4, 8), (2, 6)):
@@ -68,7 +70,9 @@ def check_accumulation_step(fn: Callable[..., Any]) -> None:
         _, big = ref(x, y)
         big.backward()
         seen: list[int] = []
-        hook = model.register_forward_pre_hook(lambda _m, args, seen=seen: seen.append(args[0].shape[0]))
+        hook = model.register_forward_pre_hook(
+            lambda _m, args, seen=seen: seen.append(args[0].shape[0])
+        )
         try:
             logged = fn(model, micro)
         finally:
@@ -77,39 +81,58 @@ def check_accumulation_step(fn: Callable[..., Any]) -> None:
         if seen != [B // n] * n:
             raise AssertionError(
                 f"{call} ran forward on batches of sizes {seen}, expected {n} forwards of {B // n}: run one forward "
-                f"+ backward per micro-batch (that is what keeps the memory of one micro-batch). {_reread(gid)}")
+                f"+ backward per micro-batch (that is what keeps the memory of one micro-batch). {_reread(gid)}"
+            )
         grads = {k: p.grad for k, p in model.named_parameters()}
         want = {k: p.grad for k, p in ref.named_parameters()}
         missing = [k for k, v in grads.items() if v is None]
         if missing:
-            raise AssertionError(f"{call} left {len(missing)} parameters without a gradient (e.g. {missing[0]}): "
-                                 f"call backward on every micro-loss. {_reread(gid)}")
+            raise AssertionError(
+                f"{call} left {len(missing)} parameters without a gradient (e.g. {missing[0]}): "
+                f"call backward on every micro-loss. {_reread(gid)}"
+            )
         ratio = _norm(grads.values()) / _norm(want.values())
-        err = max((torch.linalg.vector_norm(grads[k] - want[k]) / torch.linalg.vector_norm(want[k]).clamp_min(1e-30)).item() for k in want)
+        err = max(
+            (
+                torch.linalg.vector_norm(grads[k] - want[k])
+                / torch.linalg.vector_norm(want[k]).clamp_min(1e-30)
+            ).item()
+            for k in want
+        )
         if not err < 1e-4:
             if abs(ratio - n) < 1e-3 * n:
-                why = (f"the gradients are {ratio:.2f}x those of the big batch (N = {n}): divide each micro-loss by "
-                       f"the number of micro-steps before backward, not only the number you log.")
+                why = (
+                    f"the gradients are {ratio:.2f}x those of the big batch (N = {n}): divide each micro-loss by "
+                    f"the number of micro-steps before backward, not only the number you log."
+                )
             elif abs(ratio - 1 / n) < 1e-3:
                 why = f"the gradients are 1/{n} of the big batch's: you divided by N twice."
             else:
-                why = (f"the gradients differ from the big batch's by a relative {err:.1e}: let them add up over the "
-                       f"micro-steps (no zero_grad inside the loop) and divide each loss by N.")
+                why = (
+                    f"the gradients differ from the big batch's by a relative {err:.1e}: let them add up over the "
+                    f"micro-steps (no zero_grad inside the loop) and divide each loss by N."
+                )
             raise AssertionError(f"{call}: {why} {_reread(gid)}")
         if isinstance(logged, torch.Tensor) and logged.requires_grad:
-            raise AssertionError(f"{call} returned a loss that still holds the autograd graph (requires_grad=True): "
-                                 f"sum loss.detach() of each micro-step, so the graphs are freed. {_reread(gid)}")
-        got = grading._as_number(logged, call, gid)
-        if not grading._close(got, big.item(), rel=1e-5):
-            if grading._close(got, n * big.item(), rel=1e-5):
+            raise AssertionError(
+                f"{call} returned a loss that still holds the autograd graph (requires_grad=True): "
+                f"sum loss.detach() of each micro-step, so the graphs are freed. {_reread(gid)}"
+            )
+        got = as_number(logged, call, _reread(gid))
+        if not is_close(got, big.item(), rel=1e-5):
+            if is_close(got, n * big.item(), rel=1e-5):
                 why = f"returned {got:.4f} = {n} x the mean loss {big.item():.4f}: log the mean of the micro-losses, not their sum."
-            elif grading._close(got, big.item() / n, rel=1e-5):
+            elif is_close(got, big.item() / n, rel=1e-5):
                 why = f"returned {got:.4f} = the mean loss / {n}: log the mean of the undivided micro-losses."
             else:
-                why = f"returned {got:.4f}, expected the mean of the micro-losses, {big.item():.4f}."
+                why = (
+                    f"returned {got:.4f}, expected the mean of the micro-losses, {big.item():.4f}."
+                )
             raise AssertionError(f"{call} {why} {_reread(gid)}")
     # no measured error in the PASS line: its last digit differs between CPUs, and nbval compares it
-    print(f"PASS {gid}: gradients equal one big batch (within fp32 rounding) and the logged loss is the mean, for N = 4 and 2")
+    print(
+        f"PASS {gid}: gradients equal one big batch (within fp32 rounding) and the logged loss is the mean, for N = 4 and 2"
+    )
 
 
 def _accum_no_division(model, micro_batches):
@@ -195,50 +218,72 @@ def check_checkpointed_block(fn: Callable[..., Any]) -> None:
         return y.detach(), x.grad, {k: p.grad.clone() for k, p in block.named_parameters()}
 
     def rel(a, b) -> float:
-        return (torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-30)).item()
+        return (
+            torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-30)
+        ).item()
 
     for x_needs_grad in (True, False):
         want_y, want_xg, want_grads = reference(x_needs_grad)
         block.zero_grad(set_to_none=True)
         x = x0.clone().requires_grad_(x_needs_grad)
         calls = [0]
-        hook = block.register_forward_pre_hook(lambda *_, calls=calls: calls.__setitem__(0, calls[0] + 1))
-        where = "an input that requires grad" if x_needs_grad else "an input that does not require grad (e.g. frozen embeddings)"
+        hook = block.register_forward_pre_hook(
+            lambda *_, calls=calls: calls.__setitem__(0, calls[0] + 1)
+        )
+        where = (
+            "an input that requires grad"
+            if x_needs_grad
+            else "an input that does not require grad (e.g. frozen embeddings)"
+        )
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 y = fn(block, x)
                 if y is None:
-                    raise AssertionError(f"checkpointed(block, x) returned None: return the block's output. {_reread(gid)}")
+                    raise AssertionError(
+                        f"checkpointed(block, x) returned None: return the block's output. {_reread(gid)}"
+                    )
                 if rel(y.detach(), want_y) > 1e-5:
-                    raise AssertionError(f"checkpointed(block, x) differs from block(x) (rel. error {rel(y.detach(), want_y):.1e}): "
-                                         f"call the block on x itself. {_reread(gid)}")
+                    raise AssertionError(
+                        f"checkpointed(block, x) differs from block(x) (rel. error {rel(y.detach(), want_y):.1e}): "
+                        f"call the block on x itself. {_reread(gid)}"
+                    )
                 if not y.requires_grad:
                     raise AssertionError(
                         f"with {where}, the output does not require grad, so the block's parameters get no gradient "
                         f"(PyTorch warned: {str(caught[0].message).splitlines()[0] if caught else 'nothing'}): this is the trap of "
-                        f"use_reentrant=True; pass use_reentrant=False. {_reread(gid)}")
+                        f"use_reentrant=True; pass use_reentrant=False. {_reread(gid)}"
+                    )
                 (y * w).sum().backward()
         finally:
             hook.remove()
         if calls[0] < 2:
             raise AssertionError(
                 f"the block ran its forward {calls[0]} time(s) for forward + backward: nothing was recomputed, so its "
-                f"activations were stored as usual. Wrap the call in torch.utils.checkpoint.checkpoint. {_reread(gid)}")
+                f"activations were stored as usual. Wrap the call in torch.utils.checkpoint.checkpoint. {_reread(gid)}"
+            )
         if x_needs_grad and x.grad is None:
-            raise AssertionError("the input x got no gradient, so every layer below this block would stop learning: "
-                                 f"pass x itself to checkpoint, not x.detach(). {_reread(gid)}")
+            raise AssertionError(
+                "the input x got no gradient, so every layer below this block would stop learning: "
+                f"pass x itself to checkpoint, not x.detach(). {_reread(gid)}"
+            )
         missing = [k for k, p in block.named_parameters() if p.grad is None]
         if missing:
-            raise AssertionError(f"with {where}, {len(missing)} of the block's parameters got no gradient (e.g. {missing[0]}): "
-                                 f"use use_reentrant=False. {_reread(gid)}")
+            raise AssertionError(
+                f"with {where}, {len(missing)} of the block's parameters got no gradient (e.g. {missing[0]}): "
+                f"use use_reentrant=False. {_reread(gid)}"
+            )
         errs = [rel(p.grad, want_grads[k]) for k, p in block.named_parameters()]
         if x_needs_grad:
             errs.append(rel(x.grad, want_xg))
         if max(errs) > 1e-5:
-            raise AssertionError(f"the gradients differ from the plain block's (rel. error {max(errs):.1e}) with {where}. {_reread(gid)}")
-    print(f"PASS {gid}: same output and gradients as the plain block, forward recomputed in backward, "
-          "every parameter gets a gradient even when the input needs none")
+            raise AssertionError(
+                f"the gradients differ from the plain block's (rel. error {max(errs):.1e}) with {where}. {_reread(gid)}"
+            )
+    print(
+        f"PASS {gid}: same output and gradients as the plain block, forward recomputed in backward, "
+        "every parameter gets a gradient even when the input needs none"
+    )
 
 
 def _ckpt_reentrant(block, x):

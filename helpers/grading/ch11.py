@@ -1,7 +1,7 @@
 """Graded checks of chapter 11 (more than one GPU): sharding a batch over ranks, and what an
 all-reduce that averages gradients leaves on every rank. Pure CPU, no process group needed.
 
-Merged into :mod:`helpers.grading` on import (``grading.check_shard_batches`` ...); the right
+Listed in :mod:`helpers.grading` (``grading.check_shard_batches`` ...); the right
 answers live in ``tests/answers_ch11.py``.
 """
 
@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from helpers.grading.common import reread
+
 SECTIONS = {
     "ch11_shard_batches": "chapter 11, section 2 (Each rank reads its own rows)",
     "ch11_allreduce_mean": "chapter 11, section 3 (Averaging the gradients: all-reduce)",
@@ -19,7 +21,7 @@ SECTIONS = {
 
 
 def _reread(grade_id: str) -> str:
-    return f"Reread {SECTIONS[grade_id]}."
+    return reread(SECTIONS[grade_id])
 
 
 SHARD_CASES = [(8, 2), (12, 4), (6, 3), (5, 1)]  # (rows of the global batch N, world size W)
@@ -49,13 +51,21 @@ def check_shard_batches(fn: Callable[[torch.Tensor, int, int], torch.Tensor]) ->
             call = f"shard_batch(x of shape {tuple(x.shape)}, world_size={world}, rank={rank})"
             got = fn(x.clone(), world, rank)
             if not isinstance(got, torch.Tensor):
-                raise AssertionError(f"{call} returned {type(got).__name__}, expected a tensor of rows of x. {_reread(gid)}")
+                raise AssertionError(
+                    f"{call} returned {type(got).__name__}, expected a tensor of rows of x. {_reread(gid)}"
+                )
             if got.dim() != 2 or got.shape[1] != x.shape[1]:
-                raise AssertionError(f"{call} returned shape {tuple(got.shape)}, expected ({per_rank}, {x.shape[1]}): whole rows of x. {_reread(gid)}")
+                raise AssertionError(
+                    f"{call} returned shape {tuple(got.shape)}, expected ({per_rank}, {x.shape[1]}): whole rows of x. {_reread(gid)}"
+                )
             if world > 1 and got.shape[0] == n_rows:
-                raise AssertionError(f"{call} returned all {n_rows} rows: every rank trains on the full batch, so the {world} ranks do the same work {world} times. {_reread(gid)}")
+                raise AssertionError(
+                    f"{call} returned all {n_rows} rows: every rank trains on the full batch, so the {world} ranks do the same work {world} times. {_reread(gid)}"
+                )
             shards.append(got)
-        rows = [[int(r[0]) // x.shape[1] for r in s] for s in shards]  # row index of each returned row
+        rows = [
+            [int(r[0]) // x.shape[1] for r in s] for s in shards
+        ]  # row index of each returned row
         sizes = [len(r) for r in rows]
         flat = [i for r in rows for i in r]
         where = f"N={n_rows}, world_size={world}"
@@ -67,12 +77,16 @@ def check_shard_batches(fn: Callable[[torch.Tensor, int, int], torch.Tensor]) ->
         elif len(set(sizes)) != 1:
             why = f"{where}: unequal shards {sizes}: every rank must get N/world_size rows."
         elif rows != [list(range(r * per_rank, (r + 1) * per_rank)) for r in range(world)]:
-            why = (f"{where}: rank 0 got rows {rows[0]}, expected the first contiguous block "
-                   f"{list(range(per_rank))} (rank r gets rows r*N/W .. (r+1)*N/W - 1, in order).")
+            why = (
+                f"{where}: rank 0 got rows {rows[0]}, expected the first contiguous block "
+                f"{list(range(per_rank))} (rank r gets rows r*N/W .. (r+1)*N/W - 1, in order)."
+            )
         else:
             continue
         raise AssertionError(f"{why} {_reread(gid)}")
-    print(f"PASS {gid}: {len(SHARD_CASES)} (N, world_size) cases: equal, disjoint, in-order shards whose union is the global batch")
+    print(
+        f"PASS {gid}: {len(SHARD_CASES)} (N, world_size) cases: equal, disjoint, in-order shards whose union is the global batch"
+    )
 
 
 ALLREDUCE_CASES = [(2, (3, 4)), (3, (5,)), (4, (2, 3, 2))]  # (world size, gradient shape)
@@ -93,11 +107,17 @@ def check_allreduce_mean(fn: Callable[[list[torch.Tensor]], list[torch.Tensor]])
         call = f"allreduce_mean(grads of {world} ranks, each of shape {shape})"
         got = fn([g.clone() for g in grads])
         if not isinstance(got, (list, tuple)) or not all(isinstance(t, torch.Tensor) for t in got):
-            raise AssertionError(f"{call} returned {type(got).__name__}, expected a list of {world} tensors (one per rank). {_reread(gid)}")
+            raise AssertionError(
+                f"{call} returned {type(got).__name__}, expected a list of {world} tensors (one per rank). {_reread(gid)}"
+            )
         if len(got) != world:
-            raise AssertionError(f"{call} returned {len(got)} tensors, expected {world}: one per rank, every rank holds the result. {_reread(gid)}")
+            raise AssertionError(
+                f"{call} returned {len(got)} tensors, expected {world}: one per rank, every rank holds the result. {_reread(gid)}"
+            )
         if any(t.shape != torch.Size(shape) for t in got):
-            raise AssertionError(f"{call} returned shapes {[tuple(t.shape) for t in got]}, expected {shape} on every rank. {_reread(gid)}")
+            raise AssertionError(
+                f"{call} returned shapes {[tuple(t.shape) for t in got]}, expected {shape} on every rank. {_reread(gid)}"
+            )
         total = torch.stack(grads).sum(0)
         mean = total / world
         close = lambda a, b: torch.allclose(a.float(), b, rtol=1e-5, atol=1e-6)  # noqa: E731
@@ -107,14 +127,20 @@ def check_allreduce_mean(fn: Callable[[list[torch.Tensor]], list[torch.Tensor]])
             why = f"{call}: every rank holds the SUM of the gradients: divide by the world size ({world}) to get the mean."
         elif all(close(t, mean / world) for t in got):
             why = f"{call}: every rank holds the mean divided by {world} again: divide the sum by the world size once."
-        elif all(close(t, grads[0]) for t in got) or close(got[0], mean) and not all(close(t, mean) for t in got[1:]):
+        elif (
+            all(close(t, grads[0]) for t in got)
+            or close(got[0], mean)
+            and not all(close(t, mean) for t in got[1:])
+        ):
             why = f"{call}: only rank 0's result is right (or every rank got rank 0's gradient): after an all-reduce every rank holds the same mean."
         elif all(close(t, g) for t, g in zip(got, grads, strict=True)):
             why = f"{call}: every rank kept its own gradient: nothing was reduced."
         else:
             why = f"{call}: rank 0 holds {got[0].flatten()[:3].tolist()}..., expected the mean {mean.flatten()[:3].tolist()}..."
         raise AssertionError(f"{why} {_reread(gid)}")
-    print(f"PASS {gid}: {len(ALLREDUCE_CASES)} world sizes: every rank holds the mean of all ranks' gradients")
+    print(
+        f"PASS {gid}: {len(ALLREDUCE_CASES)} world sizes: every rank holds the mean of all ranks' gradients"
+    )
 
 
 # ---- plausible wrong answers (tests/test_grading.py proves each one is rejected) --------------
@@ -168,6 +194,17 @@ CHECKS: dict[str, Callable[..., Any]] = {
 }
 
 WRONG_ANSWERS: dict[str, list[Callable[..., Any]]] = {
-    "ch11_shard_batches": [_shard_full_batch, _shard_overlapping, _shard_off_by_one, _shard_strided_off_by_one, _shard_strided],
-    "ch11_allreduce_mean": [_allreduce_sum, _allreduce_divide_twice, _allreduce_rank0_only, _allreduce_broadcast_rank0],
+    "ch11_shard_batches": [
+        _shard_full_batch,
+        _shard_overlapping,
+        _shard_off_by_one,
+        _shard_strided_off_by_one,
+        _shard_strided,
+    ],
+    "ch11_allreduce_mean": [
+        _allreduce_sum,
+        _allreduce_divide_twice,
+        _allreduce_rank0_only,
+        _allreduce_broadcast_rank0,
+    ],
 }

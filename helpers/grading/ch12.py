@@ -1,4 +1,4 @@
-"""Graded check of chapter 12 (capstone), merged into :mod:`helpers.grading` on import.
+"""Graded check of chapter 12 (capstone), listed in :mod:`helpers.grading`.
 
 The learner writes ``steps_in_budget(step_ms, budget_s, first_step_ms) -> int``: the largest number
 of training steps n with first_step_ms + (n - 1) * step_ms <= 1000 * budget_s (the first step holds
@@ -10,12 +10,24 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from helpers.grading.common import as_number, reread
+
 SECTIONS = {
     "ch12_steps_in_budget": "chapter 12, section 3 (Train the fastest configuration for a fixed time)",
 }
 
+
+def _reread(grade_id: str) -> str:
+    return reread(SECTIONS[grade_id])
+
+
 # (step_ms, budget_s, first_step_ms); the expected answers come from the formula in the docstring.
-BUDGET_CASES = [(50.0, 10.0, 5050.0), (33.745, 100.0, 1475.2), (120.0, 60.0, 30000.0), (40.0, 2.0, 40.0)]
+BUDGET_CASES = [
+    (50.0, 10.0, 5050.0),
+    (33.745, 100.0, 1475.2),
+    (120.0, 60.0, 30000.0),
+    (40.0, 2.0, 40.0),
+]
 
 
 def _want(step_ms: float, budget_s: float, first_step_ms: float) -> int:
@@ -28,13 +40,15 @@ def check_steps_in_budget(fn: Callable[[float, float, float], int]) -> None:
     Raises:
         AssertionError: a one-line message with a hint.
     """
-    from helpers.grading import _as_number
 
     gid = "ch12_steps_in_budget"
-    hint = f"Reread {SECTIONS[gid]}."
+    hint = _reread(gid)
     for step_ms, budget_s, first in BUDGET_CASES:
         call = f"steps_in_budget({step_ms}, {budget_s}, {first})"
-        got, want = _as_number(fn(step_ms, budget_s, first), call, gid), _want(step_ms, budget_s, first)
+        got, want = (
+            as_number(fn(step_ms, budget_s, first), call, _reread(gid)),
+            _want(step_ms, budget_s, first),
+        )
         if got == want:
             continue
         if got == math.floor(1000.0 * budget_s / step_ms) and first > step_ms:
@@ -46,7 +60,9 @@ def check_steps_in_budget(fn: Callable[[float, float, float], int]) -> None:
         else:
             why = f"{call} returned {got:g}, expected {want}: round down, a step that does not fit the budget is not run."
         raise AssertionError(f"{why} {hint}")
-    print(f"PASS {gid}: steps_in_budget is right for {len(BUDGET_CASES)} budgets, compile-heavy first steps included")
+    print(
+        f"PASS {gid}: steps_in_budget is right for {len(BUDGET_CASES)} budgets, compile-heavy first steps included"
+    )
 
 
 def _ignores_first_step(step_ms, budget_s, first_step_ms):
@@ -67,5 +83,10 @@ def _seconds_as_ms(step_ms, budget_s, first_step_ms):
 
 CHECKS = {"ch12_steps_in_budget": check_steps_in_budget}
 WRONG_ANSWERS = {
-    "ch12_steps_in_budget": [_ignores_first_step, _forgets_first_step_counts, _rounds_to_nearest, _seconds_as_ms],
+    "ch12_steps_in_budget": [
+        _ignores_first_step,
+        _forgets_first_step_counts,
+        _rounds_to_nearest,
+        _seconds_as_ms,
+    ],
 }

@@ -1,0 +1,7 @@
+"""``python -m helpers.grading make-student | grade``: see docs/grading.md."""
+
+import sys
+
+from helpers.grading.grader import main
+
+sys.exit(main())

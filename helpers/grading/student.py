@@ -1,0 +1,186 @@
+"""Student versions of the exercise notebooks (``python -m helpers.grading make-student``).
+
+nbgrader's notebook format (schema 3, ``### BEGIN SOLUTION`` / ``### END SOLUTION`` markers): each
+solution is replaced by a stub, outputs are cleared, check cells are kept. nbgrader itself is not
+needed. Format: https://nbgrader.readthedocs.io/en/stable/user_guide/creating_and_grading_assignments.html
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+CODE_STUB = '# YOUR CODE HERE\nraise NotImplementedError("Write this function: see the exercise text above")'
+TEXT_STUB = "YOUR ANSWER HERE"
+_BEGIN = re.compile(r"^\s*#+\s*BEGIN SOLUTION\b")
+_END = re.compile(r"^\s*#+\s*END SOLUTION\b")
+_BEGIN_HIDDEN = re.compile(r"^\s*#+\s*BEGIN HIDDEN TESTS\b")
+_END_HIDDEN = re.compile(r"^\s*#+\s*END HIDDEN TESTS\b")
+
+
+class SolutionMarkerError(ValueError):
+    """A notebook's ``BEGIN SOLUTION`` / ``END SOLUTION`` markers do not pair up."""
+
+
+def nbgrader_metadata(cell: Any) -> dict[str, Any]:
+    """The cell's ``metadata.nbgrader`` dict (empty when the cell is not an nbgrader cell)."""
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    return meta if isinstance(meta, dict) else {}
+
+
+def is_solution_cell(cell: Any) -> bool:
+    """True for a cell the learner writes in (``solution: true``)."""
+    return bool(nbgrader_metadata(cell).get("solution", False))
+
+
+def is_check_cell(cell: Any) -> bool:
+    """True for an autograded check cell: ``grade: true, solution: false``, a code cell."""
+    meta = nbgrader_metadata(cell)
+    return cell.get("cell_type") == "code" and bool(meta.get("grade")) and not meta.get("solution")
+
+
+def check_cells(nb: Any) -> dict[str, tuple[int, float]]:
+    """``{grade_id: (cell index, points)}`` for every check cell of ``nb``, in notebook order."""
+    found: dict[str, tuple[int, float]] = {}
+    for index, cell in enumerate(nb.cells):
+        if is_check_cell(cell):
+            meta = nbgrader_metadata(cell)
+            found[str(meta.get("grade_id", f"cell-{index}"))] = (
+                index,
+                float(meta.get("points", 0)),
+            )
+    return found
+
+
+def has_exercises(nb: Any) -> bool:
+    """True when any cell carries nbgrader metadata or a solution marker."""
+    return any(
+        nbgrader_metadata(cell) or any(_BEGIN.match(line) for line in cell.source.splitlines())
+        for cell in nb.cells
+    )
+
+
+def _where(name: str, index: int, cell: Any) -> str:
+    gid = nbgrader_metadata(cell).get("grade_id")
+    return f"{name}, cell {index + 1}" + (f" (grade_id {gid!r})" if gid else "")
+
+
+def _replace_regions(
+    lines: list[str], begin: re.Pattern[str], end: re.Pattern[str], stub: str | None, where: str
+) -> tuple[list[str], bool]:
+    """Replace each begin..end region (markers included) by ``stub`` indented like its begin line.
+
+    ``stub=None`` deletes the region. Returns the new lines and whether any region was found.
+    Raises SolutionMarkerError when the markers do not pair up.
+    """
+    out: list[str] = []
+    begin_line: int | None = None
+    found = False
+    for number, line in enumerate(lines, start=1):
+        if begin.match(line):
+            if begin_line is not None:
+                raise SolutionMarkerError(
+                    f"{where}: line {number} opens a region while the one opened on line {begin_line} "
+                    f"is still open ({line.strip()!r}). Add the missing END marker."
+                )
+            begin_line = number
+            found = True
+            if stub is not None:
+                indent = line[: len(line) - len(line.lstrip())]
+                out.extend(indent + stub_line for stub_line in stub.splitlines())
+        elif end.match(line):
+            if begin_line is None:
+                raise SolutionMarkerError(
+                    f"{where}: line {number} ({line.strip()!r}) closes a region that was never opened. "
+                    "Add the missing BEGIN marker or delete this line."
+                )
+            begin_line = None
+        elif begin_line is None:
+            out.append(line)
+    if begin_line is not None:
+        raise SolutionMarkerError(
+            f"{where}: the region opened on line {begin_line} is never closed. Add the END marker."
+        )
+    return out, found
+
+
+def student_version(nb: Any, name: str = "notebook") -> Any:
+    """A copy of ``nb`` as learners get it (nbgrader's ``generate_assignment``, without nbgrader).
+
+    - every ``### BEGIN SOLUTION`` ... ``### END SOLUTION`` region becomes ``CODE_STUB`` (code) or
+      ``TEXT_STUB`` (markdown), indented like the BEGIN line; a solution cell without markers is
+      replaced whole, as nbgrader does;
+    - ``### BEGIN HIDDEN TESTS`` ... ``### END HIDDEN TESTS`` regions are deleted;
+    - outputs, execution counts, execution timings and saved widget state are cleared;
+    - nbgrader metadata is kept, so the grader can find the check cells.
+
+    Args:
+        nb: an nbformat v4 notebook (not modified).
+        name: shown in error messages (e.g. the file name).
+    Raises:
+        SolutionMarkerError: naming the notebook and cell whose markers do not pair up.
+    """
+    student = copy.deepcopy(nb)
+    for index, cell in enumerate(student.cells):
+        where = _where(name, index, cell)
+        stub = TEXT_STUB if cell.cell_type == "markdown" else CODE_STUB
+        lines, replaced = _replace_regions(cell.source.splitlines(), _BEGIN, _END, stub, where)
+        lines, _ = _replace_regions(lines, _BEGIN_HIDDEN, _END_HIDDEN, None, where)
+        if is_solution_cell(cell) and not replaced:
+            lines = stub.splitlines()
+        cell.source = "\n".join(lines)
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+        cell.metadata.pop("execution", None)
+        if "attachments" in cell and is_solution_cell(cell):
+            del cell["attachments"]
+    student.metadata.pop("widgets", None)
+    return student
+
+
+def _notebooks_in(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} is neither a notebook nor a folder of notebooks.")
+    return sorted(p for p in path.glob("*.ipynb") if not p.name.startswith("."))
+
+
+def make_student(source: Path, out: Path) -> list[Path]:
+    """Write the student version of every exercise notebook in ``source`` to ``out``.
+
+    ``source`` is a folder (its ``*.ipynb``, not recursive) or one notebook. Notebooks without any
+    nbgrader cell are skipped (said on stdout): they have nothing to hide. Nothing else is copied.
+
+    Returns:
+        The written paths.
+    Raises:
+        FileNotFoundError: when ``source`` does not exist.
+        ValueError: when ``out`` is the source folder (it would overwrite the solutions).
+        SolutionMarkerError: on unbalanced markers (nothing is written for that notebook).
+    """
+    import nbformat
+
+    notebooks = _notebooks_in(source)
+    source_dir = source if source.is_dir() else source.parent
+    if out.resolve() == source_dir.resolve():
+        raise ValueError(
+            f"--out {out} is the folder of the solution notebooks; choose another folder."
+        )
+    written = []
+    for path in notebooks:
+        nb = nbformat.read(path, as_version=4)
+        if not has_exercises(nb):
+            print(f"skipped {path} (no nbgrader cells)")
+            continue
+        student = student_version(nb, name=str(path))
+        nbformat.validate(student)
+        out.mkdir(parents=True, exist_ok=True)
+        target = out / path.name
+        nbformat.write(student, target)
+        print(f"wrote {target} ({len(check_cells(student))} graded cells)")
+        written.append(target)
+    return written
