@@ -2,8 +2,8 @@
 
     python benchmarks/fp8_matmuls.py results/h200-fp8-matmul-DATE.json   (a CUDA GPU of compute capability >= 8.9)
 
-Made ``results/h200-fp8-matmul-2026-11-30.json`` (run then as a device-session script with the same
-shapes, dtypes and timing; this file is that script, tidied). Each matmul: 5 warm-up calls, then the
+Made ``results/h200-fp8-matmul-2026-11-30.json`` (with the same shapes, dtypes and timing as this
+file; ``...-rerun-2026-11-30.json`` is this file's own run). Each matmul: 5 warm-up calls, then the
 median of 20 CUDA-event-timed calls. ``a`` is (M, K) row-major and ``b`` (N, K), so ``b.t()`` is the
 column-major operand ``_scaled_mm`` needs; scales are 1 (the timing does not depend on them). The
 LM-head rows use one chunk of the fused LM-head CE (32768 rows); the gradient operand is e5m2 and

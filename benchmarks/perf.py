@@ -46,14 +46,15 @@ VARIANTS = {
     "eager-two-kernel-ce": {"compile": None, "loss_kernel": "triton"},
     "eager-pytorch-ce": {"compile": None, "loss_kernel": "pytorch"},
     "separate-clip": {"fused_clip": False},
-    "bf16-lm-head": {"lm_head_fp8": False},  # the fused LM-head CE's matmuls in bf16 (the last rung of session 6)
+    "bf16-lm-head": {"lm_head_fp8": False},  # the fused LM-head CE's matmuls in bf16 (the rung before)
+    # the ladder without its last five byte-saving rungs (the name is the committed result files')
     "session-3-final": {"residual_dtype": "fp32", "detach_logits": False, "loss_kernel": "pytorch", "fused_clip": False},
     # experiments that are not RunConfig switches (yet): applied by ``experiment()`` below
     "coord-descent": {},
     "max-autotune-nocg": {"compile": "max-autotune-no-cudagraphs"},
     "max-autotune-gemm": {},  # inductor autotunes each matmul (cuBLAS vs Triton templates that can fuse epilogues)
     "no-cudnn-attention": {},  # SDPA may not pick cuDNN's kernel (set before compiling, so the trace sees it)
-    # the fused LM-head CE with other chunk sizes than kernels.FUSED_CHUNK_ROWS (32768 since session 5)
+    # the fused LM-head CE with other chunk sizes than kernels.FUSED_CHUNK_ROWS (32768)
     "fused-unchunked": {},
     "fused-chunk-8192": {},
     "fused-chunk-16384": {},

@@ -233,7 +233,7 @@ if triton is not None and TRITON_OP_MISSING is None:
         # _ce_fused_kernel for the fp8 LM head: the gradient times GRAD_SCALE, written as float8_e5m2 bits
         # (grad_ptr: the uint8 view of a float8_e5m2 tensor). Its loop repeats _store_row_grad's on purpose: a
         # version that shared it (a constexpr switch and a runtime scale in _store_row_grad) made the bf16 fused
-        # kernel fail Triton 3.6's LLVM lowering when torch.compile built it on the H200 (session 7, call 27).
+        # kernel fail Triton 3.6's LLVM lowering when torch.compile built it on the H200 (results/perf-log.md).
         row = tl.program_id(0).to(tl.int64)
         row_ptr = logits_ptr + row * row_stride
         loss, lse, target, in_range = _row_loss(row_ptr, targets_ptr, row, ignore_index, n_cols, BLOCK)
