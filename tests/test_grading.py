@@ -371,6 +371,62 @@ def test_missing_notebook_and_empty_student_folder_are_reported(tmp_path):
     assert rows == [grading.grader._row("frank", "", "", 0, 0, "missing", "no notebook submitted")]
 
 
+def _make_student(source: Path, out: Path, *extra: str) -> int:
+    return grading.main(["make-student", str(source), "--out", str(out), *extra])
+
+
+def test_make_student_never_overwrites_work_it_did_not_write(tmp_path, capsys):
+    solutions = tmp_path / "notebooks"
+    solutions.mkdir()
+    (solutions / FIXTURE.name).write_bytes(FIXTURE.read_bytes())
+    student = tmp_path / "student"
+    assert _make_student(solutions, student) == 0
+    assert _make_student(solutions, student) == 0  # its own unchanged output is replaced
+    # arguments swapped: the student versions would be written over the solution notebooks
+    before = (solutions / FIXTURE.name).read_bytes()
+    assert _make_student(student, solutions) == 2
+    assert "not written by make-student" in capsys.readouterr().err
+    assert (solutions / FIXTURE.name).read_bytes() == before
+    # a learner filled in the student version: re-running refuses, --force replaces
+    filled = nbformat.read(student / FIXTURE.name, as_version=4)
+    filled.cells[3].source = filled.cells[3].source.replace("raise NotImplementedError", "return 0  #")
+    nbformat.write(filled, student / FIXTURE.name)
+    assert _make_student(solutions, student) == 2
+    assert "changed after make-student wrote it" in capsys.readouterr().err
+    assert "return 0  #" in (student / FIXTURE.name).read_text()
+    assert _make_student(solutions, student, "--force") == 0
+    assert "return 0  #" not in (student / FIXTURE.name).read_text()
+
+
+def test_make_student_refuses_a_file_as_out_with_one_line(tmp_path, capsys):
+    (tmp_path / "out.txt").write_text("not a folder")
+    assert _make_student(FIXTURE.parent, tmp_path / "out.txt") == 2
+    assert capsys.readouterr().err.strip().endswith("is a file: give a folder for the student versions")
+    assert (tmp_path / "out.txt").read_text() == "not a folder"
+
+
+def test_grade_out_never_replaces_a_notebook_or_a_file_that_is_not_a_grades_csv(tmp_path, capsys):
+    subs = tmp_path / "subs"
+    (subs / "frank").mkdir(parents=True)
+    notebook = subs / "frank" / FIXTURE.name
+
+    def grade(out: Path, *extra: str) -> int:
+        return grading.main(["grade", str(subs), "--out", str(out), "--reference", str(FIXTURE.parent),
+                             "--timeout", "5", *extra])
+
+    assert grade(notebook) == 2 and not notebook.exists()  # a notebook's name, in the submissions
+    assert grade(tmp_path / "grades.ipynb") == 2
+    assert grade(FIXTURE.parent / "grades.csv", "--force") == 2  # inside the reference folder
+    notes = tmp_path / "notes.txt"
+    notes.write_text("a teacher's notes")
+    assert grade(notes) == 2 and notes.read_text() == "a teacher's notes"
+    err = capsys.readouterr().err
+    assert "notebook's name" in err and "reference notebooks folder" in err and "--force" in err
+    out = tmp_path / "grades.csv"
+    assert grade(out) == 0 and grade(out) == 0  # a grades CSV of an earlier run is replaced
+    assert grade(notes, "--force") == 0 and notes.read_text().startswith(",".join(grading.COLUMNS))
+
+
 def test_command_line_help_runs_without_nbgrader():
     result = subprocess.run(
         [
@@ -482,7 +538,7 @@ def test_a_submission_that_replaces_the_checks_does_not_pass(tmp_path):
     # the cheat also answers wrongly, so only the real checks can fail it
     text = (tmp_path / "cheat" / FIXTURE.name).read_text().replace("return 2 * multiply_adds", "return 0")
     (tmp_path / "cheat" / FIXTURE.name).write_text(text)
-    out = tmp_path / "grades.csv"
+    out = tmp_path.parent / f"{tmp_path.name}-grades.csv"  # outside the submissions folder
     assert grading.main(["grade", str(tmp_path), "--out", str(out), "--reference", str(FIXTURE.parent), "--timeout", "60"]) == 0
     rows = {r["grade_id"]: r for r in csv.DictReader(out.open())}
     assert rows["ch00_matmul_flops"]["status"] == "failed"

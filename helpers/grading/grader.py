@@ -434,6 +434,29 @@ def _prefer(new: Path, old: Path, ref: Reference) -> bool:
     return new.stat().st_mtime > old.stat().st_mtime
 
 
+def csv_out_problem(path: Path, submissions: Path, reference: Path) -> str | None:
+    """Why ``grade --out path`` must not be written (None if it may): a notebook's name, a path in
+    the submissions or reference folder, a folder, or an existing file that is not a grades CSV
+    (its first line is not :data:`COLUMNS`)."""
+    if path.suffix.lower() == ".ipynb":
+        return f"--out {path} is a notebook's name: give a .csv file"
+    where = path.resolve()
+    for folder, what in ((submissions, "submissions"), (reference, "reference notebooks")):
+        if folder.resolve() == where or folder.resolve() in where.parents:
+            return f"--out {path} lies in the {what} folder {folder}: write the grades elsewhere"
+    if path.is_dir():
+        return f"--out {path} is a folder: give a file name, e.g. {path / 'grades.csv'}"
+    if path.exists():
+        try:
+            with open(path, newline="") as f:
+                first = f.readline().strip()
+        except (OSError, UnicodeDecodeError):
+            first = ""
+        if first != ",".join(COLUMNS):
+            return f"--out {path} exists and is not a grades CSV: pass --force to replace it"
+    return None
+
+
 def write_csv(rows: Iterable[dict[str, Any]], path: Path) -> None:
     """Write grading rows with the columns ``COLUMNS``."""
     with open(path, "w", newline="") as f:
@@ -477,6 +500,9 @@ def main(argv: list[str] | None = None) -> int:
     ms.add_argument(
         "--out", default="student", help="folder for the student versions (default: student)"
     )
+    ms.add_argument(
+        "--force", action="store_true", help="replace files in --out that make-student did not write"
+    )
     gr = sub.add_parser("grade", help="execute and grade submissions/<student>/<notebook>.ipynb")
     gr.add_argument("submissions", help="folder with one sub-folder per student id")
     gr.add_argument("--out", default="grades.csv", help="CSV to write (default: grades.csv)")
@@ -484,18 +510,25 @@ def main(argv: list[str] | None = None) -> int:
     gr.add_argument(
         "--reference", default="notebooks", help="folder of solution notebooks (default: notebooks)"
     )
+    gr.add_argument(
+        "--force", action="store_true", help="replace an --out file that is not a grades CSV"
+    )
     args = parser.parse_args(argv)
 
     try:
         if args.command == "make-student":
-            written = make_student(Path(args.notebooks), Path(args.out))
+            written = make_student(Path(args.notebooks), Path(args.out), force=args.force)
             print(f"{len(written)} student notebook(s) in {args.out}/")
         else:
-            rows = grade(Path(args.submissions), Path(args.reference), timeout=args.timeout)
-            write_csv(rows, Path(args.out))
+            out, submissions, reference = Path(args.out), Path(args.submissions), Path(args.reference)
+            problem = csv_out_problem(out, submissions, reference)
+            if problem and not (args.force and "--force" in problem):
+                raise ValueError(problem)
+            rows = grade(submissions, reference, timeout=args.timeout)
+            write_csv(rows, out)
             print(totals_table(rows))
             print(f"wrote {args.out} ({len(rows)} rows)")
-    except (FileNotFoundError, ValueError) as exc:  # SolutionMarkerError is a ValueError
+    except (OSError, ValueError) as exc:  # SolutionMarkerError is a ValueError
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

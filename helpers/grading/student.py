@@ -149,37 +149,84 @@ def _notebooks_in(path: Path) -> list[Path]:
     return sorted(p for p in path.glob("*.ipynb") if not p.name.startswith("."))
 
 
-def make_student(source: Path, out: Path) -> list[Path]:
+# Notebook metadata make_student writes into each student version: a fingerprint of its cells, so a
+# later run can tell its own unchanged output (safe to replace) from a file someone has worked in.
+STUDENT_MARK = "fast_gpt2_student_version"
+
+
+def fingerprint(nb: Any) -> str:
+    """SHA-256 of the notebook's cell types and sources (outputs and metadata left out)."""
+    import hashlib
+    import json
+
+    cells = [(c.cell_type, c.source) for c in nb.cells]
+    return hashlib.sha256(json.dumps(cells).encode()).hexdigest()
+
+
+def overwrite_problem(target: Path) -> str | None:
+    """Why writing a student version to ``target`` would destroy work, or None when it would not:
+    ``target`` does not exist, or is a student version this command wrote and nobody changed."""
+    import nbformat
+
+    if not target.exists():
+        return None
+    if target.is_dir():
+        return f"{target} is a folder"
+    try:
+        nb = nbformat.read(target, as_version=4)
+    except Exception:
+        return f"{target} exists and is not a notebook make-student wrote"
+    mark = nb.metadata.get(STUDENT_MARK)
+    if not isinstance(mark, dict):
+        return f"{target} exists and was not written by make-student (a solution notebook?)"
+    if mark.get("sha256") != fingerprint(nb):
+        return f"{target} was changed after make-student wrote it (a learner's work?)"
+    return None
+
+
+def make_student(source: Path, out: Path, force: bool = False) -> list[Path]:
     """Write the student version of every exercise notebook in ``source`` to ``out``.
 
     ``source`` is a folder (its ``*.ipynb``, not recursive) or one notebook. Notebooks without any
     nbgrader cell are skipped (said on stdout): they have nothing to hide. Nothing else is copied.
+    An existing file in ``out`` is replaced only when it is this command's own unchanged output
+    (:func:`overwrite_problem`), or with ``force``; otherwise nothing is written.
 
     Returns:
         The written paths.
     Raises:
         FileNotFoundError: when ``source`` does not exist.
-        ValueError: when ``out`` is the source folder (it would overwrite the solutions).
-        SolutionMarkerError: on unbalanced markers (nothing is written for that notebook).
+        ValueError: when ``out`` is a file or the source folder, or a file there would be
+            overwritten (without ``force``).
+        SolutionMarkerError: on unbalanced markers (nothing is written).
     """
     import nbformat
 
     notebooks = _notebooks_in(source)
-    source_dir = source if source.is_dir() else source.parent
-    if out.resolve() == source_dir.resolve():
+    source_dir = (source if source.is_dir() else source.parent).resolve()
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file: give a folder for the student versions")
+    if out.resolve() == source_dir:
         raise ValueError(
             f"--out {out} is the folder of the solution notebooks; choose another folder."
         )
-    written = []
+    versions = []
     for path in notebooks:
         nb = nbformat.read(path, as_version=4)
         if not has_exercises(nb):
             print(f"skipped {path} (no nbgrader cells)")
             continue
         student = student_version(nb, name=str(path))
+        student.metadata[STUDENT_MARK] = {"source": path.name, "sha256": fingerprint(student)}
         nbformat.validate(student)
+        versions.append((out / path.name, student))
+    problems = [p for p in (overwrite_problem(target) for target, _ in versions) if p]
+    if problems and not force:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ValueError(f"{problems[0]}{more}: nothing written; pass --force to replace")
+    written = []
+    for target, student in versions:
         out.mkdir(parents=True, exist_ok=True)
-        target = out / path.name
         nbformat.write(student, target)
         print(f"wrote {target} ({len(check_cells(student))} graded cells)")
         written.append(target)
