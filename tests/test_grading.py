@@ -598,3 +598,94 @@ def test_the_reduced_run_keeps_what_a_blank_changes_and_what_that_needs():
         "%matplotlib inline\nz = 1",  # 7: IPython syntax parses
     ]
     assert notebook_slice.cells_to_run(sources, learner={2}, always={3}) == [0, 2, 3, 4, 5]
+
+
+def _solution_cell_with(extra: str) -> "nbformat.NotebookNode":
+    """The fixture's solution notebook with ``extra`` run at the end of its first solution cell."""
+    nb = nbformat.read(FIXTURE, as_version=4)
+    first = next(c for c in nb.cells if grading.is_solution_cell(c))
+    first.source += "\n" + extra
+    return nb
+
+
+def _grade(subs: Path, tmp_path: Path) -> dict[str, dict]:
+    out = tmp_path / "grades.csv"
+    args = ["grade", str(subs), "--out", str(out), "--reference", str(FIXTURE.parent), "--timeout", "60"]
+    assert grading.main(args) == 0
+    rows: dict[str, dict] = {}
+    for r in csv.DictReader(out.open()):
+        rows.setdefault(r["student"], {})[r["grade_id"]] = r
+    return rows
+
+
+needs_sandbox = pytest.mark.skipif(not grading.grader.sandbox_available()[0],
+                                   reason=f"no OS sandbox here: {grading.grader.sandbox_available()[1]}")
+
+
+@needs_sandbox
+def test_a_submission_cannot_read_the_reference_solutions(tmp_path):
+    """A blank notebook that execs the reference's solution cells after its own scores nothing."""
+    blank = nbformat.read(FIXTURE, as_version=4)
+    for cell in blank.cells:
+        if grading.is_solution_cell(cell):
+            cell.source = grading.student_version(nbformat.v4.new_notebook(cells=[cell])).cells[0].source
+    steal = (
+        "import json, pathlib, helpers\n"
+        f"for p in [pathlib.Path({str(FIXTURE)!r}), *pathlib.Path(helpers.__file__).parents[1].rglob('*.ipynb')]:\n"
+        "    try:\n"
+        "        cells = json.loads(p.read_text())['cells']\n"
+        "    except Exception:\n"
+        "        continue\n"
+        "    for c in cells:\n"
+        "        if c.get('metadata', {}).get('nbgrader', {}).get('solution'):\n"
+        "            try:\n"
+        "                exec(''.join(c['source']), globals())\n"
+        "            except Exception:\n"
+        "                pass\n"
+    )
+    for cell in blank.cells:  # after each blank function: overwrite it with the reference's
+        if grading.is_solution_cell(cell):
+            cell.source += "\n" + steal
+    (tmp_path / "subs" / "mallory").mkdir(parents=True)
+    nbformat.write(blank, tmp_path / "subs" / "mallory" / FIXTURE.name)
+    rows = _grade(tmp_path / "subs", tmp_path)
+    assert all(r["points"] == "0" for r in rows["mallory"].values()), rows["mallory"]
+
+
+@needs_sandbox
+def test_a_submission_cannot_change_another_submission_or_the_checks(tmp_path):
+    """aaa is graded first and tries to blank zzz's notebook and to rewrite a check on disk."""
+    import helpers
+
+    subs = tmp_path / "subs"
+    victim = subs / "zzz" / FIXTURE.name
+    sabotage = (
+        "import pathlib, shutil\n"
+        f"pathlib.Path({str(victim)!r}).write_text('{{}}')\n"
+        f"pathlib.Path({str(Path(helpers.__file__).parent / 'grading' / 'ch00.py')!r}).write_text('')\n"
+    )
+    (subs / "aaa").mkdir(parents=True)
+    nbformat.write(_solution_cell_with(f"try:\n    exec({sabotage!r})\nexcept OSError as e:\n    print(e)"),
+                   subs / "aaa" / FIXTURE.name)
+    victim.parent.mkdir()
+    victim.write_bytes(FIXTURE.read_bytes())
+    before = victim.read_bytes()
+    checks = (Path(helpers.__file__).parent / "grading" / "ch00.py").read_bytes()
+    rows = _grade(subs, tmp_path)
+    assert all(r["status"] == "passed" for r in rows["zzz"].values()), rows["zzz"]
+    assert victim.read_bytes() == before
+    assert (Path(helpers.__file__).parent / "grading" / "ch00.py").read_bytes() == checks
+
+
+def test_every_submission_is_read_before_any_runs(tmp_path, monkeypatch):
+    """Without an OS sandbox too: what zzz is graded on was read before aaa's code ran."""
+    monkeypatch.setattr(grading.grader, "_sandbox_checked", (False, "switched off by the test"))
+    subs = tmp_path / "subs"
+    victim = subs / "zzz" / FIXTURE.name
+    (subs / "aaa").mkdir(parents=True)
+    nbformat.write(_solution_cell_with(f"import pathlib\npathlib.Path({str(victim)!r}).write_text('{{}}')"),
+                   subs / "aaa" / FIXTURE.name)
+    victim.parent.mkdir()
+    victim.write_bytes(FIXTURE.read_bytes())
+    rows = _grade(subs, tmp_path)
+    assert all(r["status"] == "passed" for r in rows["zzz"].values()), rows["zzz"]

@@ -57,8 +57,9 @@ class NotebookRun:
     startup_error: str | None = None  # the kernel never started
 
 
-def _kernel_manager_class() -> type:
-    """An AsyncKernelManager that always launches ipykernel with *this* Python interpreter.
+def _kernel_manager_class(prefix: tuple[str, ...] = ()) -> type:
+    """An AsyncKernelManager that always launches ipykernel with *this* Python interpreter, after
+    ``prefix`` (the sandbox's command, :func:`sandbox_prefix`) when one is given.
 
     A ``python3`` kernelspec installed elsewhere (another conda env, ~/.local) would otherwise run
     the submissions with a different torch, or without ``helpers``.
@@ -66,12 +67,14 @@ def _kernel_manager_class() -> type:
     from jupyter_client.kernelspec import KernelSpec
     from jupyter_client.manager import AsyncKernelManager
 
+    argv = [*prefix, sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+
     class CurrentPythonKernelManager(AsyncKernelManager):
         @property
         def kernel_spec(self) -> KernelSpec:  # type: ignore[override]
             if self._kernel_spec is None:
                 self._kernel_spec = KernelSpec(
-                    argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                    argv=argv,
                     display_name=f"Python {sys.version_info.major}.{sys.version_info.minor} (grader)",
                     language="python",
                     resource_dir="",
@@ -79,6 +82,63 @@ def _kernel_manager_class() -> type:
             return self._kernel_spec
 
     return CurrentPythonKernelManager
+
+
+# Run inside a new mount namespace (unshare): bind each path before "--hide" read-only, cover each
+# path after it with an empty tmpfs, then exec the kernel. Nothing outside the namespace changes.
+_SANDBOX_SCRIPT = """mode=ro
+for a in "$@"; do
+  shift
+  case "$a" in
+    --hide) mode=hide ;;
+    --) exec "$@" ;;
+    *) if [ "$mode" = ro ]; then mount --bind "$a" "$a" && mount -o remount,bind,ro "$a" || exit 97
+       else mount -t tmpfs -o size=1m grader-hidden "$a" || exit 97; fi ;;
+  esac
+done
+exit 98"""
+
+
+def sandbox_prefix(read_only: Iterable[Path], hidden: Iterable[Path]) -> tuple[str, ...]:
+    """The command that starts a kernel in an OS sandbox: a private mount namespace (``unshare``,
+    util-linux; as an unprivileged user also a user namespace) in which ``read_only`` paths cannot be
+    written and ``hidden`` paths look empty. Paths that do not exist are left out."""
+    user = () if os.geteuid() == 0 else ("--user", "--map-root-user")
+    ro = [str(p) for p in read_only if p.exists()]
+    hide = [str(p) for p in hidden if p.is_dir()]
+    return ("unshare", "--mount", "--propagation", "private", *user,
+            "sh", "-c", _SANDBOX_SCRIPT, "sh", *ro, "--hide", *hide, "--")
+
+
+_sandbox_checked: tuple[bool, str] | None = None
+
+
+def sandbox_available() -> tuple[bool, str]:
+    """Whether :func:`sandbox_prefix` works on this machine (tried once per process), and why not.
+
+    It needs ``unshare`` and the right to make mount namespaces: root, or user namespaces enabled
+    for unprivileged users (most Linux distributions). Not on macOS or Windows.
+    """
+    global _sandbox_checked
+    if _sandbox_checked is None:
+        import shutil
+        import subprocess
+        import tempfile
+
+        if shutil.which("unshare") is None:
+            _sandbox_checked = (False, "the unshare command (util-linux) is not installed")
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                (Path(tmp) / "secret").write_text("x")
+                cmd = [*sandbox_prefix([Path(tmp)], [Path(tmp)]), "sh", "-c", "test ! -e $0/secret", tmp]
+                try:
+                    done = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+                    ok = done.returncode == 0
+                    why = "" if ok else _first_line(done.stderr or f"exit status {done.returncode}")
+                except (OSError, subprocess.TimeoutExpired) as exc:
+                    ok, why = False, _first_line(str(exc))
+            _sandbox_checked = (ok, why)
+    return _sandbox_checked
 
 
 def kernel_env() -> dict[str, str]:
@@ -92,7 +152,7 @@ def kernel_env() -> dict[str, str]:
     return env
 
 
-def execute_notebook(nb: Any, cwd: Path, timeout: int = 600) -> NotebookRun:
+def execute_notebook(nb: Any, cwd: Path, timeout: int = 600, sandbox: tuple[str, ...] = ()) -> NotebookRun:
     """Run every code cell of ``nb`` (in place) in a fresh kernel; never raises for the notebook's faults.
 
     Errors are allowed (later cells still run). A cell running longer than ``timeout`` seconds is
@@ -104,6 +164,7 @@ def execute_notebook(nb: Any, cwd: Path, timeout: int = 600) -> NotebookRun:
         nb: nbformat v4 notebook; outputs are replaced by this run's.
         cwd: the kernel's working folder (the notebook's folder).
         timeout: seconds per cell.
+        sandbox: a command the kernel starts under (:func:`sandbox_prefix`); () = none.
     """
     from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
@@ -119,7 +180,7 @@ def execute_notebook(nb: Any, cwd: Path, timeout: int = 600) -> NotebookRun:
         nb,
         timeout=timeout,
         kernel_name="python3",
-        kernel_manager_class=_kernel_manager_class(),
+        kernel_manager_class=_kernel_manager_class(sandbox),
         allow_errors=True,
         interrupt_on_timeout=True,
         error_on_timeout={
@@ -251,12 +312,23 @@ def _fmt(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
-def grade_notebook(path: Path, ref: Reference, student: str, timeout: int) -> list[dict[str, Any]]:
+def grade_notebook(
+    path: Path,
+    ref: Reference,
+    student: str,
+    timeout: int,
+    text: str | None = None,
+    sandbox: tuple[str, ...] = (),
+) -> list[dict[str, Any]]:
     """Execute one submission and return one CSV row per graded cell of its reference.
 
     The check cells' code is restored from the reference before running (as ``nbgrader autograde``
-    does), so an edited check cannot pass; points always come from the reference.
+    does), so an edited check cannot pass; points always come from the reference. ``text`` is the
+    submission as read before any submission ran (default: read ``path`` now). The kernel runs in a
+    fresh temporary folder, under ``sandbox`` (:func:`sandbox_prefix`) when one is given.
     """
+    import tempfile
+
     import nbformat
 
     name = ref.path.name
@@ -264,7 +336,7 @@ def grade_notebook(path: Path, ref: Reference, student: str, timeout: int) -> li
         _row(student, name, gid, 0, pts, status, reason) for gid, pts in ref.points.items()
     ]
     try:
-        nb = nbformat.read(path, as_version=4)
+        nb = nbformat.reads(path.read_text() if text is None else text, as_version=4)
         if not isinstance(nb.get("cells"), list):
             raise ValueError("no list of cells")
     except Exception as exc:
@@ -278,7 +350,8 @@ def grade_notebook(path: Path, ref: Reference, student: str, timeout: int) -> li
             # submission that reassigned grading.check_* (or the name `grading`) cannot pass that way.
             cell.source = FRESH_CHECKS_PRELUDE + ref.sources[gid]
             where[gid] = index
-    run = execute_notebook(nb, cwd=path.parent, timeout=timeout)
+    with tempfile.TemporaryDirectory(prefix="grading-") as folder:
+        run = execute_notebook(nb, cwd=Path(folder), timeout=timeout, sandbox=sandbox)
 
     out = []
     for gid, pts in ref.points.items():
@@ -412,6 +485,25 @@ def grade(submissions: Path, reference: Path, timeout: int = 600) -> list[dict[s
             rows.append(_row(folder.name, "", "", 0, 0, "missing", "no notebook submitted"))
     assignment = sorted({name for per_student in chosen.values() for name in per_student})
 
+    # Every submission is read before any of them runs, so one cannot change what another is graded on.
+    texts: dict[Path, str | None] = {}
+    for per_student in chosen.values():
+        for path in per_student.values():
+            try:
+                texts[path] = path.read_text()
+            except (OSError, UnicodeDecodeError):
+                texts[path] = None  # grade_notebook reports it unreadable
+    sandbox: tuple[str, ...] = ()
+    ok, why = sandbox_available()
+    if ok:  # the repository and the environment read-only; solutions, answers and submissions hidden
+        sandbox = sandbox_prefix(
+            read_only=[REPO_ROOT, Path(sys.prefix)],
+            hidden=[reference, REPO_ROOT / "notebooks", REPO_ROOT / "tests", submissions],
+        )
+    else:
+        print(f"warning: no OS sandbox ({why}): submissions run with this account's rights and can "
+              "read and change its files; grade in a container (docs/grading.md)", file=sys.stderr)
+
     for folder in students:
         for name in assignment:
             ref = refs[name]
@@ -423,7 +515,12 @@ def grade(submissions: Path, reference: Path, timeout: int = 600) -> list[dict[s
                 )
                 continue
             print(f"grading {path} against {ref.path} ...", file=sys.stderr, flush=True)
-            rows.extend(grade_notebook(path, ref, folder.name, timeout))
+            text = texts[path]
+            if text is None:
+                rows.extend(_row(folder.name, name, g, 0, p, "error", "notebook unreadable: cannot read the file")
+                            for g, p in ref.points.items())
+                continue
+            rows.extend(grade_notebook(path, ref, folder.name, timeout, text=text, sandbox=sandbox))
     return rows
 
 
