@@ -100,8 +100,11 @@ def check_masked_sampling(fn: Callable[..., Any]) -> None:
             f"only {ids.unique().numel()} distinct ids in {ids.numel()} draws: sample with torch.multinomial from the "
             f"softmax, not argmax. {_reread(gid)}"
         )
+    # The PASS line names no count of distinct ids: torch.multinomial draws differently across torch
+    # versions, and a compared notebook output must depend only on what the learner wrote.
     print(
-        f"PASS {gid}: {ids.numel()} samples from a padded untrained model, none >= vocab_size, {ids.unique().numel()} distinct ids"
+        f"PASS {gid}: {ids.numel()} samples from a padded untrained model, none >= vocab_size, "
+        "at least 10 distinct ids"
     )
 
 
