@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from helpers import memory
+from helpers import memory, switches
 from helpers.model import GPT, GPTConfig
 from helpers.train import RunConfig
 
@@ -25,47 +25,10 @@ PUBLISHED_FILE = "published-seed-figures.json"
 _NOT_SWITCHES = ("batch_size", "seq_len", "grad_clip", "lr", "weight_decay", "betas", "seed")
 
 # When to use each optimisation: static advice keyed by the switch a rung changes, or by
-# (switch, value) where the value matters. The measured gain next to it comes from the table.
+# (switch, value) where the value matters, read from the switch registry (plus the batch size,
+# which is a shape, not a switch). The measured gain next to it comes from the table.
 WHEN_TO_USE: dict[str | tuple[str, object], str] = {
-    ("matmul_precision", "tf32"): "fp32 matmuls on an NVIDIA GPU of compute capability >= 8.0 (A100, H100/H200, RTX 30xx+): "
-    "one line, torch.set_float32_matmul_precision('high'); nothing to gain on a T4/V100 or a CPU",
-    "matmul_precision": "choose TF32 ('high') on compute capability >= 8.0; keep 'highest' only to check numerics",
-    ("autocast", "bf16"): "training on compute capability >= 8.0 (or a CPU with bf16 kernels): same exponent range as fp32, "
-    "no loss scaling; keep the weights and AdamW state in fp32",
-    ("autocast", "fp16"): "GPUs without native bf16 (T4, V100): fp16 autocast plus GradScaler, so small gradients do not "
-    "underflow to zero",
-    "autocast": "mixed precision: bf16 where native (compute capability >= 8.0), else fp16 + GradScaler",
-    "compile": "runs long enough to repay the first-step compile time (compare first_step_ms with the ms saved per step); "
-    "needs Triton (GPU, compute capability >= 7.0) or a C++ compiler (CPU); leave it off while the code changes every run",
-    ("attention", "sdpa"): "always for causal attention: F.scaled_dot_product_attention picks a fused kernel (Flash, "
-    "memory-efficient or cuDNN) and never stores the (T, T) scores, so memory drops and the gain grows with T",
-    "attention": "prefer F.scaled_dot_product_attention over hand-written attention",
-    "vocab_multiple": "when a matmul dimension is odd (GPT-2's 50257 tokens): pad it to a multiple of 64 and mask the "
-    "padded ids when sampling",
-    ("optimizer", "fused"): "on CUDA (and CPU) with many parameter tensors: one fused AdamW kernel instead of several per "
-    "step; small once the step is compiled and the batch is large",
-    "optimizer": "AdamW: fused where available, else foreach; the for-loop version only for debugging",
-    "grad_accum_steps": "when the batch you want does not fit in memory: the same gradient in several micro-steps; "
-    "it saves memory, not time",
-    ("residual_dtype", "bf16"): "with bf16 autocast: cast the embeddings' sum to bf16 once, so every residual add, "
-    "LayerNorm read and residual gradient moves half the bytes; LayerNorm still computes in fp32 and the weights and "
-    "AdamW state stay fp32; compare the loss curve with the fp32 stream's (bf16 keeps 8 bits of mantissa)",
-    ("detach_logits", True): "whenever a compiled training step returns logits it never backpropagates through: an output "
-    "that requires grad gets a (B, T, V) zero gradient that the compiled backward reads and adds, every step",
-    ("loss_kernel", "triton"): "when the profile shows cross-entropy over a large vocabulary: a hand-written kernel reads "
-    "the logits once forward and once backward; it paid off here only after the logits were detached",
-    ("loss_kernel", "fused"): "when the logits are the largest tensor in memory (large vocabulary, large B): the LM head "
-    "and the loss run in chunks of rows with the logits' gradient made in the forward, so no logits-sized tensor "
-    "waits for backward; mostly a memory saving (peak -6.5 GiB at B=64 on the H200); not under fp16",
-    ("lm_head_fp8", True): "on a GPU with fp8 tensor cores (compute capability >= 8.9: L4, RTX 40xx, H100/H200) when "
-    "the LM head is a large share of the matmul time (GPT-2 124M: about 30% of the weight matmuls' FLOPs): its three matmuls ran 1.5-1.9x "
-    "faster than bf16 on the H200; a numerics change (e4m3 inputs, e5m2 gradient), so compare the loss curve with "
-    "bf16's before keeping it",
-    ("fused_clip", True): "with fused AdamW and gradient clipping: AdamW divides by the clip factor while it reads the "
-    "gradients, instead of a separate pass that rescales all of them; a fixed, small saving (one pass over the "
-    "parameters), so it matters most at small B",
-    "checkpoint_every": "activation checkpointing: when activations do not fit; recomputes blocks in backward "
-    "(about a third more compute for those blocks) to fit a larger B",
+    **switches.advice_table(),
     "batch_size": "the largest B that fits (chapter 03) while tokens/s still grows",
 }
 

@@ -18,26 +18,12 @@ from pathlib import Path
 
 import torch
 
-from helpers import cli, data, hardware, memory, timing
+from helpers import cli, data, hardware, memory, switches, timing
 from helpers.model import GPTConfig, flops_per_token
 from helpers.train import RunConfig, build, default_shapes, slow_reason, unsupported_reason
 
-# (name, switches added on top of the previous rung)
-RUNGS: list[tuple[str, dict]] = [
-    ("fp32", dict(matmul_precision="fp32", autocast=None, compile=None, attention="manual", vocab_multiple=1, optimizer="foreach")),
-    ("+ tf32", dict(matmul_precision="tf32")),
-    ("+ bf16 autocast", dict(autocast="bf16")),
-    ("+ torch.compile", dict(compile="default")),
-    ("+ sdpa attention", dict(attention="sdpa")),
-    ("+ vocab 50304", dict(vocab_multiple=64)),
-    ("+ fused AdamW", dict(optimizer="fused")),
-    ("+ bf16 residual", dict(residual_dtype="bf16")),
-    ("+ detached logits", dict(detach_logits=True)),
-    ("+ Triton CE", dict(loss_kernel="triton")),
-    ("+ clip in AdamW", dict(fused_clip=True)),
-    ("+ fused LM-head CE", dict(loss_kernel="fused")),
-    ("+ fp8 LM head", dict(lm_head_fp8=True)),
-]
+# (name, switches added on top of the previous rung), read from the switch registry
+RUNGS: list[tuple[str, dict]] = switches.ladder_rungs()
 
 
 FP16_AUTOCAST_RUNG = "+ fp16 autocast + GradScaler"  # the autocast rung where bf16 is not native

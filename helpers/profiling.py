@@ -562,8 +562,9 @@ def final_rung(batch_size: int, seq_len: int, device: torch.device | str, eager:
 
 def describe(run) -> str:
     """'name: matmul_precision=..., autocast=..., ...': the switches of a RunConfig on one line."""
-    keys = ("matmul_precision", "autocast", "compile", "attention", "vocab_multiple", "optimizer", "grad_clip",
-            "residual_dtype", "detach_logits", "loss_kernel", "fused_clip")
+    from helpers import switches
+
+    keys = (*switches.rung_fields(), "grad_clip")
     return f"{run.name}: " + ", ".join(f"{k}={getattr(run, k)}" for k in keys)
 
 

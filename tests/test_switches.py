@@ -1,0 +1,61 @@
+"""Tests for helpers/switches.py: the ladder, the capstone's advice and the profiler read one registry."""
+
+import dataclasses
+
+import pytest
+
+from helpers import capstone, ladder, profiling, switches
+from helpers.train import RunConfig
+
+# The ladder as it was written by hand before the registry: the registry must give the same.
+LADDER_BEFORE_THE_REGISTRY = [
+    ("+ tf32", dict(matmul_precision="tf32")),
+    ("+ bf16 autocast", dict(autocast="bf16")),
+    ("+ torch.compile", dict(compile="default")),
+    ("+ sdpa attention", dict(attention="sdpa")),
+    ("+ vocab 50304", dict(vocab_multiple=64)),
+    ("+ fused AdamW", dict(optimizer="fused")),
+    ("+ bf16 residual", dict(residual_dtype="bf16")),
+    ("+ detached logits", dict(detach_logits=True)),
+    ("+ Triton CE", dict(loss_kernel="triton")),
+    ("+ clip in AdamW", dict(fused_clip=True)),
+    ("+ fused LM-head CE", dict(loss_kernel="fused")),
+    ("+ fp8 LM head", dict(lm_head_fp8=True)),
+]
+
+
+def test_the_ladder_is_read_from_the_registry_and_unchanged_by_it():
+    assert ladder.RUNGS == switches.ladder_rungs()
+    assert ladder.RUNGS[0][0] == "fp32" and ladder.RUNGS[1:] == LADDER_BEFORE_THE_REGISTRY
+    first = RunConfig().replace(**ladder.RUNGS[0][1])
+    assert first == RunConfig().replace(matmul_precision="fp32", autocast=None, compile=None,
+                                        attention="manual", vocab_multiple=1, optimizer="foreach")
+
+
+def test_every_switch_is_a_run_config_field_whose_default_is_its_baseline():
+    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
+    for s in switches.SWITCHES:
+        assert s.field in defaults, s.field
+        assert defaults[s.field] == s.baseline, s.field
+        assert s.advice or s.general, f"{s.field} has no advice for the capstone"
+    assert len({s.field for s in switches.SWITCHES}) == len(switches.SWITCHES)
+
+
+def test_the_capstone_advice_and_the_profilers_description_come_from_the_registry():
+    for s in switches.SWITCHES:
+        for value, text in s.advice.items():
+            assert capstone.WHEN_TO_USE[(s.field, value)] == text
+    described = profiling.describe(RunConfig(name="x"))
+    assert all(f"{field}=" in described for field in switches.rung_fields())
+    assert "lm_head_fp8=False" in described
+
+
+def test_a_new_record_shows_up_in_the_rungs_the_advice_and_the_description():
+    fake = switches.Switch("fake_switch", False, (("+ fake", True),), "12", {True: "use it when faked"})
+    registry = (*switches.SWITCHES, fake)
+    rungs = switches.ladder_rungs(registry, (*switches.RUNG_ORDER, "+ fake"))
+    assert rungs[-1] == ("+ fake", {"fake_switch": True}) and rungs[0][1]["fake_switch"] is False
+    assert switches.advice_table(registry)[("fake_switch", True)] == "use it when faked"
+    assert "fake_switch" in switches.rung_fields(registry)
+    with pytest.raises(ValueError, match="declared but not ordered"):
+        switches.ladder_rungs(registry)  # a rung must have its place in the ladder
