@@ -248,10 +248,19 @@ needs_cpu_fp8 = pytest.mark.skipif(
 )
 
 
+def run_fp8_check(code: str):
+    """run_check, skipped where oneDNN refuses this CPU an fp8 matmul of the check's shapes (the small
+    probe of needs_cpu_fp8 can pass where a larger shape is still refused, e.g. with AVX2 alone)."""
+    out = run_check(code)
+    if "could not create a primitive descriptor for the matmul primitive" in out.stderr:
+        pytest.skip("PyTorch's CPU _scaled_mm (oneDNN) has no fp8 kernel for these shapes on this CPU")
+    return out
+
+
 @needs_triton
 @needs_cpu_fp8
 def test_fp8_lm_head_matches_its_emulation_in_the_triton_interpreter():
-    out = run_check(FP8_CHECK)
+    out = run_fp8_check(FP8_CHECK)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "fp8 OK" in out.stdout
 
@@ -273,7 +282,7 @@ def test_a_wrong_fp8_lm_head_fails_its_check(bug):
     """The fp8 check can fail: a gradient at twice its scale, or a transpose that drops data, is caught."""
     broken = FP8_CHECK.replace("\nkernels.FUSED_CHUNK_ROWS = 16\n", "\nkernels.FUSED_CHUNK_ROWS = 16\n" + FP8_BUGS[bug] + "\n")
     assert broken != FP8_CHECK
-    out = run_check(broken)
+    out = run_fp8_check(broken)
     assert out.returncode != 0 and "AssertionError" in out.stderr, out.stderr[-2000:]
 
 
