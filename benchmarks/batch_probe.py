@@ -34,17 +34,32 @@ def main(argv=None) -> int:
     limit = None if device.type == "cuda" else memory.SimulatedMemoryLimit(2**30)
     rows = []
     for name, switches in CONFIGS.items():
-        trainer = train.build(train.RunConfig(name=name, batch_size=1, seq_len=T, **switches), model_config, device)
-        res = memory.find_max_batch_size(memory.make_step_probe(trainer, T, limit), device, margin=args.margin)
+        trainer = train.build(
+            train.RunConfig(name=name, batch_size=1, seq_len=T, **switches), model_config, device
+        )
+        res = memory.find_max_batch_size(
+            memory.make_step_probe(trainer, T, limit), device, margin=args.margin
+        )
         trainer = None
         memory.reset_peak(device)
         rows.append({"config": name, "switches": switches, **res})
-        print(f"{name:<26} largest B = {res['max_batch_size']:>4}  peak {memory.format_bytes(res['peak_mem_bytes']):>10}  "
-              f"safe B = {res['safe_batch_size']}  tries: {[(b, ok) for b, ok, _ in res['tried']]}", flush=True)
-    out = {"device": hardware.summary(device, probe_sdpa=False).name, "torch": torch.__version__,
-           "date": datetime.date.today().isoformat(), "seq_len": T, "model": model_config.__dict__,
-           "total_memory_bytes": torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None,
-           "simulated_limit_bytes": None if limit is None else limit.limit_bytes, "rows": rows}
+        print(
+            f"{name:<26} largest B = {res['max_batch_size']:>4}  peak {memory.format_bytes(res['peak_mem_bytes']):>10}  "
+            f"safe B = {res['safe_batch_size']}  tries: {[(b, ok) for b, ok, _ in res['tried']]}",
+            flush=True,
+        )
+    out = {
+        "device": hardware.summary(device, probe_sdpa=False).name,
+        "torch": torch.__version__,
+        "date": datetime.date.today().isoformat(),
+        "seq_len": T,
+        "model": model_config.__dict__,
+        "total_memory_bytes": torch.cuda.get_device_properties(device).total_memory
+        if device.type == "cuda"
+        else None,
+        "simulated_limit_bytes": None if limit is None else limit.limit_bytes,
+        "rows": rows,
+    }
     if args.out:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)

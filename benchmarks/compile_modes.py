@@ -28,42 +28,70 @@ MODES = ("eager", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "m
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--modes", nargs="+", default=["eager", "default", "reduce-overhead"], choices=MODES)
+    p.add_argument(
+        "--modes", nargs="+", default=["eager", "default", "reduce-overhead"], choices=MODES
+    )
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--iters", type=int, default=10, help="timed steps per mode (median reported)")
     args = p.parse_args(argv)
     if args.iters < 1 or args.out.is_dir():
-        p.error(f"need --iters >= 1 and --out a file name, got --iters {args.iters} --out {args.out}")
+        p.error(
+            f"need --iters >= 1 and --out a file name, got --iters {args.iters} --out {args.out}"
+        )
     device = hardware.default_device()
     model_config, _, _ = train.default_shapes(device)
     tokens = data.load_tokens()
-    meta = {"device": hardware.summary(device, probe_sdpa=False).name, "torch": torch.__version__,
-            "cuda": torch.version.cuda, "date": datetime.date.today().isoformat()}
+    meta = {
+        "device": hardware.summary(device, probe_sdpa=False).name,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "date": datetime.date.today().isoformat(),
+    }
     rows = []
     if args.out.is_file():
         old = json.loads(args.out.read_text())
         if (old.get("device"), old.get("torch")) == (meta["device"], meta["torch"]):
             rows = [r for r in old.get("rows", []) if r["mode"] not in args.modes]
-            print(f"keeping {len(rows)} row(s) of {args.out} ({', '.join(r['mode'] for r in rows) or 'none'})")
+            print(
+                f"keeping {len(rows)} row(s) of {args.out} ({', '.join(r['mode'] for r in rows) or 'none'})"
+            )
         else:
-            print(f"{args.out} is from {old.get('device')} / torch {old.get('torch')}: replacing it", file=sys.stderr)
+            print(
+                f"{args.out} is from {old.get('device')} / torch {old.get('torch')}: replacing it",
+                file=sys.stderr,
+            )
     for mode in args.modes:
         run = compilation.chapter_run(device, None if mode == "eager" else mode)
-        row = compilation.measure_step(run, model_config, device, tokens, iters=args.iters, warmup=2)
+        row = compilation.measure_step(
+            run, model_config, device, tokens, iters=args.iters, warmup=2
+        )
         row["date"] = meta["date"]
         rows.append(row)
         print(compilation.format_rows([row]).splitlines()[-1], flush=True)
         if mode != "eager" and row["status"] == "measured" and not row["compiled"]:
-            print(f"  warning: {mode} did not compile here ({row['reason']}); the row is labelled eager", file=sys.stderr)
+            print(
+                f"  warning: {mode} did not compile here ({row['reason']}); the row is labelled eager",
+                file=sys.stderr,
+            )
     order = {m: i for i, m in enumerate(MODES)}
     rows.sort(key=lambda r: order.get(r["mode"], len(MODES)))
     run = compilation.chapter_run(device)
-    out = {**meta, "what": "training step (zero_grad, forward+loss, backward, clip, AdamW): first step (compiles, "
-           "cold inductor cache) timed alone, then median of timed steps after 2 warm-up steps",
-           "config": {"model": model_config.__dict__, "batch_size": run.batch_size, "seq_len": run.seq_len,
-                      "matmul_precision": run.matmul_precision, "autocast": run.autocast, "attention": run.attention,
-                      "optimizer": run.optimizer, "timed_steps": args.iters},
-           "rows": rows}
+    out = {
+        **meta,
+        "what": "training step (zero_grad, forward+loss, backward, clip, AdamW): first step (compiles, "
+        "cold inductor cache) timed alone, then median of timed steps after 2 warm-up steps",
+        "config": {
+            "model": model_config.__dict__,
+            "batch_size": run.batch_size,
+            "seq_len": run.seq_len,
+            "matmul_precision": run.matmul_precision,
+            "autocast": run.autocast,
+            "attention": run.attention,
+            "optimizer": run.optimizer,
+            "timed_steps": args.iters,
+        },
+        "rows": rows,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     print(compilation.format_rows(rows))

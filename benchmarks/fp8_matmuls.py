@@ -45,13 +45,28 @@ def mm_pair(M: int, N: int, K: int, a_dtype=E4, b_dtype=E4, fast: bool = True) -
     t_bf16 = bench(lambda: a @ b.t())
     a8, b8 = a.to(a_dtype), b.to(b_dtype)
     try:
-        t_f8 = bench(lambda: torch._scaled_mm(a8, b8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
-                                              use_fast_accum=fast))
-    except Exception as e:  # a shape or dtype pair this GPU's fp8 matmul refuses: reported, not faked
+        t_f8 = bench(
+            lambda: torch._scaled_mm(
+                a8, b8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16, use_fast_accum=fast
+            )
+        )
+    except (
+        Exception
+    ) as e:  # a shape or dtype pair this GPU's fp8 matmul refuses: reported, not faked
         t_f8 = repr(e)[:200]
     flops = 2 * M * N * K
-    return dict(M=M, N=N, K=K, a=str(a_dtype), b=str(b_dtype), fast_accum=fast, bf16_ms=t_bf16, fp8_ms=t_f8,
-                bf16_tflops=flops / t_bf16 / 1e9, fp8_tflops=(flops / t_f8 / 1e9 if isinstance(t_f8, float) else None))
+    return dict(
+        M=M,
+        N=N,
+        K=K,
+        a=str(a_dtype),
+        b=str(b_dtype),
+        fast_accum=fast,
+        bf16_ms=t_bf16,
+        fp8_ms=t_f8,
+        bf16_tflops=flops / t_bf16 / 1e9,
+        fp8_tflops=(flops / t_f8 / 1e9 if isinstance(t_f8, float) else None),
+    )
 
 
 def main(out_path: str) -> None:
@@ -62,9 +77,16 @@ def main(out_path: str) -> None:
     rows.append(dict(name="lm_head dx (G @ W)", **mm_pair(R, C, V, E5, E4, False)))
     rows.append(dict(name="lm_head dW (G.T @ x)", **mm_pair(V, C, R, E5, E4, False)))
     M = 65536
-    shapes = {"c_attn fwd": (M, 3 * C, C), "attn c_proj fwd": (M, C, C), "c_fc fwd": (M, 4 * C, C),
-              "mlp c_proj fwd": (M, C, 4 * C), "c_fc dx": (M, C, 4 * C), "c_fc dW": (4 * C, C, M),
-              "mlp c_proj dx": (M, 4 * C, C), "mlp c_proj dW": (C, 4 * C, M)}
+    shapes = {
+        "c_attn fwd": (M, 3 * C, C),
+        "attn c_proj fwd": (M, C, C),
+        "c_fc fwd": (M, 4 * C, C),
+        "mlp c_proj fwd": (M, C, 4 * C),
+        "c_fc dx": (M, C, 4 * C),
+        "c_fc dW": (4 * C, C, M),
+        "mlp c_proj dx": (M, 4 * C, C),
+        "mlp c_proj dW": (C, 4 * C, M),
+    }
     for name, (m, n, k) in shapes.items():
         rows.append(dict(name=name, **mm_pair(m, n, k, E4, E4, True)))
     # overheads: transposing the fp8 gradient with PyTorch's copy, casting with a tensorwise amax
@@ -83,19 +105,32 @@ def main(out_path: str) -> None:
         "amax+cast W (eager) ms": bench(lambda: cast(w)),
         "amax+cast W (compiled) ms": bench(lambda: compiled_cast(w)),
     }
-    out = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda, rows=rows,
-               overheads=over)
+    out = dict(
+        gpu=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        rows=rows,
+        overheads=over,
+    )
     with open(out_path, "w") as f:
         json.dump(out, f, indent=1)
     for r in rows:
-        f8 = r["fp8_ms"] if isinstance(r["fp8_ms"], str) else f"{r['fp8_ms']:.3f} ms ({r['fp8_tflops']:.0f} TFLOP/s)"
-        print(f"{r['name']:<26} {r['M']:6d}x{r['N']:6d}x{r['K']:6d} bf16 {r['bf16_ms']:.3f} ms "
-              f"({r['bf16_tflops']:.0f} TFLOP/s)  fp8 {f8}")
+        f8 = (
+            r["fp8_ms"]
+            if isinstance(r["fp8_ms"], str)
+            else f"{r['fp8_ms']:.3f} ms ({r['fp8_tflops']:.0f} TFLOP/s)"
+        )
+        print(
+            f"{r['name']:<26} {r['M']:6d}x{r['N']:6d}x{r['K']:6d} bf16 {r['bf16_ms']:.3f} ms "
+            f"({r['bf16_tflops']:.0f} TFLOP/s)  fp8 {f8}"
+        )
     for k, v in over.items():
         print(k, round(v, 3))
 
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or not torch.cuda.is_available():
-        sys.exit("usage: python benchmarks/fp8_matmuls.py OUT.json  (needs a CUDA GPU of compute capability >= 8.9)")
+        sys.exit(
+            "usage: python benchmarks/fp8_matmuls.py OUT.json  (needs a CUDA GPU of compute capability >= 8.9)"
+        )
     main(sys.argv[1])

@@ -33,8 +33,13 @@ def fwd_bwd(kind: str, x: torch.Tensor, w: torch.Tensor, t: torch.Tensor):
             loss = kernels.linear_cross_entropy(x, w, t)
         else:
             logits = x @ w.t()
-            loss = kernels.cross_entropy(logits, t) if kind == "triton" else F.cross_entropy(logits.float(), t)
+            loss = (
+                kernels.cross_entropy(logits, t)
+                if kind == "triton"
+                else F.cross_entropy(logits.float(), t)
+            )
         loss.backward()
+
     return step
 
 
@@ -44,8 +49,15 @@ def bench(N: int, V: int, C: int, iters: int, dev: torch.device) -> list[dict]:
     torch.manual_seed(0)
     x = (torch.randn(N, C, device=dev)).bfloat16().requires_grad_()
     w = (torch.randn(V, C, device=dev) * 0.02).bfloat16().requires_grad_()
-    t = torch.randint(0, min(V, 50257), (N,), device=dev)  # real GPT-2 ids; padded columns never targets
-    saved = (kernels.NUM_WARPS, kernels.FUSED_CHUNK_ROWS, kernels.FUSED_NUM_WARPS, kernels.FUSED_BLOCK)
+    t = torch.randint(
+        0, min(V, 50257), (N,), device=dev
+    )  # real GPT-2 ids; padded columns never targets
+    saved = (
+        kernels.NUM_WARPS,
+        kernels.FUSED_CHUNK_ROWS,
+        kernels.FUSED_NUM_WARPS,
+        kernels.FUSED_BLOCK,
+    )
 
     def record(what: str, ms: float, **extra) -> None:
         rows.append({"N": N, "what": what, "ms": ms, **extra})
@@ -53,31 +65,49 @@ def bench(N: int, V: int, C: int, iters: int, dev: torch.device) -> list[dict]:
         print(f"N={N:<6} {what:<48} {ms:8.2f} ms  {more}", flush=True)
 
     for kind in ("pytorch", "triton"):
-        for warps in ((4, 8, 16) if kind == "triton" else (None,)):
+        for warps in (4, 8, 16) if kind == "triton" else (None,):
             if warps:
                 kernels.NUM_WARPS = warps
-            record(f"LM head + CE forward+backward, {kind}" + (f", {warps} warps" if warps else ""),
-                   timing.measure(fwd_bwd(kind, x, w, t), dev, warmup=3, iters=iters).median_ms)
+            record(
+                f"LM head + CE forward+backward, {kind}" + (f", {warps} warps" if warps else ""),
+                timing.measure(fwd_bwd(kind, x, w, t), dev, warmup=3, iters=iters).median_ms,
+            )
     kernels.NUM_WARPS = saved[0]
     for chunk in (None, 32768, 16384, 8192, 4096):
         if chunk is None or chunk < N:
             kernels.FUSED_CHUNK_ROWS = chunk
-            record(f"LM head + CE forward+backward, fused, chunks of {chunk or N} rows",
-                   timing.measure(fwd_bwd("fused", x, w, t), dev, warmup=3, iters=iters).median_ms)
+            record(
+                f"LM head + CE forward+backward, fused, chunks of {chunk or N} rows",
+                timing.measure(fwd_bwd("fused", x, w, t), dev, warmup=3, iters=iters).median_ms,
+            )
     kernels.FUSED_CHUNK_ROWS = saved[1]
     with torch.no_grad():
         logits = x @ w.t()
-        nbytes = 2 * logits.numel() * logits.element_size()  # one read + one write: the least it can move
+        nbytes = (
+            2 * logits.numel() * logits.element_size()
+        )  # one read + one write: the least it can move
         for warps in (2, 4, 8, 16):
             for block in (4096, 8192):
                 kernels.FUSED_NUM_WARPS, kernels.FUSED_BLOCK = warps, block
-                ms = timing.measure(lambda: kernels._cross_entropy_rows_with_grad(logits, t), dev, warmup=2,
-                                    iters=iters).median_ms
-                record(f"fused kernel, {warps} warps, block {block}", ms, GB_per_s_at_one_read_one_write=nbytes / ms / 1e6)
+                ms = timing.measure(
+                    lambda: kernels._cross_entropy_rows_with_grad(logits, t),
+                    dev,
+                    warmup=2,
+                    iters=iters,
+                ).median_ms
+                record(
+                    f"fused kernel, {warps} warps, block {block}",
+                    ms,
+                    GB_per_s_at_one_read_one_write=nbytes / ms / 1e6,
+                )
         kernels.FUSED_NUM_WARPS, kernels.FUSED_BLOCK = saved[2], saved[3]
         g = logits  # same shape and dtype as the gradient G
-        for what, fn in (("logits = x @ W.T", lambda: x @ w.t()), ("dx = G @ W", lambda: g @ w),
-                         ("dW = G.T @ x", lambda: g.t() @ x), ("dW = (x.T @ G).T", lambda: (x.t() @ g).t())):
+        for what, fn in (
+            ("logits = x @ W.T", lambda: x @ w.t()),
+            ("dx = G @ W", lambda: g @ w),
+            ("dW = G.T @ x", lambda: g.t() @ x),
+            ("dW = (x.T @ G).T", lambda: (x.t() @ g).t()),
+        ):
             ms = timing.measure(fn, dev, warmup=2, iters=iters).median_ms
             record(f"matmul {what}", ms, TFLOP_per_s=2 * N * V * C / ms / 1e9)
     return rows
@@ -99,8 +129,15 @@ def main(argv=None) -> int:
     V, C = args.vocab, args.n_embd
     for N in args.tokens:
         rows += bench(N, V, C, args.iters, dev)
-    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": datetime.date.today().isoformat(),
-           "vocab": V, "n_embd": C, "timing": f"median of {args.iters} CUDA-event-timed calls", "rows": rows}
+    out = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "date": datetime.date.today().isoformat(),
+        "vocab": V,
+        "n_embd": C,
+        "timing": f"median of {args.iters} CUDA-event-timed calls",
+        "rows": rows,
+    }
     if args.out:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)

@@ -28,7 +28,9 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from perf import VARIANTS, experiment  # noqa: E402
 
 
-def run_losses(run, steps: int, tokens: torch.Tensor, device: torch.device, variant: str = "final") -> list[float]:
+def run_losses(
+    run, steps: int, tokens: torch.Tensor, device: torch.device, variant: str = "final"
+) -> list[float]:
     trainer = build(run, GPTConfig(), device)
     loader = data.BatchLoader(tokens, run.batch_size, run.seq_len, device)
     with experiment(variant):
@@ -54,8 +56,14 @@ def main(argv=None) -> int:
     final = last_runnable(args.batch_size, 1024, device)
     base = run_losses(plain, args.steps, tokens, device)
     base_end = sum(base[-10:]) / 10
-    rows = [{"config": "plain bf16 (ladder rung '+ bf16 autocast')", "switches": dataclasses.asdict(plain),
-             "last10_mean_loss": base_end, "losses": base}]
+    rows = [
+        {
+            "config": "plain bf16 (ladder rung '+ bf16 autocast')",
+            "switches": dataclasses.asdict(plain),
+            "last10_mean_loss": base_end,
+            "losses": base,
+        }
+    ]
     print(f"plain bf16: loss(last 10 of {args.steps}) = {base_end:.4f}", flush=True)
     ok = True
     for v in args.variants:
@@ -64,12 +72,27 @@ def main(argv=None) -> int:
         end = sum(losses[-10:]) / 10
         rel = (end - base_end) / base_end
         ok &= abs(rel) <= args.tolerance
-        rows.append({"config": f"last rung ({final.name}) + {v}", "switches": dataclasses.asdict(run), "last10_mean_loss": end,
-                     "rel_diff": rel, "losses": losses})
+        rows.append(
+            {
+                "config": f"last rung ({final.name}) + {v}",
+                "switches": dataclasses.asdict(run),
+                "last10_mean_loss": end,
+                "rel_diff": rel,
+                "losses": losses,
+            }
+        )
         print(f"{v}: loss(last 10) = {end:.4f}  ({100 * rel:+.2f}% vs plain bf16)", flush=True)
-    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": datetime.date.today().isoformat(),
-           "batch_size": args.batch_size, "seq_len": 1024, "steps": args.steps, "tolerance": args.tolerance,
-           "passed": ok, "rows": rows}
+    out = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "date": datetime.date.today().isoformat(),
+        "batch_size": args.batch_size,
+        "seq_len": 1024,
+        "steps": args.steps,
+        "tolerance": args.tolerance,
+        "passed": ok,
+        "rows": rows,
+    }
     if args.out:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)

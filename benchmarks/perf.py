@@ -40,15 +40,24 @@ VARIANTS = {
     "fp32-residual": {"residual_dtype": "fp32"},
     "attached-logits": {"detach_logits": False},
     "pytorch-ce": {"loss_kernel": "pytorch"},
-    "two-kernel-ce": {"loss_kernel": "triton"},  # the fused LM-head CE's gradient computed in backward instead
+    "two-kernel-ce": {
+        "loss_kernel": "triton"
+    },  # the fused LM-head CE's gradient computed in backward instead
     # the last rung without torch.compile (chapter 10 profiles it eagerly), with each cross-entropy
     "eager": {"compile": None},
     "eager-two-kernel-ce": {"compile": None, "loss_kernel": "triton"},
     "eager-pytorch-ce": {"compile": None, "loss_kernel": "pytorch"},
     "separate-clip": {"fused_clip": False},
-    "bf16-lm-head": {"lm_head_fp8": False},  # the fused LM-head CE's matmuls in bf16 (the rung before)
+    "bf16-lm-head": {
+        "lm_head_fp8": False
+    },  # the fused LM-head CE's matmuls in bf16 (the rung before)
     # the ladder without its last five byte-saving rungs (the name is the committed result files')
-    "session-3-final": {"residual_dtype": "fp32", "detach_logits": False, "loss_kernel": "pytorch", "fused_clip": False},
+    "session-3-final": {
+        "residual_dtype": "fp32",
+        "detach_logits": False,
+        "loss_kernel": "pytorch",
+        "fused_clip": False,
+    },
     # experiments that are not RunConfig switches (yet): applied by ``experiment()`` below
     "coord-descent": {},
     "max-autotune-nocg": {"compile": "max-autotune-no-cudagraphs"},
@@ -60,7 +69,12 @@ VARIANTS = {
     "fused-chunk-16384": {},
     "fused-chunk-32768": {},
 }
-FUSED_CHUNKS = {"fused-unchunked": None, "fused-chunk-8192": 8192, "fused-chunk-16384": 16384, "fused-chunk-32768": 32768}
+FUSED_CHUNKS = {
+    "fused-unchunked": None,
+    "fused-chunk-8192": 8192,
+    "fused-chunk-16384": 16384,
+    "fused-chunk-32768": 32768,
+}
 
 
 def experiment(name: str):
@@ -72,7 +86,9 @@ def experiment(name: str):
 
     if name == "coord-descent":
         return inductor_config.patch(coordinate_descent_tuning=True)
-    if name == "max-autotune-gemm":  # GEMMs only: no coordinate descent, no pointwise autotuning, no CUDA graphs
+    if (
+        name == "max-autotune-gemm"
+    ):  # GEMMs only: no coordinate descent, no pointwise autotuning, no CUDA graphs
         return inductor_config.patch(max_autotune_gemm=True)
     if name in FUSED_CHUNKS:
         from unittest import mock
@@ -81,6 +97,7 @@ def experiment(name: str):
 
         return mock.patch.object(kernels, "FUSED_CHUNK_ROWS", FUSED_CHUNKS[name])
     if name == "no-cudnn-attention":
+
         @contextlib.contextmanager
         def no_cudnn():
             before = torch.backends.cuda.cudnn_sdp_enabled()
@@ -89,8 +106,10 @@ def experiment(name: str):
                 yield
             finally:
                 torch.backends.cuda.enable_cudnn_sdp(before)
+
         return no_cudnn()
     return contextlib.nullcontext()
+
 
 FAMILIES = [  # (family, regex on the kernel name), first match wins
     ("cross-entropy (hand-written Triton)", r"_ce_(forward|backward|fused|fused_e5m2)_kernel"),
@@ -126,14 +145,19 @@ def profile(trainer, loader, steps: int = 3) -> dict[str, float]:
     totals: dict[str, float] = defaultdict(float)
     top = []
     for evt in prof.key_averages():
-        dev_us = getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0)
+        dev_us = getattr(evt, "self_device_time_total", None) or getattr(
+            evt, "self_cuda_time_total", 0
+        )
         if dev_us <= 0:
             continue
         totals[family(evt.key)] += dev_us / 1e3 / steps
         top.append((dev_us / 1e3 / steps, evt.key))
     top.sort(reverse=True)
-    return {"families_ms": dict(sorted(totals.items(), key=lambda kv: -kv[1])), "top_kernels_ms": top[:15],
-            "kernels_ms": top[:40]}  # top_kernels_ms feeds helpers.profiling.table_from_perf_json; kernels_ms: to read
+    return {
+        "families_ms": dict(sorted(totals.items(), key=lambda kv: -kv[1])),
+        "top_kernels_ms": top[:15],
+        "kernels_ms": top[:40],
+    }  # top_kernels_ms feeds helpers.profiling.table_from_perf_json; kernels_ms: to read
 
 
 def main(argv=None) -> int:
@@ -141,34 +165,51 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, nargs="+", default=[16])
     p.add_argument("--variants", nargs="+", default=["final"], choices=list(VARIANTS))
     p.add_argument("--profile", action="store_true")
-    p.add_argument("--power", action="store_true", help="sample power and SM clock with nvidia-smi (100 ms)")
-    p.add_argument("--power-settle", type=float, default=3.0, help="with --power: seconds of steps before timing")
+    p.add_argument(
+        "--power", action="store_true", help="sample power and SM clock with nvidia-smi (100 ms)"
+    )
+    p.add_argument(
+        "--power-settle",
+        type=float,
+        default=3.0,
+        help="with --power: seconds of steps before timing",
+    )
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
-        print("benchmarks/perf.py needs a CUDA GPU (on a CPU, python -m helpers.ladder runs the small model)",
-              file=sys.stderr)
+        print(
+            "benchmarks/perf.py needs a CUDA GPU (on a CPU, python -m helpers.ladder runs the small model)",
+            file=sys.stderr,
+        )
         return 2
     device = torch.device("cuda")
     cfg = GPTConfig()
     tokens = data.load_tokens()
     rows = []
     smi = hardware.GPUPowerSampler(device) if args.power else contextlib.nullcontext()
-    args.max_clock_mhz = hardware.max_sm_clock_mhz(device) if args.power else None  # read once, printed per row
+    args.max_clock_mhz = (
+        hardware.max_sm_clock_mhz(device) if args.power else None
+    )  # read once, printed per row
     with smi:
         for B in args.batch_size:
             run_batch_size(B, args, device, cfg, tokens, rows, smi if args.power else None)
     import datetime
 
-    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "date": datetime.date.today().isoformat(), "rows": rows}
+    out = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "date": datetime.date.today().isoformat(),
+        "rows": rows,
+    }
     if args.out:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
     return 0
 
 
-def run_batch_size(B: int, args, device: torch.device, cfg: GPTConfig, tokens, rows: list, smi) -> None:
+def run_batch_size(
+    B: int, args, device: torch.device, cfg: GPTConfig, tokens, rows: list, smi
+) -> None:
     """Every variant at batch size B: build, compile in the warm-up, time; profile and power if asked."""
     final = last_runnable(B, 1024, device)
     for v in args.variants:
@@ -191,26 +232,41 @@ def run_batch_size(B: int, args, device: torch.device, cfg: GPTConfig, tokens, r
             t = timing.measure(lambda: trainer.step(loader), device, warmup=3, iters=10)  # noqa: B023
             t_after = time.time()
             tok_s = timing.tokens_per_second(B * 1024, t.median_ms)
-            row = {"variant": v, "batch_size": B, "ms_per_step": t.median_ms, "spread_pct": t.spread_pct,
-                   "tokens_per_s": tok_s, "tflops": flops_per_token(cfg) * tok_s / 1e12,
-                   "peak_mem_bytes": memory.peak_bytes(device),
-                   "first_step_s": compile_s if compile_s is not None else t.warmup_ms[0] / 1e3}
+            row = {
+                "variant": v,
+                "batch_size": B,
+                "ms_per_step": t.median_ms,
+                "spread_pct": t.spread_pct,
+                "tokens_per_s": tok_s,
+                "tflops": flops_per_token(cfg) * tok_s / 1e12,
+                "peak_mem_bytes": memory.peak_bytes(device),
+                "first_step_s": compile_s if compile_s is not None else t.warmup_ms[0] / 1e3,
+            }
             if smi is not None:  # the timed steps began when the (synchronised) warm-up steps ended
                 t0 = t_before + sum(t.warmup_ms) / 1e3
                 row["power_timed_steps"] = hardware.power_summary(smi.samples, t0, t_after)
-                row["power_samples"] = [dataclasses.asdict(s) for s in hardware.samples_in_window(smi.samples, t0, t_after)]
+                row["power_samples"] = [
+                    dataclasses.asdict(s)
+                    for s in hardware.samples_in_window(smi.samples, t0, t_after)
+                ]
                 row["power_settle_s"] = args.power_settle
                 row["power_is_average"] = hardware.power_reading_is_average(device)
             if args.profile:
                 row["profile"] = profile(trainer, loader)
         rows.append(row)
-        print(f"B={B:<3} {v:<16} {t.median_ms:8.1f} ms  {tok_s:10,.0f} tok/s  {row['tflops']:6.1f} TFLOP/s  "
-              f"spread {t.spread_pct:4.1f}%  compile+first step {row['first_step_s']:.1f} s", flush=True)
+        print(
+            f"B={B:<3} {v:<16} {t.median_ms:8.1f} ms  {tok_s:10,.0f} tok/s  {row['tflops']:6.1f} TFLOP/s  "
+            f"spread {t.spread_pct:4.1f}%  compile+first step {row['first_step_s']:.1f} s",
+            flush=True,
+        )
         if smi is not None:
             summary = row["power_timed_steps"]
-            text = (hardware.format_power_summary(summary, args.max_clock_mhz, row["power_is_average"])
-                    if summary["samples"] else f"no sample in the {summary['window_s']:.2f} s of timed steps; "
-                    f"{smi.problem() or 'the window is shorter than the 100 ms interval'}")
+            text = (
+                hardware.format_power_summary(summary, args.max_clock_mhz, row["power_is_average"])
+                if summary["samples"]
+                else f"no sample in the {summary['window_s']:.2f} s of timed steps; "
+                f"{smi.problem() or 'the window is shorter than the 100 ms interval'}"
+            )
             print("\n".join("      " + line for line in text.splitlines()))
         if "profile" in row:
             for fam, ms in row["profile"]["families_ms"].items():

@@ -1,6 +1,6 @@
 """Attention (chapter 06) and LM-head vocab (chapter 07) sweeps, written as JSON with provenance.
 
-    python benchmarks/sweeps.py --out-dir results --prefix h200
+python benchmarks/sweeps.py --out-dir results --prefix h200
 """
 
 from __future__ import annotations
@@ -22,21 +22,49 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     device = hardware.default_device()
     cuda = device.type == "cuda"
-    meta = {"device": hardware.summary(device, probe_sdpa=False).name, "torch": torch.__version__,
-            "date": datetime.date.today().isoformat()}
+    meta = {
+        "device": hardware.summary(device, probe_sdpa=False).name,
+        "torch": torch.__version__,
+        "date": datetime.date.today().isoformat(),
+    }
     seq_lens = [128, 256, 512, 1024, 2048, 4096] if cuda else [64, 128, 256]
     att = attention.attention_sweep(device, seq_lens, B=8 if cuda else 2)
     vocab = list(range(50240, 50433, 8)) if cuda else list(range(50240, 50305, 16))
-    lm = attention.lm_head_sweep(device, vocab) if cuda else attention.lm_head_sweep(device, vocab, n_tokens=128, n_embd=128)
+    lm = (
+        attention.lm_head_sweep(device, vocab)
+        if cuda
+        else attention.lm_head_sweep(device, vocab, n_tokens=128, n_embd=128)
+    )
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / f"{args.prefix}-attention-sweep.json").write_text(json.dumps(
-        {**meta, "what": "one attention layer, forward + backward, 12 heads x 64, median of 10; peak = memory added",
-         "dtype": att[0]["dtype"], "rows": att}, indent=1) + "\n")
-    (args.out_dir / f"{args.prefix}-vocab-sweep.json").write_text(json.dumps(
-        {**meta, "what": "LM head x @ W.T forward + backward, 16x1024 tokens, n_embd 768, bf16, median of 10" if cuda
-         else "LM head, 128 tokens, n_embd 128, fp32", "rows": lm}, indent=1) + "\n")
+    (args.out_dir / f"{args.prefix}-attention-sweep.json").write_text(
+        json.dumps(
+            {
+                **meta,
+                "what": "one attention layer, forward + backward, 12 heads x 64, median of 10; peak = memory added",
+                "dtype": att[0]["dtype"],
+                "rows": att,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
+    (args.out_dir / f"{args.prefix}-vocab-sweep.json").write_text(
+        json.dumps(
+            {
+                **meta,
+                "what": "LM head x @ W.T forward + backward, 16x1024 tokens, n_embd 768, bf16, median of 10"
+                if cuda
+                else "LM head, 128 tokens, n_embd 128, fp32",
+                "rows": lm,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     for r in att:
-        print(f"attention {r['impl']:<7} T={r['T']:<5} {r['status']:<14} {r['ms'] or float('nan'):9.3f} ms")
+        print(
+            f"attention {r['impl']:<7} T={r['T']:<5} {r['status']:<14} {r['ms'] or float('nan'):9.3f} ms"
+        )
     for r in lm:
         print(f"lm head V={r['V']:<6} {r['ms']:8.3f} ms {r['tflops']:7.1f} TFLOP/s")
     return 0

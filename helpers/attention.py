@@ -39,7 +39,9 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
-def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: int = 64) -> torch.Tensor:
+def tiled_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: int = 64
+) -> torch.Tensor:
     """Exact causal attention computed tile by tile with the online softmax (forward only).
 
     For each tile of ``tile`` keys: scores s = q kᵀ/√d (B, nh, T, tile); new running max
@@ -59,7 +61,9 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: int
         cols = torch.arange(start, start + kt.size(2), device=q.device).view(1, -1)
         s = s.masked_fill(cols > rows, float("-inf"))  # causal: key index <= query index
         m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
-        safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # rows with no key yet
+        safe = torch.where(
+            torch.isinf(m_new), torch.zeros_like(m_new), m_new
+        )  # rows with no key yet
         scale = torch.exp(m - safe)  # how much the old sums shrink
         p = torch.exp(s - safe)
         denom = denom * scale + p.sum(dim=-1, keepdim=True)
@@ -111,7 +115,9 @@ class TensorShapeRecorder(TorchDispatchMode):
         return out
 
 
-def square_score_tensors(fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backward: bool = True) -> list:
+def square_score_tensors(
+    fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backward: bool = True
+) -> list:
     """The (op, shape) of every tensor of shape (…, T, T) that ``fn(q, k, v)`` (and its backward)
     allocates, T = q.size(-2) > head size. Empty for a fused SDPA kernel; not for manual attention."""
     T = q.size(-2)
@@ -129,20 +135,34 @@ def sdpa_backend_names() -> list[str]:
     """The SDPA backends this torch version can force: FLASH_ATTENTION, EFFICIENT_ATTENTION, ..."""
     from torch.nn.attention import SDPBackend
 
-    return [n for n in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH") if hasattr(SDPBackend, n)]
+    return [
+        n
+        for n in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
+        if hasattr(SDPBackend, n)
+    ]
 
 
-_BACKEND_WORDS = {"FLASH_ATTENTION": "flash", "EFFICIENT_ATTENTION": "efficient", "CUDNN_ATTENTION": "cudnn", "MATH": "math"}
+_BACKEND_WORDS = {
+    "FLASH_ATTENTION": "flash",
+    "EFFICIENT_ATTENTION": "efficient",
+    "CUDNN_ATTENTION": "cudnn",
+    "MATH": "math",
+}
 
 
-def run_forced_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str) -> tuple[torch.Tensor | None, str]:
+def run_forced_backend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str
+) -> tuple[torch.Tensor | None, str]:
     """Causal SDPA forced to one backend (``torch.nn.attention.sdpa_kernel``). Returns (output, "ok"),
     or (None, reason) when the backend cannot run these inputs — never raises for that. The reason
     is PyTorch's own warning about that backend where it gave one, else its error message."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     try:
-        with warnings.catch_warnings(record=True) as caught, sdpa_kernel(getattr(SDPBackend, backend)):
+        with (
+            warnings.catch_warnings(record=True) as caught,
+            sdpa_kernel(getattr(SDPBackend, backend)),
+        ):
             warnings.simplefilter("always")
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return out, "ok"
@@ -152,7 +172,11 @@ def run_forced_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backen
         # PyTorch warns "<Backend> kernel not used because:" and gives the reason(s) in the next warning(s).
         for i, t in enumerate(texts):
             if word in t.lower() and "not used because" in t.lower():
-                reasons = [r for r in texts[i + 1 : i + 3] if "disabled" not in r.lower() and "not used because" not in r.lower()]
+                reasons = [
+                    r
+                    for r in texts[i + 1 : i + 3]
+                    if "disabled" not in r.lower() and "not used because" not in r.lower()
+                ]
                 return None, " ".join([t, *reasons])
         return None, str(e).strip().split("\n")[0]
 
@@ -162,7 +186,9 @@ def _gpu_half_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if hardware.native_bf16(device) else torch.float16
 
 
-def attention_sweep(device, seq_lens, B: int = 8, n_head: int = 12, head_size: int = 64, dtype=None) -> list[dict]:
+def attention_sweep(
+    device, seq_lens, B: int = 8, n_head: int = 12, head_size: int = 64, dtype=None
+) -> list[dict]:
     """Forward + backward time (ms, median of 10) and peak memory (bytes, CUDA only) of manual and
     SDPA attention for each T in ``seq_lens``. A size that runs out of memory is reported, not raised.
     ``dtype`` defaults to bf16 on a GPU with native bf16, fp16 on older GPUs (a T4: its
@@ -173,8 +199,19 @@ def attention_sweep(device, seq_lens, B: int = 8, n_head: int = 12, head_size: i
     rows = []
     for T in seq_lens:
         for name, fn in (("manual", manual_attention), ("sdpa", sdpa_attention)):
-            row = {"impl": name, "T": T, "B": B, "dtype": str(dtype).replace("torch.", ""), "ms": None, "peak_mem_bytes": None, "status": "ok"}
-            qkv = [torch.randn(B, n_head, T, head_size, device=device, dtype=dtype, requires_grad=True) for _ in range(3)]
+            row = {
+                "impl": name,
+                "T": T,
+                "B": B,
+                "dtype": str(dtype).replace("torch.", ""),
+                "ms": None,
+                "peak_mem_bytes": None,
+                "status": "ok",
+            }
+            qkv = [
+                torch.randn(B, n_head, T, head_size, device=device, dtype=dtype, requires_grad=True)
+                for _ in range(3)
+            ]
 
             def step(fn=fn, qkv=qkv):
                 for t in qkv:
@@ -207,9 +244,17 @@ def pitfall_mask_and_is_causal(device) -> dict:
     try:
         out = F.scaled_dot_product_attention(q, q, q, attn_mask=mask, is_causal=True)
     except RuntimeError as e:
-        return {"raised": True, "message": str(e).strip().splitlines()[0], "rel_error_vs_causal": None}
+        return {
+            "raised": True,
+            "message": str(e).strip().splitlines()[0],
+            "rel_error_vs_causal": None,
+        }
     err = relative_error(out, F.scaled_dot_product_attention(q, q, q, is_causal=True))
-    return {"raised": False, "message": "no error raised: the mistake goes unnoticed here", "rel_error_vs_causal": err}
+    return {
+        "raised": False,
+        "message": "no error raised: the mistake goes unnoticed here",
+        "rel_error_vs_causal": err,
+    }
 
 
 def pitfall_single_query_is_causal(device, n_keys: int = 16) -> dict:
@@ -220,13 +265,20 @@ def pitfall_single_query_is_causal(device, n_keys: int = 16) -> dict:
     k = torch.randn(1, 2, n_keys, 16, device=device, generator=g)
     v = torch.randn(1, 2, n_keys, 16, device=device, generator=g)
     q = torch.randn(1, 2, 1, 16, device=device, generator=g)
-    correct = ((q @ k.transpose(-2, -1)) / 4.0).softmax(-1) @ v  # the last position attends to all keys
+    correct = ((q @ k.transpose(-2, -1)) / 4.0).softmax(
+        -1
+    ) @ v  # the last position attends to all keys
     wrong = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     right = F.scaled_dot_product_attention(q, k, v, is_causal=False)
-    return {"is_causal=True": relative_error(wrong, correct), "is_causal=False": relative_error(right, correct)}
+    return {
+        "is_causal=True": relative_error(wrong, correct),
+        "is_causal=False": relative_error(right, correct),
+    }
 
 
-def lm_head_sweep(device, vocab_sizes, n_tokens: int | None = None, n_embd: int = 768, dtype=None) -> list[dict]:
+def lm_head_sweep(
+    device, vocab_sizes, n_tokens: int | None = None, n_embd: int = 768, dtype=None
+) -> list[dict]:
     """Forward + backward time (ms, median of 10) of the LM-head matmul logits = x Wᵀ with x of
     shape (n_tokens, n_embd) and W of shape (V, n_embd), for each V in ``vocab_sizes``.
     Defaults: 16·1024 tokens in bf16 on a GPU (fp16 below sm80), 512 tokens in fp32 on a CPU."""
@@ -245,6 +297,13 @@ def lm_head_sweep(device, vocab_sizes, n_tokens: int | None = None, n_embd: int 
             (x @ w.t()).sum().backward()
 
         ms = timing.measure(step, device, warmup=3, iters=10).median_ms
-        rows.append({"V": V, "ms": ms, "tflops": 6 * n_tokens * n_embd * V / (ms / 1e3) / 1e12,
-                     "multiple_of_64": V % 64 == 0, "multiple_of_128": V % 128 == 0})
+        rows.append(
+            {
+                "V": V,
+                "ms": ms,
+                "tflops": 6 * n_tokens * n_embd * V / (ms / 1e3) / 1e12,
+                "multiple_of_64": V % 64 == 0,
+                "multiple_of_128": V % 128 == 0,
+            }
+        )
     return rows

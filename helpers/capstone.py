@@ -52,7 +52,9 @@ def rung_changes(results: dict) -> list[dict]:
     changes, previous = [], None
     for row in results["rungs"]:
         sw = _switches(row)
-        changes.append({} if previous is None else {k: v for k, v in sw.items() if previous.get(k) != v})
+        changes.append(
+            {} if previous is None else {k: v for k, v in sw.items() if previous.get(k) != v}
+        )
         if row["status"] != "skipped":
             previous = sw
     return changes
@@ -71,7 +73,9 @@ def fastest_rung(results: dict) -> dict:
     """
     rows = measured_rows(results)
     if not rows:
-        raise ValueError(f"no rung of the ladder on {results.get('device')} was measured: nothing to train")
+        raise ValueError(
+            f"no rung of the ladder on {results.get('device')} was measured: nothing to train"
+        )
     return rows[-1]
 
 
@@ -91,7 +95,9 @@ def model_config_of(results: dict) -> GPTConfig:
 def ladder_settings(device: torch.device | str) -> dict:
     """Warm-up and timed steps per rung for this chapter: 3 and 10 on a GPU (GPT-2 124M, ~2.5 min on
     an H200), 1 and 2 on a CPU (the small config; one warm-up step still absorbs the compile)."""
-    return dict(warmup=3, iters=10) if torch.device(device).type == "cuda" else dict(warmup=1, iters=2)
+    return (
+        dict(warmup=3, iters=10) if torch.device(device).type == "cuda" else dict(warmup=1, iters=2)
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -100,7 +106,11 @@ def ladder_settings(device: torch.device | str) -> dict:
 
 
 def steps_for_budget(
-    step_ms: float, budget_s: float, first_step_ms: float | None = None, min_steps: int = 1, max_steps: int | None = None
+    step_ms: float,
+    budget_s: float,
+    first_step_ms: float | None = None,
+    min_steps: int = 1,
+    max_steps: int | None = None,
 ) -> int:
     """How many training steps fit in ``budget_s`` seconds at ``step_ms`` milliseconds per step.
 
@@ -114,7 +124,9 @@ def steps_for_budget(
         raise ValueError(f"need step_ms > 0 and budget_s > 0, got {step_ms} ms and {budget_s} s")
     if min_steps < 1 or (max_steps is not None and max_steps < min_steps):
         raise ValueError(f"need 1 <= min_steps <= max_steps, got {min_steps}, {max_steps}")
-    extra = max(first_step_ms or 0.0, step_ms) - step_ms  # the first step's cost above a normal step
+    extra = (
+        max(first_step_ms or 0.0, step_ms) - step_ms
+    )  # the first step's cost above a normal step
     steps = math.floor((1000.0 * budget_s - extra) / step_ms)
     steps = max(steps, min_steps)
     return steps if max_steps is None else min(steps, max_steps)
@@ -127,7 +139,14 @@ def training_budget(device: torch.device | str) -> dict:
     return dict(budget_s=10.0, min_steps=20, max_steps=40)
 
 
-def sample_text(model: GPT, prompt: str, max_new_tokens: int, seed: int = 0, temperature: float = 0.8, top_k: int = 50) -> str:
+def sample_text(
+    model: GPT,
+    prompt: str,
+    max_new_tokens: int,
+    seed: int = 0,
+    temperature: float = 0.8,
+    top_k: int = 50,
+) -> str:
     """Generate ``max_new_tokens`` GPT-2 tokens after ``prompt`` with a seeded generator on the
     model's device and return the decoded text (prompt included). Padded ids are never sampled
     (:meth:`helpers.model.GPT.generate` masks them)."""
@@ -136,7 +155,9 @@ def sample_text(model: GPT, prompt: str, max_new_tokens: int, seed: int = 0, tem
     device = next(model.parameters()).device
     idx = torch.tensor([tokenizer.encode(prompt)], dtype=torch.long, device=device)  # (1, T0)
     gen = torch.Generator(device=device).manual_seed(seed)
-    out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen)  # (1, T0 + n)
+    out = model.generate(
+        idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen
+    )  # (1, T0 + n)
     return tokenizer.decode(out[0].tolist())
 
 
@@ -168,24 +189,39 @@ def checklist(results: dict, noise_floor: float = 0.03, where: str = "here") -> 
     out, previous = [], None
     for i, (row, change) in enumerate(zip(rows, changes, strict=True)):
         if i > 0:
-            item = {"optimisation": row["name"], "switches": change, "status": row["status"], "gain": None,
-                    "compared_with": None, "verdict": "", "skipped_reason": None,
-                    "when": "; ".join(when_to_use(k, v) for k, v in change.items()) or when_to_use(row["name"], None)}
+            item = {
+                "optimisation": row["name"],
+                "switches": change,
+                "status": row["status"],
+                "gain": None,
+                "compared_with": None,
+                "verdict": "",
+                "skipped_reason": None,
+                "when": "; ".join(when_to_use(k, v) for k, v in change.items())
+                or when_to_use(row["name"], None),
+            }
             if row["status"] != "measured":
                 item["skipped_reason"] = row.get("reason")
-                item["verdict"] = f"not run {where}" if row["status"] == "skipped" else f"failed {where}"
+                item["verdict"] = (
+                    f"not run {where}" if row["status"] == "skipped" else f"failed {where}"
+                )
             elif previous is None:
                 item["verdict"] = "no earlier measured rung to compare with"
             else:
                 gain = previous["ms_per_step"] / row["ms_per_step"]
-                noise = max(noise_floor, max(previous.get("spread_pct") or 0.0, row.get("spread_pct") or 0.0) / 100)
+                noise = max(
+                    noise_floor,
+                    max(previous.get("spread_pct") or 0.0, row.get("spread_pct") or 0.0) / 100,
+                )
                 item["gain"], item["compared_with"] = gain, previous["name"]
                 if gain > 1 + noise:
                     item["verdict"] = f"faster {where}: {gain:.2f}x"
                 elif gain < 1 - noise:
                     item["verdict"] = f"slower {where}: {gain:.2f}x"
                 else:
-                    item["verdict"] = f"no clear gain {where}: {gain:.2f}x (noise {100 * noise:.0f}%)"
+                    item["verdict"] = (
+                        f"no clear gain {where}: {gain:.2f}x (noise {100 * noise:.0f}%)"
+                    )
             out.append(item)
         if row["status"] == "measured":
             previous = row
@@ -201,7 +237,9 @@ def format_checklist(items: list[dict], width: int = 100) -> str:
         lines.append(f"[{n}] {it['optimisation']:<22} {it['verdict']}")
         if it["skipped_reason"]:
             lines.append(f"    why not: {it['skipped_reason']}")
-        lines += textwrap.wrap(f"when: {it['when']}", width, initial_indent="    ", subsequent_indent="          ")
+        lines += textwrap.wrap(
+            f"when: {it['when']}", width, initial_indent="    ", subsequent_indent="          "
+        )
     return "\n".join(lines)
 
 
@@ -223,9 +261,13 @@ def published_problems(pub: dict) -> list[str]:
     for key, src in sources.items():
         for field in ("file", "title", "author", "url"):
             if field not in src:
-                problems.append(f"source {key} lacks the field {field!r} (use null when the seed does not give it)")
+                problems.append(
+                    f"source {key} lacks the field {field!r} (use null when the seed does not give it)"
+                )
         for field in ("title", "author", "url"):
-            if src.get(field) is None and not (src.get("title_note") if field == "title" else src.get("provenance_note")):
+            if src.get(field) is None and not (
+                src.get("title_note") if field == "title" else src.get("provenance_note")
+            ):
                 problems.append(f"source {key}: {field} is null without a note saying why")
     for gpu, info in (pub.get("gpus") or {}).items():
         if info.get("source") not in sources:
@@ -263,7 +305,10 @@ def matching_rung(results: dict, requires: dict | str) -> dict | None:
     base = _switches(results["rungs"][0])
     for row in rows:
         sw = _switches(row)
-        if all((sw.get(k) != base.get(k)) if want == "on" else (sw.get(k) in want) for k, want in requires.items()):
+        if all(
+            (sw.get(k) != base.get(k)) if want == "on" else (sw.get(k) in want)
+            for k, want in requires.items()
+        ):
             return row
     return None
 
@@ -285,11 +330,23 @@ def comparison_rows(measured: dict[str, dict], published: dict | None) -> list[d
         row = {"stage": st["label"], "published": {}, "measured": {}}
         for g in gpus:
             ms = st["ms_per_step"].get(g)
-            row["published"][g] = None if ms is None else {"ms": float(ms), "speedup": base_pub[g] / ms if base_pub[g] else None}
+            row["published"][g] = (
+                None
+                if ms is None
+                else {"ms": float(ms), "speedup": base_pub[g] / ms if base_pub[g] else None}
+            )
         for label, res in measured.items():
             m = matching_rung(res, st["requires"])
             first = measured_rows(res)[0]["ms_per_step"] if measured_rows(res) else None
-            row["measured"][label] = None if m is None else {"ms": m["ms_per_step"], "speedup": first / m["ms_per_step"], "rung": m["name"]}
+            row["measured"][label] = (
+                None
+                if m is None
+                else {
+                    "ms": m["ms_per_step"],
+                    "speedup": first / m["ms_per_step"],
+                    "rung": m["name"],
+                }
+            )
         out.append(row)
     return out
 
@@ -302,34 +359,53 @@ def format_comparison(rows: list[dict], published: dict, measured: dict[str, dic
     mes_cols = [f"{label} measured" for label in measured]
     w = max(18, *(len(c) for c in pub_cols + mes_cols))
     head = f"{'stage':<26}" + "".join(f"{c:>{w + 2}}" for c in pub_cols + mes_cols)
-    lines = ["ms per training step (speed-up over the same column's FP32 row); '-' = no such step",
-             head, "-" * len(head)]
+    lines = [
+        "ms per training step (speed-up over the same column's FP32 row); '-' = no such step",
+        head,
+        "-" * len(head),
+    ]
 
     def cell(v):
-        return "-" if v is None else f"{v['ms']:.1f} ({v['speedup']:.2f}x)" if v["speedup"] else f"{v['ms']:.1f}"
+        return (
+            "-"
+            if v is None
+            else f"{v['ms']:.1f} ({v['speedup']:.2f}x)"
+            if v["speedup"]
+            else f"{v['ms']:.1f}"
+        )
 
     for r in rows:
-        cells = [cell(r["published"][g]) for g in published["gpus"]] + [cell(r["measured"][m]) for m in measured]
+        cells = [cell(r["published"][g]) for g in published["gpus"]] + [
+            cell(r["measured"][m]) for m in measured
+        ]
         lines.append(f"{r['stage']:<26}" + "".join(f"{c:>{w + 2}}" for c in cells))
     lines.append("published:")
     for key in sorted({published["gpus"][g]["source"] for g in published["gpus"]}):
         src = published["sources"][key]
         title = src["title"] or f"untitled ({src.get('title_note', '')})"
-        lines.append(f"  {key}: {title}; author: {src['author'] or 'not given'}; url: {src['url'] or 'not given'}; "
-                     f"file {src['file']}")
+        lines.append(
+            f"  {key}: {title}; author: {src['author'] or 'not given'}; url: {src['url'] or 'not given'}; "
+            f"file {src['file']}"
+        )
     setup = published.get("setup", {})
     batch = setup.get("batch_size") or {}
     for g, info in published["gpus"].items():
         b = batch.get(g) if isinstance(batch, dict) else batch
-        lines.append(f"  {g}: {info['name']}, T={setup.get('seq_len')}, B={b if b is not None else 'not stated'}")
+        lines.append(
+            f"  {g}: {info['name']}, T={setup.get('seq_len')}, B={b if b is not None else 'not stated'}"
+        )
     if setup.get("compile_mode"):
         lines.append(f"  torch.compile mode: {setup['compile_mode']}")
     lines.append("measured:")
     for label, res in measured.items():
         cfg = res["config"]
-        mapping = ", ".join(f"{r['stage']} = {r['measured'][label]['rung']}" for r in rows if r["measured"][label])
-        lines.append(f"  {label}: {res['device']}, torch {res['torch']}, {res['date']}, B={cfg['batch_size']}, "
-                     f"T={cfg['seq_len']}; rungs: {mapping}")
+        mapping = ", ".join(
+            f"{r['stage']} = {r['measured'][label]['rung']}" for r in rows if r["measured"][label]
+        )
+        lines.append(
+            f"  {label}: {res['device']}, torch {res['torch']}, {res['date']}, B={cfg['batch_size']}, "
+            f"T={cfg['seq_len']}; rungs: {mapping}"
+        )
     return "\n".join(lines)
 
 
@@ -340,8 +416,10 @@ def format_comparison(rows: list[dict], published: dict, measured: dict[str, dic
 
 def _row_line(row: dict) -> str:
     mfu = f"{100 * row['mfu']:.1f}%" if row.get("mfu") is not None else "not reported"
-    return (f"{row['ms_per_step']:.1f} ms/step, {row['tokens_per_s']:,.0f} tokens/s, {row['speedup']:.2f}x over the "
-            f"first rung, MFU {mfu}, peak memory {memory.format_bytes(row.get('peak_mem_bytes'))}")
+    return (
+        f"{row['ms_per_step']:.1f} ms/step, {row['tokens_per_s']:,.0f} tokens/s, {row['speedup']:.2f}x over the "
+        f"first rung, MFU {mfu}, peak memory {memory.format_bytes(row.get('peak_mem_bytes'))}"
+    )
 
 
 def describe_selection(results: dict, enabled: Sequence[bool]) -> str:
@@ -356,7 +434,9 @@ def describe_selection(results: dict, enabled: Sequence[bool]) -> str:
     """
     rows = results["rungs"]
     if len(enabled) != len(rows) - 1:
-        raise ValueError(f"need {len(rows) - 1} switches (one per rung after {rows[0]['name']!r}), got {len(enabled)}")
+        raise ValueError(
+            f"need {len(rows) - 1} switches (one per rung after {rows[0]['name']!r}), got {len(enabled)}"
+        )
     on = [True, *enabled]
     header = f"{results['device']}, B={results['config']['batch_size']}, T={results['config']['seq_len']}, {results['date']}"
     bad = [r["name"] for r, o in zip(rows, on, strict=True) if o and r["status"] == "skipped"]
@@ -364,15 +444,25 @@ def describe_selection(results: dict, enabled: Sequence[bool]) -> str:
         why = "; ".join(f"{r['name']}: {r['reason']}" for r in rows if r["name"] in bad)
         return f"{header}\nnot measured: {', '.join(bad)} could not run on this device ({why})"
     k = max(i for i, o in enumerate(on) if o)
-    gaps = [r["name"] for r, o in zip(rows[:k], on[:k], strict=True) if not o and r["status"] != "skipped"]
+    gaps = [
+        r["name"]
+        for r, o in zip(rows[:k], on[:k], strict=True)
+        if not o and r["status"] != "skipped"
+    ]
     if gaps:
-        return (f"{header}\nnot measured: the ladder adds switches in order, so {rows[k]['name']!r} was only measured "
-                f"together with {', '.join(repr(g) for g in gaps)}. To time this combination, build it with "
-                f"train.RunConfig and time it with timing.measure.")
+        return (
+            f"{header}\nnot measured: the ladder adds switches in order, so {rows[k]['name']!r} was only measured "
+            f"together with {', '.join(repr(g) for g in gaps)}. To time this combination, build it with "
+            f"train.RunConfig and time it with timing.measure."
+        )
     row = rows[k]
     if row["status"] != "measured":
         return f"{header}\n{row['name']}: {row['status']} ({row['reason']})"
-    names = " ".join(r["name"] for r, o in zip(rows[: k + 1], on[: k + 1], strict=True) if o and r["status"] == "measured")
+    names = " ".join(
+        r["name"]
+        for r, o in zip(rows[: k + 1], on[: k + 1], strict=True)
+        if o and r["status"] == "measured"
+    )
     return f"{header}\n{names}\n  -> {_row_line(row)}"
 
 
@@ -398,7 +488,9 @@ def explorer(sources: dict[str, dict]):
         res = sources[pick.value]
         new = []
         for r in res["rungs"][1:]:
-            b = widgets.Checkbox(value=r["status"] == "measured", description=r["name"], indent=False)
+            b = widgets.Checkbox(
+                value=r["status"] == "measured", description=r["name"], indent=False
+            )
             b.observe(show, names="value")
             new.append(b)
         boxes.children = tuple(new)
@@ -420,13 +512,19 @@ def ladder_figure(results: dict):
     import matplotlib.pyplot as plt
 
     rows = results["rungs"]
-    panels = [("ms_per_step", "ms per step (median)", 1.0), ("tokens_per_s", "tokens/s", 1.0),
-              ("mfu", "MFU (%)", 100.0), ("peak_mem_bytes", "peak memory (GiB)", 1 / 2**30)]
+    panels = [
+        ("ms_per_step", "ms per step (median)", 1.0),
+        ("tokens_per_s", "tokens/s", 1.0),
+        ("mfu", "MFU (%)", 100.0),
+        ("peak_mem_bytes", "peak memory (GiB)", 1 / 2**30),
+    ]
     fig, axes = plt.subplots(2, 2, figsize=(11, 6.5))
     x = range(len(rows))
     for ax, (key, label, scale) in zip(axes.flat, panels, strict=True):
         vals = [(r.get(key) or 0.0) * scale for r in rows]
-        ax.bar(x, vals, color=["tab:blue" if r["status"] == "measured" else "lightgrey" for r in rows])
+        ax.bar(
+            x, vals, color=["tab:blue" if r["status"] == "measured" else "lightgrey" for r in rows]
+        )
         for i, r in enumerate(rows):
             if r["status"] != "measured":
                 ax.annotate(r["status"], (i, 0), ha="center", va="bottom", fontsize=7, rotation=90)
@@ -435,7 +533,10 @@ def ladder_figure(results: dict):
         ax.set_xticks(list(x), [r["name"] for r in rows], rotation=30, ha="right", fontsize=8)
         ax.set_ylabel(label)
     cfg = results["config"]
-    fig.suptitle(f"Speed-up ladder on {results['device']}, B={cfg['batch_size']}, T={cfg['seq_len']} "
-                 f"(torch {results['torch']}, {results['date']})", fontsize=10)
+    fig.suptitle(
+        f"Speed-up ladder on {results['device']}, B={cfg['batch_size']}, T={cfg['seq_len']} "
+        f"(torch {results['torch']}, {results['date']})",
+        fontsize=10,
+    )
     fig.tight_layout()
     return fig

@@ -31,12 +31,16 @@ def device(value: str | torch.device | None) -> torch.device:
     try:
         dev = torch.device(value)
     except RuntimeError as e:
-        raise ValueError(f"unknown device {value!r}: this is not a device name; use 'cpu', 'cuda' or 'cuda:N' "
-                         f"({str(e).splitlines()[0][:80]})") from None
+        raise ValueError(
+            f"unknown device {value!r}: this is not a device name; use 'cpu', 'cuda' or 'cuda:N' "
+            f"({str(e).splitlines()[0][:80]})"
+        ) from None
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"the course runs on 'cpu' or 'cuda', not {dev.type!r}")
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {value} asked, but this PyTorch sees no CUDA GPU: use --device cpu (a CPU-only build, or no driver)")
+        raise ValueError(
+            f"--device {value} asked, but this PyTorch sees no CUDA GPU: use --device cpu (a CPU-only build, or no driver)"
+        )
     hardware.apply_env_emulation_once(dev)  # $COURSE_EMULATE_GPU holds for --device cuda too
     return dev
 
@@ -57,8 +61,10 @@ def out_path(path: str | Path | None, flag: str = "--out") -> Path | None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ValueError(f"{flag} {path}: cannot make its folder {path.parent} ({e.strerror or e}): "
-                         "choose a path in a writable folder") from None
+        raise ValueError(
+            f"{flag} {path}: cannot make its folder {path.parent} ({e.strerror or e}): "
+            "choose a path in a writable folder"
+        ) from None
     if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise ValueError(f"{flag} {path} is not writable here: choose a path in a writable folder")
     return path

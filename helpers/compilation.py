@@ -44,12 +44,27 @@ KERNEL_RULE = (
 
 # aten ops that allocate or re-describe memory without a pass over the data: not kernels
 _NOT_KERNELS = {
-    "aten::empty", "aten::empty_strided", "aten::empty_like", "aten::view", "aten::_unsafe_view",
-    "aten::as_strided", "aten::reshape", "aten::resize_", "aten::expand", "aten::t", "aten::transpose",
-    "aten::permute", "aten::detach", "aten::alias", "aten::lift_fresh", "aten::result_type",
+    "aten::empty",
+    "aten::empty_strided",
+    "aten::empty_like",
+    "aten::view",
+    "aten::_unsafe_view",
+    "aten::as_strided",
+    "aten::reshape",
+    "aten::resize_",
+    "aten::expand",
+    "aten::t",
+    "aten::transpose",
+    "aten::permute",
+    "aten::detach",
+    "aten::alias",
+    "aten::lift_fresh",
+    "aten::result_type",
 }
 
-GELU_C = math.sqrt(2.0 / math.pi)  # the tanh approximation's constant (Hendrycks & Gimpel 2016, eq. 2)
+GELU_C = math.sqrt(
+    2.0 / math.pi
+)  # the tanh approximation's constant (Hendrycks & Gimpel 2016, eq. 2)
 
 
 def gelu_tanh_unfused(x: torch.Tensor) -> torch.Tensor:
@@ -124,14 +139,20 @@ def count_kernels(
             timing.synchronize(device)
             activities = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
             with _quiet_native_stderr(), warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # the profiler's own notices, not the learner's code
+                warnings.simplefilter(
+                    "ignore"
+                )  # the profiler's own notices, not the learner's code
                 with profile(activities=activities) as prof:
                     fn(*args)
                     timing.synchronize(device)
     events = sorted(prof.events(), key=lambda e: e.time_range.start)
     if cuda:
-        names = [e.name for e in events if e.device_type == DeviceType.CUDA
-                 and not e.name.lower().startswith(("memcpy", "memset"))]
+        names = [
+            e.name
+            for e in events
+            if e.device_type == DeviceType.CUDA
+            and not e.name.lower().startswith(("memcpy", "memset"))
+        ]
     else:
         names = []
         for e in events:
@@ -166,7 +187,9 @@ def cold_compile_cache() -> Iterator[None]:
     """
     from torch._inductor import utils as inductor_utils
 
-    fresh = getattr(inductor_utils, "fresh_cache", None) or getattr(inductor_utils, "fresh_inductor_cache", None)
+    fresh = getattr(inductor_utils, "fresh_cache", None) or getattr(
+        inductor_utils, "fresh_inductor_cache", None
+    )
     if fresh is None:
         yield
         return
@@ -188,7 +211,10 @@ def chapter_run(device: torch.device | str, compile: str | None = None) -> train
     _, B, T = train.default_shapes(device)
     bf16 = device.type == "cuda" and hardware.native_bf16(device)
     return train.RunConfig(
-        name=compile or "eager", compile=compile, batch_size=B, seq_len=T,
+        name=compile or "eager",
+        compile=compile,
+        batch_size=B,
+        seq_len=T,
         matmul_precision="tf32" if hardware.tf32_supported(device) else "fp32",
         autocast="bf16" if bf16 else None,
     )
@@ -223,9 +249,19 @@ def measure_step(
     """
     device = torch.device(device)
     mode = run.compile or "eager"
-    row = {"mode": mode, "status": "skipped", "compiled": False, "label": "eager", "reason": "",
-           "first_step_ms": None, "ms_per_step": None, "spread_pct": None, "compile_s": None,
-           "graphs": 0, "graphs_after_first_step": 0}
+    row = {
+        "mode": mode,
+        "status": "skipped",
+        "compiled": False,
+        "label": "eager",
+        "reason": "",
+        "first_step_ms": None,
+        "ms_per_step": None,
+        "spread_pct": None,
+        "compile_s": None,
+        "graphs": 0,
+        "graphs_after_first_step": 0,
+    }
     reason = train.unsupported_reason(run, device)
     if reason is not None and run.compile is not None:
         ok, why = hardware.compile_support(device)
@@ -252,15 +288,24 @@ def measure_step(
         g2 = _graphs_compiled()
     compiled = run.compile is not None and trainer.forward is not trainer.model
     if run.compile is not None and not compiled:
-        row["reason"] = trainer.notes[-1] if trainer.notes else "torch.compile did not run; measured eager"
+        row["reason"] = (
+            trainer.notes[-1] if trainer.notes else "torch.compile did not run; measured eager"
+        )
     elif compiled:
         row["reason"] = "compiled"
     else:
         row["reason"] = row["reason"] or "eager (not compiled)"
-    row.update(status="measured", compiled=compiled, label=mode if compiled else "eager",
-               first_step_ms=first_ms, ms_per_step=t.median_ms, spread_pct=t.spread_pct,
-               compile_s=(first_ms - t.median_ms) / 1e3 if compiled else None,
-               graphs=g1 - g0, graphs_after_first_step=g2 - g1)
+    row.update(
+        status="measured",
+        compiled=compiled,
+        label=mode if compiled else "eager",
+        first_step_ms=first_ms,
+        ms_per_step=t.median_ms,
+        spread_pct=t.spread_pct,
+        compile_s=(first_ms - t.median_ms) / 1e3 if compiled else None,
+        graphs=g1 - g0,
+        graphs_after_first_step=g2 - g1,
+    )
     return row
 
 
@@ -286,15 +331,21 @@ def break_even_steps(compile_s: float, eager_ms: float, compiled_ms: float) -> f
 def format_rows(rows: list[dict]) -> str:
     """A fixed-width table of :func:`measure_step` rows, one line each, units in the header. The
     "ran as" column says what the timed steps really ran: "compiled", or "eager" with the reason."""
-    lines = [f"{'mode':<27} {'ran as':<9} {'first step (s)':>14} {'step (ms)':>10} {'compile (s)':>11}  note"]
+    lines = [
+        f"{'mode':<27} {'ran as':<9} {'first step (s)':>14} {'step (ms)':>10} {'compile (s)':>11}  note"
+    ]
     for r in rows:
         if r["status"] != "measured":
-            lines.append(f"{r['mode']:<27} {'-':<9} {'-':>14} {'-':>10} {'-':>11}  skipped: {r['reason']}")
+            lines.append(
+                f"{r['mode']:<27} {'-':<9} {'-':>14} {'-':>10} {'-':>11}  skipped: {r['reason']}"
+            )
             continue
         ran = "compiled" if r["compiled"] else "eager"
         cs = f"{r['compile_s']:.1f}" if r["compile_s"] is not None else "-"
         note = "" if r["compiled"] else r["reason"]
-        lines.append(f"{r['mode']:<27} {ran:<9} {r['first_step_ms'] / 1e3:>14.1f} {r['ms_per_step']:>10.1f} {cs:>11}  {note}".rstrip())
+        lines.append(
+            f"{r['mode']:<27} {ran:<9} {r['first_step_ms'] / 1e3:>14.1f} {r['ms_per_step']:>10.1f} {cs:>11}  {note}".rstrip()
+        )
     return "\n".join(lines)
 
 
@@ -363,4 +414,3 @@ def watch_compiles(calls: list[tuple[str, Callable[[], object]]]) -> list[dict]:
             ran = "reused a graph"
         rows.append({"label": label, "new_graphs": new, "reason": reason, "ran": ran})
     return rows
-

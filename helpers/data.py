@@ -15,7 +15,9 @@ import torch
 from helpers import paths, tokenizer
 
 SHAKESPEARE_FILE = "tinyshakespeare.txt"
-SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+SHAKESPEARE_URL = (
+    "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+)
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 SHAKESPEARE_TOKENS = 338_025
 
@@ -52,9 +54,17 @@ class BatchLoader:
         ValueError: if the stream has fewer than B*T + 1 tokens, or B, T < 1.
     """
 
-    def __init__(self, tokens: torch.Tensor, batch_size: int, seq_len: int, device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        tokens: torch.Tensor,
+        batch_size: int,
+        seq_len: int,
+        device: str | torch.device = "cpu",
+    ):
         if batch_size < 1 or seq_len < 1:
-            raise ValueError(f"batch_size and seq_len must be >= 1, got B={batch_size}, T={seq_len}")
+            raise ValueError(
+                f"batch_size and seq_len must be >= 1, got B={batch_size}, T={seq_len}"
+            )
         if tokens.numel() < batch_size * seq_len + 1:
             raise ValueError(
                 f"{tokens.numel():,} tokens cannot fill one batch of B*T+1 = {batch_size * seq_len + 1:,} tokens: "
@@ -97,12 +107,16 @@ def fetch(into: "str | paths.Path | None" = None) -> dict[str, "paths.Path"]:
 
     found = {
         SHAKESPEARE_FILE: shakespeare_path(),
-        tokenizer.RANKS_FILE: paths.find_or_fetch(tokenizer.RANKS_FILE, tokenizer.RANKS_URL, tokenizer.RANKS_SHA256),
+        tokenizer.RANKS_FILE: paths.find_or_fetch(
+            tokenizer.RANKS_FILE, tokenizer.RANKS_URL, tokenizer.RANKS_SHA256
+        ),
     }
     if into is not None:
         target = paths.Path(into)
         if target.exists() and not target.is_dir():
-            raise paths.DataFileError(f"--into {target} is a file, not a folder: name a new or existing folder")
+            raise paths.DataFileError(
+                f"--into {target} is a file, not a folder: name a new or existing folder"
+            )
         target.mkdir(parents=True, exist_ok=True)
         for name, src in list(found.items()):
             if src.resolve() != (target / name).resolve():
@@ -116,10 +130,18 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import sys
 
-    p = argparse.ArgumentParser(prog="python -m helpers.data", description="Fetch and verify the course data files.")
+    p = argparse.ArgumentParser(
+        prog="python -m helpers.data", description="Fetch and verify the course data files."
+    )
     sub = p.add_subparsers(dest="command", required=True)
-    f = sub.add_parser("fetch", help="download Tiny Shakespeare and the GPT-2 rank file (sha256-checked)")
-    f.add_argument("--into", default=None, help="also copy the verified files into this folder (use it as COURSE_DATA_DIR)")
+    f = sub.add_parser(
+        "fetch", help="download Tiny Shakespeare and the GPT-2 rank file (sha256-checked)"
+    )
+    f.add_argument(
+        "--into",
+        default=None,
+        help="also copy the verified files into this folder (use it as COURSE_DATA_DIR)",
+    )
     args = p.parse_args(argv)
     try:
         for name, path in fetch(args.into).items():

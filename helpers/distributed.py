@@ -96,7 +96,9 @@ def env_from_environ(device: str | None = None, environ: dict | None = None) -> 
     kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if kind == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError("device 'cuda' asked for but no CUDA GPU is visible: use --device cpu (gloo)")
+            raise ValueError(
+                "device 'cuda' asked for but no CUDA GPU is visible: use --device cpu (gloo)"
+            )
         if local_rank >= torch.cuda.device_count():
             raise ValueError(
                 f"LOCAL_RANK={local_rank} but only {torch.cuda.device_count()} GPU(s) are visible: "
@@ -177,7 +179,9 @@ class ShardedBatchLoader:
         x, y = self.global_loader.next_batch()  # (B * world_size, T) on the CPU
         x, y = x[self.rows], y[self.rows]  # (B, T): this rank's rows
         if self.env.device.type == "cuda":
-            return x.pin_memory().to(self.env.device, non_blocking=True), y.pin_memory().to(self.env.device, non_blocking=True)
+            return x.pin_memory().to(self.env.device, non_blocking=True), y.pin_memory().to(
+                self.env.device, non_blocking=True
+            )
         return x, y
 
 
@@ -210,8 +214,12 @@ def counting_allreduce_hook(state: AllReduceCounter, bucket) -> torch.futures.Fu
 counting_allreduce_hook.__annotations__["return"] = torch.futures.Future[torch.Tensor]
 
 
-def wrap_ddp(trainer: train.Trainer, env: DistEnv, bucket_cap_mb: float = 25.0,
-             count_allreduces: bool = False) -> tuple[torch.nn.Module, AllReduceCounter | None]:
+def wrap_ddp(
+    trainer: train.Trainer,
+    env: DistEnv,
+    bucket_cap_mb: float = 25.0,
+    count_allreduces: bool = False,
+) -> tuple[torch.nn.Module, AllReduceCounter | None]:
     """Wrap ``trainer.model`` in DistributedDataParallel and make it the trainer's forward.
 
     DDP shares the model's parameters (it broadcasts rank 0's values once, at construction), so
@@ -227,8 +235,11 @@ def wrap_ddp(trainer: train.Trainer, env: DistEnv, bucket_cap_mb: float = 25.0,
         raise ValueError("DDP needs WORLD_SIZE > 1: launch with torchrun --nproc_per_node=N")
     if trainer.run.compile is not None:
         raise ValueError("torch.compile + DDP is not wired in this chapter: use compile=None")
-    ddp = DDP(trainer.model, device_ids=[env.local_rank] if env.device.type == "cuda" else None,
-              bucket_cap_mb=bucket_cap_mb)
+    ddp = DDP(
+        trainer.model,
+        device_ids=[env.local_rank] if env.device.type == "cuda" else None,
+        bucket_cap_mb=bucket_cap_mb,
+    )
     counter = None
     if count_allreduces:
         counter = AllReduceCounter()
@@ -260,8 +271,10 @@ def fsdp_unsupported_reason(device: torch.device) -> str | None:
     """
     version = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
     if torch.device(device).type == "cpu" and version < (2, 5):
-        return (f"FSDP2 on a CPU needs a newer torch than {torch.__version__} (its fully_shard needs CUDA here): "
-                "run the FSDP part on a GPU, or upgrade torch")
+        return (
+            f"FSDP2 on a CPU needs a newer torch than {torch.__version__} (its fully_shard needs CUDA here): "
+            "run the FSDP part on a GPU, or upgrade torch"
+        )
     return None
 
 
@@ -308,7 +321,11 @@ def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dic
     params = list(model.parameters())
     nbytes = lambda ts: sum(_local(t).numel() * t.element_size() for t in ts if t is not None)  # noqa: E731
     opt = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
-    out = {"params": nbytes(params), "grads": nbytes(p.grad for p in params), "optimizer": nbytes(opt)}
+    out = {
+        "params": nbytes(params),
+        "grads": nbytes(p.grad for p in params),
+        "optimizer": nbytes(opt),
+    }
     out["total"] = sum(out.values())
     return out
 
@@ -332,7 +349,9 @@ def _sync_context(forward: torch.nn.Module, sync: bool):
     return contextlib.nullcontext()
 
 
-def distributed_step(trainer: train.Trainer, batches, sync_every_micro_step: bool = False) -> torch.Tensor:
+def distributed_step(
+    trainer: train.Trainer, batches, sync_every_micro_step: bool = False
+) -> torch.Tensor:
     """One optimizer step of ``trainer`` with its forward wrapped by DDP or FSDP (or not at all).
 
     The same work as :meth:`helpers.train.Trainer.step`, in the same order: zero_grad ->
@@ -396,12 +415,16 @@ def save_checkpoint(path: str | Path, trainer: train.Trainer, env: DistEnv, step
 # --------------------------------------------------------------------------------------------
 
 
-def run_config_from(args: argparse.Namespace, device: torch.device) -> tuple[train.RunConfig, object]:
+def run_config_from(
+    args: argparse.Namespace, device: torch.device
+) -> tuple[train.RunConfig, object]:
     """RunConfig and model config from the command line (B and T default to train.default_shapes)."""
     cfg, B, T = train.default_shapes(device)
     if args.model == "small":
         cfg = train.small_model_config()
-    elif args.model == "tiny":  # the unit tests' size (tests/conftest.py): seconds even under torchrun
+    elif (
+        args.model == "tiny"
+    ):  # the unit tests' size (tests/conftest.py): seconds even under torchrun
         from helpers.model import GPTConfig
 
         cfg = GPTConfig(block_size=32, n_layer=2, n_head=2, n_embd=32)
@@ -410,10 +433,15 @@ def run_config_from(args: argparse.Namespace, device: torch.device) -> tuple[tra
 
         cfg = GPTConfig()
     run = train.RunConfig(
-        name=args.mode, batch_size=B if args.batch_size is None else args.batch_size,
+        name=args.mode,
+        batch_size=B if args.batch_size is None else args.batch_size,
         seq_len=T if args.seq_len is None else args.seq_len,
-        grad_accum_steps=args.grad_accum, autocast=args.autocast, attention=args.attention,
-        vocab_multiple=args.vocab_multiple, matmul_precision=args.matmul_precision, lr=args.lr,
+        grad_accum_steps=args.grad_accum,
+        autocast=args.autocast,
+        attention=args.attention,
+        vocab_multiple=args.vocab_multiple,
+        matmul_precision=args.matmul_precision,
+        lr=args.lr,
     )
     return run, cfg
 
@@ -433,7 +461,9 @@ def train_run(args: argparse.Namespace, env: DistEnv) -> dict:
     if args.mode == "fsdp":
         wrap_fsdp(trainer, env)
     elif env.distributed:
-        _, counter = wrap_ddp(trainer, env, args.bucket_cap_mb, count_allreduces=args.count_allreduces)
+        _, counter = wrap_ddp(
+            trainer, env, args.bucket_cap_mb, count_allreduces=args.count_allreduces
+        )
     loader = ShardedBatchLoader(data.load_tokens(), run.batch_size, run.seq_len, env)
     losses, calls = [], []
 
@@ -454,7 +484,11 @@ def train_run(args: argparse.Namespace, env: DistEnv) -> dict:
         save_checkpoint(args.checkpoint, trainer, env, step=args.steps)
     param_sums = None
     if args.mode != "fsdp" or not env.distributed:  # DDP: every rank must hold the same parameters
-        mine = torch.stack([p.detach().double().sum() for p in trainer.model.parameters()]).sum().reshape(1)
+        mine = (
+            torch.stack([p.detach().double().sum() for p in trainer.model.parameters()])
+            .sum()
+            .reshape(1)
+        )
         gathered = [torch.zeros_like(mine) for _ in range(env.world_size)]
         if env.distributed:
             dist.all_gather(gathered, mine)
@@ -463,15 +497,24 @@ def train_run(args: argparse.Namespace, env: DistEnv) -> dict:
         param_sums = [float(g) for g in gathered]
     tokens_per_step = run.tokens_per_step * env.world_size
     return {
-        "world_size": env.world_size, "mode": args.mode if env.distributed else "single",
-        "backend": env.backend, "device": _device_name(env.device),
-        "torch": torch.__version__, "date": datetime.date.today().isoformat(),
-        "run": dataclasses.asdict(run), "model": dataclasses.asdict(trainer.model_config),
-        "tokens_per_step": tokens_per_step, "step_ms": t.median_ms, "step_ms_spread_pct": t.spread_pct,
+        "world_size": env.world_size,
+        "mode": args.mode if env.distributed else "single",
+        "backend": env.backend,
+        "device": _device_name(env.device),
+        "torch": torch.__version__,
+        "date": datetime.date.today().isoformat(),
+        "run": dataclasses.asdict(run),
+        "model": dataclasses.asdict(trainer.model_config),
+        "tokens_per_step": tokens_per_step,
+        "step_ms": t.median_ms,
+        "step_ms_spread_pct": t.spread_pct,
         "tokens_per_s": timing.tokens_per_second(tokens_per_step, t.median_ms),
-        "timed_steps": len(t.times_ms), "losses": loss_t.tolist(),
+        "timed_steps": len(t.times_ms),
+        "losses": loss_t.tolist(),
         "state_bytes_rank0": state_bytes(trainer.model, trainer.optimizer),
-        "peak_bytes_rank0": torch.cuda.max_memory_allocated(env.device) if env.device.type == "cuda" else None,
+        "peak_bytes_rank0": torch.cuda.max_memory_allocated(env.device)
+        if env.device.type == "cuda"
+        else None,
         "allreduce_calls_last_step": calls[-1],
         "allreduce_bytes_total": counter.bytes if counter else None,
         "param_sum_per_rank": param_sums,
@@ -485,21 +528,42 @@ def _device_name(device: torch.device) -> str:
 def _train_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=20, help="optimizer steps (default 20)")
     p.add_argument("--warmup", type=int, default=5, help="first steps not timed (default 5)")
-    p.add_argument("--batch-size", type=int, default=None, help="B per rank per micro-step (default: train.default_shapes)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="B per rank per micro-step (default: train.default_shapes)",
+    )
     p.add_argument("--seq-len", type=int, default=None, help="T (default: train.default_shapes)")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step")
-    p.add_argument("--model", choices=("auto", "small", "tiny", "gpt2"), default="auto",
-                   help="auto: GPT-2 124M on CUDA, train.small_model_config on CPU; tiny: the unit tests' 2x32 model")
-    p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when available")
-    p.add_argument("--mode", choices=("ddp", "fsdp"), default="ddp", help="how N > 1 processes share the work")
+    p.add_argument(
+        "--model",
+        choices=("auto", "small", "tiny", "gpt2"),
+        default="auto",
+        help="auto: GPT-2 124M on CUDA, train.small_model_config on CPU; tiny: the unit tests' 2x32 model",
+    )
+    p.add_argument(
+        "--device", choices=("cuda", "cpu"), default=None, help="default: cuda when available"
+    )
+    p.add_argument(
+        "--mode", choices=("ddp", "fsdp"), default="ddp", help="how N > 1 processes share the work"
+    )
     p.add_argument("--autocast", choices=("bf16", "fp16"), default=None)
     p.add_argument("--attention", choices=("manual", "sdpa"), default="manual")
     p.add_argument("--vocab-multiple", type=int, default=1)
     p.add_argument("--matmul-precision", choices=train.PRECISIONS, default="fp32")
     p.add_argument("--lr", type=float, default=6e-4)
-    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size in MB (default 25)")
-    p.add_argument("--count-allreduces", action="store_true", help="count DDP's bucket all-reduces per step")
-    p.add_argument("--sync-every-micro-step", action="store_true", help="ablation: all-reduce on every micro-step")
+    p.add_argument(
+        "--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size in MB (default 25)"
+    )
+    p.add_argument(
+        "--count-allreduces", action="store_true", help="count DDP's bucket all-reduces per step"
+    )
+    p.add_argument(
+        "--sync-every-micro-step",
+        action="store_true",
+        help="ablation: all-reduce on every micro-step",
+    )
     p.add_argument("--checkpoint", default=None, help="rank 0 writes model + optimizer state here")
     p.add_argument("--json", default=None, help="rank 0 writes the summary here")
 
@@ -543,9 +607,11 @@ def main_train(args: argparse.Namespace) -> int:
         summary = train_run(args, env)
         if env.is_main:  # rank-0-only logging
             losses = summary["losses"]
-            print(f"world_size={env.world_size} ({summary['mode']}, {env.backend or 'no backend'}, {summary['device']}): "
-                  f"loss {losses[0]:.4f} -> {losses[-1]:.4f}, {summary['step_ms']:.1f} ms/step, "
-                  f"{summary['tokens_per_s']:,.0f} tokens/s")
+            print(
+                f"world_size={env.world_size} ({summary['mode']}, {env.backend or 'no backend'}, {summary['device']}): "
+                f"loss {losses[0]:.4f} -> {losses[-1]:.4f}, {summary['step_ms']:.1f} ms/step, "
+                f"{summary['tokens_per_s']:,.0f} tokens/s"
+            )
             if args.json:
                 Path(args.json).write_text(json.dumps(summary, indent=1))
         # every rank waits here before leaving the group: a rank that tore gloo down while the other was
@@ -583,11 +649,27 @@ def launch(nproc: int, args: list[str], timeout_s: float = 600) -> dict:
         if nproc == 0:
             cmd = [sys.executable, "-m", "helpers.distributed", "train", *args, "--json", str(out)]
         else:
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                   "-m", "helpers.distributed", "train", *args, "--json", str(out)]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc_per_node={nproc}",
+                "-m",
+                "helpers.distributed",
+                "train",
+                *args,
+                "--json",
+                str(out),
+            ]
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
+        )
         env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, set here so it does not warn
-        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(
+            cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout_s
+        )
         if proc.returncode != 0 or not out.exists():
             tail = (proc.stdout + proc.stderr)[-3000:]
             raise RuntimeError(f"{' '.join(cmd[1:])} failed (exit {proc.returncode}):\n{tail}")
@@ -605,27 +687,47 @@ def scaling(nprocs: list[int], modes: list[str], train_args: list[str], command:
                 continue
             summary = launch(0 if n == 1 else n, [*train_args, "--mode", mode])
             rows.append(summary)
-            print(f"{summary['mode']:>6} N={n}: {summary['tokens_per_s']:,.0f} tokens/s, {summary['step_ms']:.1f} ms/step")
+            print(
+                f"{summary['mode']:>6} N={n}: {summary['tokens_per_s']:,.0f} tokens/s, {summary['step_ms']:.1f} ms/step"
+            )
     single = next((r for r in rows if r["world_size"] == 1), None)
     for r in rows:
-        r["efficiency"] = r["tokens_per_s"] / (r["world_size"] * single["tokens_per_s"]) if single else None
-    return {"what": "tokens/s per world size, same per-rank batch (weak scaling)",
-            "command": command,
-            "gpus_visible": torch.cuda.device_count(), "rows": rows}
+        r["efficiency"] = (
+            r["tokens_per_s"] / (r["world_size"] * single["tokens_per_s"]) if single else None
+        )
+    return {
+        "what": "tokens/s per world size, same per-rank batch (weak scaling)",
+        "command": command,
+        "gpus_visible": torch.cuda.device_count(),
+        "rows": rows,
+    }
 
 
 @cli.guarded
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m helpers.distributed", description=__doc__.splitlines()[0], allow_abbrev=False)
+    p = argparse.ArgumentParser(
+        prog="python -m helpers.distributed",
+        description=__doc__.splitlines()[0],
+        allow_abbrev=False,
+    )
     sub = p.add_subparsers(dest="command", required=True)
-    _train_parser(sub.add_parser("train", help="train on this process (or on each torchrun process)"))
+    _train_parser(
+        sub.add_parser("train", help="train on this process (or on each torchrun process)")
+    )
     s = sub.add_parser("scaling", help="tokens/s on 1..N GPUs, one torchrun job each; writes JSON")
-    s.add_argument("--out", required=True, help="JSON file to write (e.g. results/h200x2-ddp-scaling.json)")
-    s.add_argument("--nproc", type=int, nargs="+", default=None, help="world sizes (default 1 .. visible GPUs)")
+    s.add_argument(
+        "--out", required=True, help="JSON file to write (e.g. results/h200x2-ddp-scaling.json)"
+    )
+    s.add_argument(
+        "--nproc", type=int, nargs="+", default=None, help="world sizes (default 1 .. visible GPUs)"
+    )
     s.add_argument("--modes", nargs="+", choices=("ddp", "fsdp"), default=["ddp"])
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] not in ("train", "scaling", "-h", "--help"):
-        argv = ["train", *argv]  # `python -m helpers.distributed --steps 20` means the train command
+        argv = [
+            "train",
+            *argv,
+        ]  # `python -m helpers.distributed --steps 20` means the train command
     args, rest = p.parse_known_args(argv)
     if args.command == "train":
         if rest:
@@ -643,7 +745,9 @@ def main(argv: list[str] | None = None) -> int:
         cli.at_least("nproc", n)
     cli.out_path(args.out)
     nprocs = args.nproc or list(range(1, max(1, torch.cuda.device_count()) + 1))
-    result = scaling(nprocs, args.modes, rest, command="python -m helpers.distributed " + " ".join(argv))
+    result = scaling(
+        nprocs, args.modes, rest, command="python -m helpers.distributed " + " ".join(argv)
+    )
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
     return 0

@@ -30,7 +30,9 @@ class GPUProfile:
     fp32_tflops: float | None  # plain FP32 (CUDA cores)
     tf32_tflops: float | None  # TF32 tensor cores (>= sm80)
     bf16_tflops: float | None  # BF16 tensor cores (>= sm80)
-    fp16_tflops: float | None  # FP16 tensor cores (FP32 accumulate where the datasheet distinguishes)
+    fp16_tflops: (
+        float | None
+    )  # FP16 tensor cores (FP32 accumulate where the datasheet distinguishes)
     source: str
     note: str = ""  # why a figure is None although the hardware has the feature
 
@@ -50,32 +52,142 @@ class GPUProfile:
 PROFILES: dict[str, GPUProfile] = {
     p.key: p
     for p in [
-        GPUProfile("T4", "NVIDIA T4", (7, 5), 16, 320, 8.1, None, None, 65,
-                   "NVIDIA T4 Tensor Core GPU datasheet (2019)"),
-        GPUProfile("V100", "NVIDIA V100 SXM2", (7, 0), 16, 900, 15.7, None, None, 125,
-                   "NVIDIA V100 Tensor Core GPU datasheet (2020), SXM2"),
-        GPUProfile("A10", "NVIDIA A10", (8, 6), 24, 600, 31.2, 62.5, 125, 125,
-                   "NVIDIA A10 Tensor Core GPU datasheet (2021)"),
-        GPUProfile("A10G", "NVIDIA A10G", (8, 6), 24, 600, None, None, None, None,
-                   "no NVIDIA datasheet (an AWS-only variant of the A10, EC2 G5 instances); 24 GB GDDR6 "
-                   "and 600 GB/s as in Baseten, 'NVIDIA A10 vs A10G for ML model inference' (2023)",
-                   note="NVIDIA publishes no A10G peak FLOP/s: no MFU is claimed on it"),
-        GPUProfile("L4", "NVIDIA L4", (8, 9), 24, 300, 30.3, 60, 121, 121,
-                   "NVIDIA L4 Tensor Core GPU datasheet (2023); sparse figures halved"),
-        GPUProfile("A100-40GB", "NVIDIA A100 40GB", (8, 0), 40, 1555, 19.5, 156, 312, 312,
-                   "NVIDIA A100 Tensor Core GPU datasheet (2021)"),
-        GPUProfile("A100-80GB", "NVIDIA A100 80GB SXM", (8, 0), 80, 2039, 19.5, 156, 312, 312,
-                   "NVIDIA A100 Tensor Core GPU datasheet (2021), SXM"),
-        GPUProfile("H100-PCIe", "NVIDIA H100 PCIe", (9, 0), 80, 2000, 51, 378, 756, 756,
-                   "NVIDIA H100 Tensor Core GPU datasheet (2023), PCIe; sparse figures halved"),
-        GPUProfile("H100-SXM", "NVIDIA H100 SXM", (9, 0), 80, 3350, 67, 494.7, 989.4, 989.4,
-                   "NVIDIA H100 Tensor Core GPU datasheet (2023), SXM; sparse figures halved"),
-        GPUProfile("H200", "NVIDIA H200 SXM", (9, 0), 141, 4800, 67, 494.7, 989.4, 989.4,
-                   "NVIDIA H200 Tensor Core GPU datasheet (2024), SXM; sparse figures halved"),
-        GPUProfile("CPU", "CPU (any)", None, None, None, None, None, None, None,
-                   "no datasheet: CPUs differ too much for one figure",
-                   note="peak FLOP/s and bandwidth depend on the CPU model, its cores and vector units; "
-                   "memory is the machine's RAM: no MFU is claimed on a CPU"),
+        GPUProfile(
+            "T4",
+            "NVIDIA T4",
+            (7, 5),
+            16,
+            320,
+            8.1,
+            None,
+            None,
+            65,
+            "NVIDIA T4 Tensor Core GPU datasheet (2019)",
+        ),
+        GPUProfile(
+            "V100",
+            "NVIDIA V100 SXM2",
+            (7, 0),
+            16,
+            900,
+            15.7,
+            None,
+            None,
+            125,
+            "NVIDIA V100 Tensor Core GPU datasheet (2020), SXM2",
+        ),
+        GPUProfile(
+            "A10",
+            "NVIDIA A10",
+            (8, 6),
+            24,
+            600,
+            31.2,
+            62.5,
+            125,
+            125,
+            "NVIDIA A10 Tensor Core GPU datasheet (2021)",
+        ),
+        GPUProfile(
+            "A10G",
+            "NVIDIA A10G",
+            (8, 6),
+            24,
+            600,
+            None,
+            None,
+            None,
+            None,
+            "no NVIDIA datasheet (an AWS-only variant of the A10, EC2 G5 instances); 24 GB GDDR6 "
+            "and 600 GB/s as in Baseten, 'NVIDIA A10 vs A10G for ML model inference' (2023)",
+            note="NVIDIA publishes no A10G peak FLOP/s: no MFU is claimed on it",
+        ),
+        GPUProfile(
+            "L4",
+            "NVIDIA L4",
+            (8, 9),
+            24,
+            300,
+            30.3,
+            60,
+            121,
+            121,
+            "NVIDIA L4 Tensor Core GPU datasheet (2023); sparse figures halved",
+        ),
+        GPUProfile(
+            "A100-40GB",
+            "NVIDIA A100 40GB",
+            (8, 0),
+            40,
+            1555,
+            19.5,
+            156,
+            312,
+            312,
+            "NVIDIA A100 Tensor Core GPU datasheet (2021)",
+        ),
+        GPUProfile(
+            "A100-80GB",
+            "NVIDIA A100 80GB SXM",
+            (8, 0),
+            80,
+            2039,
+            19.5,
+            156,
+            312,
+            312,
+            "NVIDIA A100 Tensor Core GPU datasheet (2021), SXM",
+        ),
+        GPUProfile(
+            "H100-PCIe",
+            "NVIDIA H100 PCIe",
+            (9, 0),
+            80,
+            2000,
+            51,
+            378,
+            756,
+            756,
+            "NVIDIA H100 Tensor Core GPU datasheet (2023), PCIe; sparse figures halved",
+        ),
+        GPUProfile(
+            "H100-SXM",
+            "NVIDIA H100 SXM",
+            (9, 0),
+            80,
+            3350,
+            67,
+            494.7,
+            989.4,
+            989.4,
+            "NVIDIA H100 Tensor Core GPU datasheet (2023), SXM; sparse figures halved",
+        ),
+        GPUProfile(
+            "H200",
+            "NVIDIA H200 SXM",
+            (9, 0),
+            141,
+            4800,
+            67,
+            494.7,
+            989.4,
+            989.4,
+            "NVIDIA H200 Tensor Core GPU datasheet (2024), SXM; sparse figures halved",
+        ),
+        GPUProfile(
+            "CPU",
+            "CPU (any)",
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            "no datasheet: CPUs differ too much for one figure",
+            note="peak FLOP/s and bandwidth depend on the CPU model, its cores and vector units; "
+            "memory is the machine's RAM: no MFU is claimed on a CPU",
+        ),
     ]
 }
 
@@ -86,7 +198,11 @@ def match_profile(device_name: str, total_memory_bytes: int | None = None) -> GP
     if "H200" in n:
         return PROFILES["H200"] if "NVL" not in n else None
     if "H100" in n:
-        return PROFILES["H100-PCIe"] if "PCIE" in n else (PROFILES["H100-SXM"] if "NVL" not in n else None)
+        return (
+            PROFILES["H100-PCIe"]
+            if "PCIE" in n
+            else (PROFILES["H100-SXM"] if "NVL" not in n else None)
+        )
     if "A100" in n:
         big = "80GB" in n.replace(" ", "") or (total_memory_bytes or 0) > 45e9
         return PROFILES["A100-80GB" if big else "A100-40GB"]
@@ -96,7 +212,9 @@ def match_profile(device_name: str, total_memory_bytes: int | None = None) -> GP
         return PROFILES["T4"]
     if "L4" in n.split():
         return PROFILES["L4"]
-    if "A10" in n.split():  # not "A10G": PROFILES["A10G"] has no peak FLOP/s to compute an MFU against
+    if (
+        "A10" in n.split()
+    ):  # not "A10G": PROFILES["A10G"] has no peak FLOP/s to compute an MFU against
         return PROFILES["A10"]
     return None
 
@@ -109,19 +227,31 @@ def compile_support(device: torch.device) -> tuple[bool, str]:
     if device.type == "cuda":
         cap = capability(device)
         if cap < (7, 0):
-            return False, f"inductor's Triton backend needs compute capability >= 7.0, this GPU is {cap[0]}.{cap[1]}"
+            return (
+                False,
+                f"inductor's Triton backend needs compute capability >= 7.0, this GPU is {cap[0]}.{cap[1]}",
+            )
         try:
             import triton  # noqa: F401
         except ImportError:
-            return False, "Triton is not installed (pip install triton, or use a Linux CUDA build of torch)"
+            return (
+                False,
+                "Triton is not installed (pip install triton, or use a Linux CUDA build of torch)",
+            )
         return True, "Triton available"
     compiler = next((c for c in ("c++", "g++", "clang++", "cl") if shutil.which(c)), None)
     if compiler is None:
-        return False, "no C++ compiler on PATH: inductor's CPU backend needs one (e.g. apt install g++)"
+        return (
+            False,
+            "no C++ compiler on PATH: inductor's CPU backend needs one (e.g. apt install g++)",
+        )
     return True, f"C++ compiler {compiler} found"
 
 
-_SM80_ATTENTION = ("FLASH_ATTENTION", "CUDNN_ATTENTION")  # SDPA kernels that need compute capability >= 8.0
+_SM80_ATTENTION = (
+    "FLASH_ATTENTION",
+    "CUDNN_ATTENTION",
+)  # SDPA kernels that need compute capability >= 8.0
 
 
 def sdpa_backends(device: torch.device, dtype: torch.dtype | None = None) -> dict[str, str]:
@@ -133,17 +263,30 @@ def sdpa_backends(device: torch.device, dtype: torch.dtype | None = None) -> dic
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     if dtype is None:
-        dtype = torch.float32 if device.type == "cpu" else (torch.bfloat16 if native_bf16(device) else torch.float16)
+        dtype = (
+            torch.float32
+            if device.type == "cpu"
+            else (torch.bfloat16 if native_bf16(device) else torch.float16)
+        )
     q = torch.randn(1, 2, 64, 64, device=device, dtype=dtype)
     result = {}
     for name in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"):
-        backend = getattr(SDPBackend, name, None)  # CUDNN_ATTENTION is missing from some torch versions
+        backend = getattr(
+            SDPBackend, name, None
+        )  # CUDNN_ATTENTION is missing from some torch versions
         if backend is None:
             result[name.lower()] = "not in this torch version"
             continue
-        if device.type == "cuda" and _emulated is not None and name in _SM80_ATTENTION and _emulated.capability < (8, 0):
+        if (
+            device.type == "cuda"
+            and _emulated is not None
+            and name in _SM80_ATTENTION
+            and _emulated.capability < (8, 0)
+        ):
             # sdpa_kernel(backend) would switch the kernel back on for the probe: answer as the emulated GPU
-            result[name.lower()] = f"unavailable (emulating a {_emulated.key}: sm{_emulated.capability[0]}{_emulated.capability[1]} has no {name.lower()})"
+            result[name.lower()] = (
+                f"unavailable (emulating a {_emulated.key}: sm{_emulated.capability[0]}{_emulated.capability[1]} has no {name.lower()})"
+            )
             continue
         try:
             with warnings.catch_warnings(), sdpa_kernel(backend):
@@ -193,7 +336,9 @@ def capability(device: torch.device) -> tuple[int, int] | None:
     return torch.cuda.get_device_capability(device)
 
 
-def emulate(profile_key: str = "T4", device: torch.device | str = "cuda", memory_bytes: int | None = None) -> dict:
+def emulate(
+    profile_key: str = "T4", device: torch.device | str = "cuda", memory_bytes: int | None = None
+) -> dict:
     """Make this process behave like the GPU ``profile_key`` (default a T4) on a bigger CUDA GPU, so the
     fallback paths really run: usable memory capped with ``torch.cuda.set_per_process_memory_fraction``
     (T4: 15 GB), bf16 and TF32 refused (they need compute capability 8.0), SDPA limited to the kernels
@@ -207,23 +352,42 @@ def emulate(profile_key: str = "T4", device: torch.device | str = "cuda", memory
     global _emulated, _emulated_memory, _saved_switches, _env_emulation_done
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
-        hint = f" (unset ${EMULATE_ENV} to run on a CPU)" if os.environ.get(EMULATE_ENV, "").strip() else ""
-        raise ValueError(f"emulation caps a bigger CUDA GPU: it needs one (on a CPU there is nothing to emulate){hint}")
+        hint = (
+            f" (unset ${EMULATE_ENV} to run on a CPU)"
+            if os.environ.get(EMULATE_ENV, "").strip()
+            else ""
+        )
+        raise ValueError(
+            f"emulation caps a bigger CUDA GPU: it needs one (on a CPU there is nothing to emulate){hint}"
+        )
     if profile_key not in PROFILES or PROFILES[profile_key].capability is None:
-        raise ValueError(f"unknown profile {profile_key!r} (a GPU to emulate); known: {sorted(k for k, p in PROFILES.items() if p.capability)}")
+        raise ValueError(
+            f"unknown profile {profile_key!r} (a GPU to emulate); known: {sorted(k for k, p in PROFILES.items() if p.capability)}"
+        )
     prof = PROFILES[profile_key]
-    if device.index is None:  # set_per_process_memory_fraction needs an indexed device ("cuda:0", not "cuda")
+    if (
+        device.index is None
+    ):  # set_per_process_memory_fraction needs an indexed device ("cuda:0", not "cuda")
         device = torch.device("cuda", torch.cuda.current_device())
     props = torch.cuda.get_device_properties(device)
     if prof.memory_gb is None:
         raise ValueError(f"profile {prof.key} has no memory size to cap to")
-    cap_bytes = memory_bytes or (T4_USABLE_BYTES if prof.key == "T4" else int(prof.memory_gb * 10**9))
+    cap_bytes = memory_bytes or (
+        T4_USABLE_BYTES if prof.key == "T4" else int(prof.memory_gb * 10**9)
+    )
     if cap_bytes > props.total_memory:
-        raise ValueError(f"{props.name} has {props.total_memory / 1e9:.0f} GB, less than the {cap_bytes / 1e9:.0f} GB to emulate")
+        raise ValueError(
+            f"{props.name} has {props.total_memory / 1e9:.0f} GB, less than the {cap_bytes / 1e9:.0f} GB to emulate"
+        )
     if _emulated is None:  # remember the real switches once, so stop_emulation restores them
-        _saved_switches = {"matmul_precision": torch.get_float32_matmul_precision(),
-                           **{name: getattr(torch.backends.cuda, f"{name}_sdp_enabled")()
-                              for name in _SDPA_TOGGLES if hasattr(torch.backends.cuda, f"{name}_sdp_enabled")}}
+        _saved_switches = {
+            "matmul_precision": torch.get_float32_matmul_precision(),
+            **{
+                name: getattr(torch.backends.cuda, f"{name}_sdp_enabled")()
+                for name in _SDPA_TOGGLES
+                if hasattr(torch.backends.cuda, f"{name}_sdp_enabled")
+            },
+        }
     # The caching allocator raises OutOfMemoryError once it would reserve more than fraction x total.
     torch.cuda.set_per_process_memory_fraction(cap_bytes / props.total_memory, device)
     disabled = []
@@ -234,7 +398,12 @@ def emulate(profile_key: str = "T4", device: torch.device | str = "cuda", memory
         torch.set_float32_matmul_precision("highest")
     _emulated, _emulated_memory = prof, cap_bytes
     _env_emulation_done = True  # an explicit emulation supersedes $COURSE_EMULATE_GPU
-    return {"profile": prof.key, "real_gpu": props.name, "memory_cap_bytes": cap_bytes, "sdpa_disabled": disabled}
+    return {
+        "profile": prof.key,
+        "real_gpu": props.name,
+        "memory_cap_bytes": cap_bytes,
+        "sdpa_disabled": disabled,
+    }
 
 
 _SDPA_TOGGLES = ("flash", "cudnn")  # global SDPA kernel switches an sm75 GPU lacks
@@ -258,7 +427,9 @@ def stop_emulation(device: torch.device | str = "cuda") -> None:
     if _emulated is None:
         return
     device = torch.device(device)
-    torch.cuda.set_per_process_memory_fraction(1.0, device if device.index is not None else torch.cuda.current_device())
+    torch.cuda.set_per_process_memory_fraction(
+        1.0, device if device.index is not None else torch.cuda.current_device()
+    )
     for name in _SDPA_TOGGLES:
         _set_sdpa_enabled(name, _saved_switches.get(name, True))
     torch.set_float32_matmul_precision(_saved_switches.get("matmul_precision", "highest"))
@@ -313,19 +484,29 @@ def cpu_bf16() -> tuple[bool, str]:
     forced = os.environ.get(CPU_BF16_ENV, "").strip().lower()
     if forced:
         if forced not in ("fast", "slow"):
-            raise ValueError(f"${CPU_BF16_ENV} must be 'fast' or 'slow', got {forced!r}: unset it to detect")
+            raise ValueError(
+                f"${CPU_BF16_ENV} must be 'fast' or 'slow', got {forced!r}: unset it to detect"
+            )
         return forced == "fast", f"${CPU_BF16_ENV}={forced}"
     vector_unit = torch.backends.cpu.get_cpu_capability()
-    has = {name: bool(getattr(torch.cpu, f"_is_{name}_supported", lambda: False)())
-           for name in ("avx512_bf16", "amx_tile")}
+    has = {
+        name: bool(getattr(torch.cpu, f"_is_{name}_supported", lambda: False)())
+        for name in ("avx512_bf16", "amx_tile")
+    }
     onednn_cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
     if not (vector_unit.startswith("AVX512") or vector_unit.startswith("AMX")):
         return False, f"this CPU's vector unit is {vector_unit}, without bf16 instructions"
     if not any(has.values()):
         return False, f"this CPU has {vector_unit} but neither AVX-512 BF16 nor AMX"
-    if onednn_cap and onednn_cap not in ("ALL", "DEFAULT") and not any(
-            k in onednn_cap for k in ("BF16", "FP16", "AMX")):
-        return False, f"ONEDNN_MAX_CPU_ISA={onednn_cap} keeps oneDNN's matmuls off the bf16 instructions"
+    if (
+        onednn_cap
+        and onednn_cap not in ("ALL", "DEFAULT")
+        and not any(k in onednn_cap for k in ("BF16", "FP16", "AMX"))
+    ):
+        return (
+            False,
+            f"ONEDNN_MAX_CPU_ISA={onednn_cap} keeps oneDNN's matmuls off the bf16 instructions",
+        )
     return True, "AMX" if has["amx_tile"] else "AVX-512 BF16"
 
 
@@ -348,8 +529,10 @@ def no_native_bf16_reason(device: torch.device | str) -> str | None:
     if native_bf16(device):
         return None
     if device.type == "cpu":
-        return (f"no fast bf16 on this CPU ({cpu_bf16()[1]}): a bf16 matmul runs ~30x slower than fp32 "
-                f"here, so the CPU path uses fp32 (set {CPU_BF16_ENV}=fast to run bf16 anyway)")
+        return (
+            f"no fast bf16 on this CPU ({cpu_bf16()[1]}): a bf16 matmul runs ~30x slower than fp32 "
+            f"here, so the CPU path uses fp32 (set {CPU_BF16_ENV}=fast to run bf16 anyway)"
+        )
     cap = capability(device)
     return f"bf16 is not native below compute capability 8.0 (this GPU is {cap[0]}.{cap[1]}: emulated, slow)"
 
@@ -367,7 +550,11 @@ def torch_says_bf16(device: torch.device | str = "cuda") -> dict[str, bool | Non
     if torch.device(device).type != "cuda" or not torch.cuda.is_available():
         return {"default": False, "without_emulation": False}
     fn = torch.cuda.is_bf16_supported
-    strict = fn(including_emulation=False) if "including_emulation" in inspect.signature(fn).parameters else None
+    strict = (
+        fn(including_emulation=False)
+        if "including_emulation" in inspect.signature(fn).parameters
+        else None
+    )
     return {"default": bool(fn()), "without_emulation": strict}
 
 
@@ -463,16 +650,26 @@ def summary(device: str | torch.device | None = None, probe_sdpa: bool = True) -
         prof = _emulated or match_profile(props.name, props.total_memory)
         name = props.name if _emulated is None else f"{props.name} emulating {_emulated.name}"
         s = DeviceSummary(
-            device="cuda", name=name, capability=capability(device),
-            total_memory_bytes=_emulated_memory or props.total_memory, native_bf16=native_bf16(device),
-            tf32=tf32_supported(device), compile_ok=ok, compile_reason=reason,
+            device="cuda",
+            name=name,
+            capability=capability(device),
+            total_memory_bytes=_emulated_memory or props.total_memory,
+            native_bf16=native_bf16(device),
+            tf32=tf32_supported(device),
+            compile_ok=ok,
+            compile_reason=reason,
             profile=prof.key if prof else None,
         )
     else:
         s = DeviceSummary(
-            device=device.type, name=platform.processor() or platform.machine(), capability=None,
-            total_memory_bytes=None, native_bf16=native_bf16(device), tf32=False,
-            compile_ok=ok, compile_reason=reason,
+            device=device.type,
+            name=platform.processor() or platform.machine(),
+            capability=None,
+            total_memory_bytes=None,
+            native_bf16=native_bf16(device),
+            tf32=False,
+            compile_ok=ok,
+            compile_reason=reason,
         )
     if probe_sdpa:
         s.sdpa = sdpa_backends(device)
@@ -507,10 +704,18 @@ def recommend_recipe(
     fused AdamW on CUDA.
     """
     if isinstance(target, GPUProfile) and target.capability is not None:
-        cap, name, compile_ok, compile_reason = target.capability, target.name, target.capability >= (7, 0), "Triton supports >= 7.0"
+        cap, name, compile_ok, compile_reason = (
+            target.capability,
+            target.name,
+            target.capability >= (7, 0),
+            "Triton supports >= 7.0",
+        )
     else:
-        device = torch.device("cpu") if isinstance(target, GPUProfile) else (
-            torch.device(target) if target is not None else default_device())
+        device = (
+            torch.device("cpu")
+            if isinstance(target, GPUProfile)
+            else (torch.device(target) if target is not None else default_device())
+        )
         compile_ok, compile_reason = compile_support(device)
         if device.type == "cuda":
             cap = capability(device)
@@ -519,30 +724,92 @@ def recommend_recipe(
             cap, name = None, "CPU"
     c = []
     if cap is None:
-        c.append(RecipeChoice("matmul_precision", "fp32", "TF32 is a tensor-core mode of NVIDIA GPUs; a CPU computes fp32"))
-        c.append(RecipeChoice("autocast", None, "CPU runs are for correctness: keep fp32 (bf16 autocast runs, but its speed depends on the CPU)"))
+        c.append(
+            RecipeChoice(
+                "matmul_precision",
+                "fp32",
+                "TF32 is a tensor-core mode of NVIDIA GPUs; a CPU computes fp32",
+            )
+        )
+        c.append(
+            RecipeChoice(
+                "autocast",
+                None,
+                "CPU runs are for correctness: keep fp32 (bf16 autocast runs, but its speed depends on the CPU)",
+            )
+        )
     else:
         ampere = cap >= (8, 0)
-        c.append(RecipeChoice("matmul_precision", "tf32" if ampere else "fp32",
-                              "TF32 tensor cores (compute capability >= 8.0)" if ampere
-                              else f"sm{cap[0]}{cap[1]} has no TF32 tensor cores: the switch would do nothing"))
-        c.append(RecipeChoice("autocast", "bf16" if ampere else "fp16",
-                              "native bf16: fp32's range, no loss scaling needed" if ampere
-                              else f"sm{cap[0]}{cap[1]} has no native bf16 (emulated, slow): fp16 tensor cores + GradScaler "
-                              "(fp16 overflows above 65504 and underflows small gradients)"))
-    c.append(RecipeChoice("compile", "default" if compile_ok else None,
-                          f"torch.compile: {compile_reason}" if compile_ok else f"eager: {compile_reason}"))
-    kernel = ("FlashAttention-2 / cuDNN kernels" if cap is not None and cap >= (8, 0)
-              else "the memory-efficient kernel (no FlashAttention-2 below sm80)" if cap is not None
-              else "the fused CPU kernel")
-    c.append(RecipeChoice("attention", "sdpa", f"SDPA never stores the (T, T) scores; here it uses {kernel}"))
-    c.append(RecipeChoice("vocab_multiple", 64, "50257 -> 50304 rows: aligned shapes for the LM head and the loss (chapter 07)"))
-    c.append(RecipeChoice("optimizer", "fused" if cap is not None else "foreach",
-                          "fused AdamW: one kernel for all parameters" if cap is not None else "foreach AdamW: the CPU default"))
+        c.append(
+            RecipeChoice(
+                "matmul_precision",
+                "tf32" if ampere else "fp32",
+                "TF32 tensor cores (compute capability >= 8.0)"
+                if ampere
+                else f"sm{cap[0]}{cap[1]} has no TF32 tensor cores: the switch would do nothing",
+            )
+        )
+        c.append(
+            RecipeChoice(
+                "autocast",
+                "bf16" if ampere else "fp16",
+                "native bf16: fp32's range, no loss scaling needed"
+                if ampere
+                else f"sm{cap[0]}{cap[1]} has no native bf16 (emulated, slow): fp16 tensor cores + GradScaler "
+                "(fp16 overflows above 65504 and underflows small gradients)",
+            )
+        )
+    c.append(
+        RecipeChoice(
+            "compile",
+            "default" if compile_ok else None,
+            f"torch.compile: {compile_reason}" if compile_ok else f"eager: {compile_reason}",
+        )
+    )
+    kernel = (
+        "FlashAttention-2 / cuDNN kernels"
+        if cap is not None and cap >= (8, 0)
+        else "the memory-efficient kernel (no FlashAttention-2 below sm80)"
+        if cap is not None
+        else "the fused CPU kernel"
+    )
+    c.append(
+        RecipeChoice(
+            "attention", "sdpa", f"SDPA never stores the (T, T) scores; here it uses {kernel}"
+        )
+    )
+    c.append(
+        RecipeChoice(
+            "vocab_multiple",
+            64,
+            "50257 -> 50304 rows: aligned shapes for the LM head and the loss (chapter 07)",
+        )
+    )
+    c.append(
+        RecipeChoice(
+            "optimizer",
+            "fused" if cap is not None else "foreach",
+            "fused AdamW: one kernel for all parameters"
+            if cap is not None
+            else "foreach AdamW: the CPU default",
+        )
+    )
     if batch_size is None:
-        c.append(RecipeChoice("batch_size", None, f"measure it on the {name}: memory.find_max_batch_size with a 10% margin"))
+        c.append(
+            RecipeChoice(
+                "batch_size",
+                None,
+                f"measure it on the {name}: memory.find_max_batch_size with a 10% margin",
+            )
+        )
     else:
-        c.append(RecipeChoice("batch_size", batch_size, batch_reason or f"measured on the {name} with memory.find_max_batch_size"))
+        c.append(
+            RecipeChoice(
+                "batch_size",
+                batch_size,
+                batch_reason or f"measured on the {name} with memory.find_max_batch_size",
+            )
+        )
     return c
 
 
@@ -568,8 +835,10 @@ def format_profiles(profiles: list[GPUProfile] | None = None) -> str:
         sm = "-" if p.capability is None else f"{p.capability[0]}{p.capability[1]}"
         dtype = next(c.value for c in recommend_recipe(p) if c.switch == "autocast")
         dtype = "fp16 + GradScaler" if dtype == "fp16" else (dtype or "none (fp32)")
-        lines.append(f"{p.key:<10} {sm:>4} {num(p.memory_gb):>5} {num(p.bandwidth_gbs):>6} {num(p.fp32_tflops):>6} "
-                     f"{num(p.tf32_tflops):>6} {num(p.bf16_tflops):>6} {num(p.fp16_tflops):>6}  {dtype}")
+        lines.append(
+            f"{p.key:<10} {sm:>4} {num(p.memory_gb):>5} {num(p.bandwidth_gbs):>6} {num(p.fp32_tflops):>6} "
+            f"{num(p.tf32_tflops):>6} {num(p.bf16_tflops):>6} {num(p.fp16_tflops):>6}  {dtype}"
+        )
     lines.append("TFLOP/s dense. Sources:")
     lines += [f"  {p.key}: {p.source}" + (f" ({p.note})" if p.note else "") for p in profiles]
     return "\n".join(lines)
@@ -622,7 +891,9 @@ def parse_smi_line(line: str, t: float) -> PowerSample | None:
     return PowerSample(t, *values)
 
 
-def samples_in_window(samples: list[PowerSample], t0: float | None = None, t1: float | None = None) -> list[PowerSample]:
+def samples_in_window(
+    samples: list[PowerSample], t0: float | None = None, t1: float | None = None
+) -> list[PowerSample]:
     """The samples that arrived in [t0, t1] (time.time() s; None = no bound)."""
     return [s for s in samples if (t0 is None or s.t >= t0) and (t1 is None or s.t <= t1)]
 
@@ -634,7 +905,9 @@ def power_reading_is_average(device: torch.device | str = "cuda") -> bool:
     return torch.cuda.get_device_capability(torch.device(device)) >= (8, 0)
 
 
-def power_summary(samples: list[PowerSample], t0: float | None = None, t1: float | None = None) -> dict:
+def power_summary(
+    samples: list[PowerSample], t0: float | None = None, t1: float | None = None
+) -> dict:
     """Min / median / max of power (W) and SM clock (MHz) over the samples taken in [t0, t1] (time.time() s;
     None = no bound), the window's length, the power limit, and the fraction of samples whose clock-event
     reasons include :data:`SW_POWER_CAP`. Fields nvidia-smi could not read ("[N/A]") are left out of each
@@ -656,12 +929,21 @@ def power_summary(samples: list[PowerSample], t0: float | None = None, t1: float
 
     reasons = [s.reasons for s in sel if s.reasons is not None]
     limits = [s.power_limit_w for s in sel if s.power_limit_w is not None]
-    return {"samples": len(sel), "window_s": window, "power_w": stats([s.power_w for s in sel]),
-            "sm_clock_mhz": stats([s.sm_clock_mhz for s in sel]), "power_limit_w": limits[-1] if limits else None,
-            "sw_power_cap_fraction": (sum(bool(r & SW_POWER_CAP) for r in reasons) / len(reasons)) if reasons else None}
+    return {
+        "samples": len(sel),
+        "window_s": window,
+        "power_w": stats([s.power_w for s in sel]),
+        "sm_clock_mhz": stats([s.sm_clock_mhz for s in sel]),
+        "power_limit_w": limits[-1] if limits else None,
+        "sw_power_cap_fraction": (sum(bool(r & SW_POWER_CAP) for r in reasons) / len(reasons))
+        if reasons
+        else None,
+    }
 
 
-def format_power_summary(summary: dict, max_clock_mhz: float | None = None, power_is_average: bool = True) -> str:
+def format_power_summary(
+    summary: dict, max_clock_mhz: float | None = None, power_is_average: bool = True
+) -> str:
     """Lines for a learner from :func:`power_summary`'s dict: the SM clock against ``max_clock_mhz``, the power
     against its limit (marked as a ~1 s average when ``power_is_average``: Ampere and newer), and the share of
     samples in which the driver named its power cap."""
@@ -670,30 +952,44 @@ def format_power_summary(summary: dict, max_clock_mhz: float | None = None, powe
     lines = [f"{summary['samples']} samples"]
     c = summary.get("sm_clock_mhz")
     if c:
-        lines[0] += f"; SM clock min / median / max: {c['min']:.0f} / {c['median']:.0f} / {c['max']:.0f} MHz"
+        lines[0] += (
+            f"; SM clock min / median / max: {c['min']:.0f} / {c['median']:.0f} / {c['max']:.0f} MHz"
+        )
         if max_clock_mhz:
-            lines.append(f"maximum SM clock {max_clock_mhz:.0f} MHz: the median is {100 * c['median'] / max_clock_mhz:.0f}% of it")
+            lines.append(
+                f"maximum SM clock {max_clock_mhz:.0f} MHz: the median is {100 * c['median'] / max_clock_mhz:.0f}% of it"
+            )
     p = summary.get("power_w")
     if p:
-        limit = f" of a {summary['power_limit_w']:.0f} W limit" if summary.get("power_limit_w") else ""
+        limit = (
+            f" of a {summary['power_limit_w']:.0f} W limit" if summary.get("power_limit_w") else ""
+        )
         lag = " (a ~1 s average: it lags the load)" if power_is_average else ""
         lines.append(f"power draw up to {p['max']:.0f} W{limit}{lag}")
     if summary.get("sw_power_cap_fraction") is not None:
-        lines.append(f"the driver named its power cap as a clock-event reason in {summary['sw_power_cap_fraction']:.0%} "
-                     "of the samples")
+        lines.append(
+            f"the driver named its power cap as a clock-event reason in {summary['sw_power_cap_fraction']:.0%} "
+            "of the samples"
+        )
     return "\n".join(lines)
 
 
 def _smi_gpu_id(device: torch.device) -> str:
     """nvidia-smi's ``-i`` for a torch CUDA device: its UUID (right whatever CUDA_VISIBLE_DEVICES renumbers)."""
     if device.type != "cuda":
-        raise RuntimeError(f"nvidia-smi reads an NVIDIA GPU's counters; {device} is not a CUDA device")
+        raise RuntimeError(
+            f"nvidia-smi reads an NVIDIA GPU's counters; {device} is not a CUDA device"
+        )
     if not torch.cuda.is_available():
-        raise RuntimeError("this PyTorch cannot see a CUDA GPU (a CPU-only build, or no driver), so there is no GPU "
-                           "to read: install a CUDA build of torch on a machine with an NVIDIA GPU")
+        raise RuntimeError(
+            "this PyTorch cannot see a CUDA GPU (a CPU-only build, or no driver), so there is no GPU "
+            "to read: install a CUDA build of torch on a machine with an NVIDIA GPU"
+        )
     if shutil.which("nvidia-smi") is None:
-        raise RuntimeError("nvidia-smi is not on PATH: it ships with the NVIDIA driver. Without it, power and "
-                           "clocks cannot be read here (benchmarks/perf.py: run without --power).")
+        raise RuntimeError(
+            "nvidia-smi is not on PATH: it ships with the NVIDIA driver. Without it, power and "
+            "clocks cannot be read here (benchmarks/perf.py: run without --power)."
+        )
     uuid = str(torch.cuda.get_device_properties(device).uuid)
     return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
 
@@ -704,8 +1000,13 @@ def max_sm_clock_mhz(device: torch.device | str = "cuda") -> float | None:
     import subprocess
 
     try:
-        cmd = ["nvidia-smi", "-i", _smi_gpu_id(torch.device(device)), "--query-gpu=clocks.max.sm",
-               "--format=csv,noheader,nounits"]
+        cmd = [
+            "nvidia-smi",
+            "-i",
+            _smi_gpu_id(torch.device(device)),
+            "--query-gpu=clocks.max.sm",
+            "--format=csv,noheader,nounits",
+        ]
         return float(subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip())
     except (RuntimeError, ValueError, OSError, subprocess.SubprocessError):
         return None
@@ -730,19 +1031,33 @@ class GPUPowerSampler:
             PATH (it ships with the NVIDIA driver; on a CPU or without it, time the workload without sampling).
     """
 
-    def __init__(self, device: torch.device | str = "cuda", interval_ms: int = 100, command: list[str] | None = None):
+    def __init__(
+        self,
+        device: torch.device | str = "cuda",
+        interval_ms: int = 100,
+        command: list[str] | None = None,
+    ):
         self.device = torch.device(device)
         self.interval_ms = int(interval_ms)
         self.command = command
         self.samples: list[PowerSample] = []
-        self.unparsed: list[str] = []  # the first lines nvidia-smi printed that were not readings (its errors)
+        self.unparsed: list[
+            str
+        ] = []  # the first lines nvidia-smi printed that were not readings (its errors)
         self.returncode: int | None = None
         self._proc = None
         self._thread = None
 
     def _default_command(self) -> list[str]:
-        return ["nvidia-smi", "-i", _smi_gpu_id(self.device), f"--query-gpu={SMI_QUERY}",
-                "--format=csv,noheader,nounits", "-lms", str(self.interval_ms)]
+        return [
+            "nvidia-smi",
+            "-i",
+            _smi_gpu_id(self.device),
+            f"--query-gpu={SMI_QUERY}",
+            "--format=csv,noheader,nounits",
+            "-lms",
+            str(self.interval_ms),
+        ]
 
     def __enter__(self) -> "GPUPowerSampler":
         import subprocess
@@ -750,7 +1065,9 @@ class GPUPowerSampler:
         import time
 
         cmd = self.command or self._default_command()
-        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self._proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
 
         def read():
             for line in self._proc.stdout:

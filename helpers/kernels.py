@@ -61,10 +61,14 @@ except ImportError:  # CPU-only torch ships without Triton
 
 # The kernels are registered with torch.library.triton_op and launched through wrap_triton (torch >= 2.6);
 # on an older torch the module still imports and available() says why the Triton rungs are skipped.
-TRITON_OP_MISSING: str | None = None if all(
-    hasattr(torch.library, name) for name in ("triton_op", "wrap_triton")) else (
-    f"torch {torch.__version__} has no torch.library.triton_op (torch >= 2.6 has it): "
-    "the Triton kernels need a newer torch")
+TRITON_OP_MISSING: str | None = (
+    None
+    if all(hasattr(torch.library, name) for name in ("triton_op", "wrap_triton"))
+    else (
+        f"torch {torch.__version__} has no torch.library.triton_op (torch >= 2.6 has it): "
+        "the Triton kernels need a newer torch"
+    )
+)
 
 # True when Triton's CPU interpreter runs the kernels (TRITON_INTERPRET=1). Triton reads the variable
 # when the kernels are decorated, at import, so this module reads it then too.
@@ -79,9 +83,15 @@ def available(device: torch.device | str) -> tuple[bool, str]:
     """
     device = torch.device(device)
     if device.type not in ("cuda", "cpu") or (device.type == "cpu" and not _INTERPRETED_AT_IMPORT):
-        return False, f"the Triton kernels run on a CUDA GPU; this device is a {device.type.upper()}"
+        return (
+            False,
+            f"the Triton kernels run on a CUDA GPU; this device is a {device.type.upper()}",
+        )
     if triton is None:
-        return False, "the 'triton' package is not installed (it comes with the CUDA builds of torch)"
+        return (
+            False,
+            "the 'triton' package is not installed (it comes with the CUDA builds of torch)",
+        )
     if TRITON_OP_MISSING is not None:
         return False, TRITON_OP_MISSING
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -99,7 +109,9 @@ def available(device: torch.device | str) -> tuple[bool, str]:
 if triton is not None and TRITON_OP_MISSING is None:
 
     @triton.jit
-    def _row_loss(row_ptr, targets_ptr, row, ignore_index, n_cols: tl.constexpr, BLOCK: tl.constexpr):
+    def _row_loss(
+        row_ptr, targets_ptr, row, ignore_index, n_cols: tl.constexpr, BLOCK: tl.constexpr
+    ):
         # One row's loss in one read: a running max m and sum s of exp(x - m) over the row (online softmax).
         # n_cols is a compile-time constant (one build per vocabulary size): a loop bound Triton's CPU
         # interpreter also accepts (its runtime integers cannot bound a range with numpy 2).
@@ -117,13 +129,19 @@ if triton is not None and TRITON_OP_MISSING is None:
         log_s = tl.log(s)
         target = tl.load(targets_ptr + row)
         in_range = (target >= 0) & (target < n_cols)
-        x_target = tl.load(row_ptr + tl.where(in_range, target, 0)).to(tl.float32)  # never reads outside the row
-        loss = (m - x_target) + log_s  # = lse - x_target, without rounding lse at the size of m first
+        x_target = tl.load(row_ptr + tl.where(in_range, target, 0)).to(
+            tl.float32
+        )  # never reads outside the row
+        loss = (
+            m - x_target
+        ) + log_s  # = lse - x_target, without rounding lse at the size of m first
         loss = tl.where(target == ignore_index, 0.0, tl.where(in_range, loss, float("nan")))
         return loss, m + log_s, target, in_range
 
     @triton.jit
-    def _store_row_grad(row_ptr, out_ptr, lse, target, scale, n_cols: tl.constexpr, BLOCK: tl.constexpr):
+    def _store_row_grad(
+        row_ptr, out_ptr, lse, target, scale, n_cols: tl.constexpr, BLOCK: tl.constexpr
+    ):
         # d loss_row / d x_j = softmax(x)_j - [j == target], times scale; one read and one write of the row.
         cols = tl.arange(0, BLOCK)
         for start in range(0, n_cols, BLOCK):
@@ -134,26 +152,54 @@ if triton is not None and TRITON_OP_MISSING is None:
             tl.store(out_ptr + idx, g.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _ce_forward_kernel(logits_ptr, targets_ptr, loss_ptr, lse_ptr, row_stride, ignore_index,
-                           n_cols: tl.constexpr, BLOCK: tl.constexpr):
+    def _ce_forward_kernel(
+        logits_ptr,
+        targets_ptr,
+        loss_ptr,
+        lse_ptr,
+        row_stride,
+        ignore_index,
+        n_cols: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
         # One program per row: its loss, and its log-sum-exp for backward.
         row = tl.program_id(0).to(tl.int64)
-        loss, lse, target, in_range = _row_loss(logits_ptr + row * row_stride, targets_ptr, row, ignore_index,
-                                                n_cols, BLOCK)
+        loss, lse, target, in_range = _row_loss(
+            logits_ptr + row * row_stride, targets_ptr, row, ignore_index, n_cols, BLOCK
+        )
         tl.store(loss_ptr + row, loss)
         tl.store(lse_ptr + row, lse)
 
     @triton.jit
-    def _ce_backward_kernel(logits_ptr, targets_ptr, lse_ptr, grad_loss_ptr, grad_logits_ptr, row_stride, ignore_index,
-                            n_cols: tl.constexpr, BLOCK: tl.constexpr):
+    def _ce_backward_kernel(
+        logits_ptr,
+        targets_ptr,
+        lse_ptr,
+        grad_loss_ptr,
+        grad_logits_ptr,
+        row_stride,
+        ignore_index,
+        n_cols: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
         # One program per row: softmax(x) - onehot(target), scaled by the row's upstream gradient.
         row = tl.program_id(0).to(tl.int64)
         lse = tl.load(lse_ptr + row)
         target = tl.load(targets_ptr + row)
         in_range = (target >= 0) & (target < n_cols)
         scale = tl.where(target != ignore_index, tl.load(grad_loss_ptr + row).to(tl.float32), 0.0)
-        scale = tl.where(in_range | (target == ignore_index), scale, float("nan"))  # as the forward's nan loss
-        _store_row_grad(logits_ptr + row * row_stride, grad_logits_ptr + row * n_cols, lse, target, scale, n_cols, BLOCK)
+        scale = tl.where(
+            in_range | (target == ignore_index), scale, float("nan")
+        )  # as the forward's nan loss
+        _store_row_grad(
+            logits_ptr + row * row_stride,
+            grad_logits_ptr + row * n_cols,
+            lse,
+            target,
+            scale,
+            n_cols,
+            BLOCK,
+        )
 
     def _launch(kernel):
         # wrap_triton lets torch.compile trace the launch; the CPU interpreter's kernels are plain Python
@@ -161,21 +207,43 @@ if triton is not None and TRITON_OP_MISSING is None:
         return kernel if _INTERPRETED_AT_IMPORT else torch.library.wrap_triton(kernel)
 
     @torch.library.triton_op("fastgpt2::cross_entropy_rows", mutates_args={})
-    def _cross_entropy_rows(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _cross_entropy_rows(
+        logits: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         N, V = logits.shape
         loss = torch.empty(N, dtype=torch.float32, device=logits.device)
         lse = torch.empty(N, dtype=torch.float32, device=logits.device)
         _launch(_ce_forward_kernel)[(N,)](
-            logits, targets, loss, lse, logits.stride(0), IGNORE_INDEX, n_cols=V, BLOCK=BLOCK, num_warps=NUM_WARPS)
+            logits,
+            targets,
+            loss,
+            lse,
+            logits.stride(0),
+            IGNORE_INDEX,
+            n_cols=V,
+            BLOCK=BLOCK,
+            num_warps=NUM_WARPS,
+        )
         return loss, lse
 
     @torch.library.triton_op("fastgpt2::cross_entropy_rows_backward", mutates_args={})
-    def _cross_entropy_rows_backward(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor,
-                                     grad_loss: torch.Tensor) -> torch.Tensor:
+    def _cross_entropy_rows_backward(
+        logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, grad_loss: torch.Tensor
+    ) -> torch.Tensor:
         N, V = logits.shape
         grad = torch.empty((N, V), dtype=logits.dtype, device=logits.device)
         _launch(_ce_backward_kernel)[(N,)](
-            logits, targets, lse, grad_loss, grad, logits.stride(0), IGNORE_INDEX, n_cols=V, BLOCK=BLOCK, num_warps=NUM_WARPS)
+            logits,
+            targets,
+            lse,
+            grad_loss,
+            grad,
+            logits.stride(0),
+            IGNORE_INDEX,
+            n_cols=V,
+            BLOCK=BLOCK,
+            num_warps=NUM_WARPS,
+        )
         return grad
 
     def _setup_context(ctx, inputs, output):
@@ -190,28 +258,48 @@ if triton is not None and TRITON_OP_MISSING is None:
     _cross_entropy_rows.register_autograd(_backward, setup_context=_setup_context)
 
     @triton.jit
-    def _ce_fused_kernel(logits_ptr, targets_ptr, loss_ptr, grad_ptr, row_stride, ignore_index,
-                         n_cols: tl.constexpr, BLOCK: tl.constexpr):
+    def _ce_fused_kernel(
+        logits_ptr,
+        targets_ptr,
+        loss_ptr,
+        grad_ptr,
+        row_stride,
+        ignore_index,
+        n_cols: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
         # Forward and backward of one row in one program: the forward kernel's pass (_row_loss), then a
         # second read of the row (from L2 when it is still there) that writes softmax(x) - onehot(target),
         # *not* scaled by 1/n or the upstream gradient: that scale is applied later to the two small
         # matmul outputs (see _LinearCrossEntropy), so no logits-sized pass waits for backward.
         row = tl.program_id(0).to(tl.int64)
         row_ptr = logits_ptr + row * row_stride
-        loss, lse, target, in_range = _row_loss(row_ptr, targets_ptr, row, ignore_index, n_cols, BLOCK)
+        loss, lse, target, in_range = _row_loss(
+            row_ptr, targets_ptr, row, ignore_index, n_cols, BLOCK
+        )
         tl.store(loss_ptr + row, loss)
         keep = tl.where(target != ignore_index, 1.0, 0.0)  # an ignored row's gradient is 0
         keep = tl.where(in_range | (target == ignore_index), keep, float("nan"))
         _store_row_grad(row_ptr, grad_ptr + row * n_cols, lse, target, keep, n_cols, BLOCK)
 
     @torch.library.triton_op("fastgpt2::cross_entropy_rows_with_grad", mutates_args={})
-    def _cross_entropy_rows_with_grad(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _cross_entropy_rows_with_grad(
+        logits: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         N, V = logits.shape
         loss = torch.empty(N, dtype=torch.float32, device=logits.device)
         grad = torch.empty((N, V), dtype=logits.dtype, device=logits.device)
         _launch(_ce_fused_kernel)[(N,)](
-            logits, targets, loss, grad, logits.stride(0), IGNORE_INDEX, n_cols=V, BLOCK=FUSED_BLOCK,
-            num_warps=FUSED_NUM_WARPS)
+            logits,
+            targets,
+            loss,
+            grad,
+            logits.stride(0),
+            IGNORE_INDEX,
+            n_cols=V,
+            BLOCK=FUSED_BLOCK,
+            num_warps=FUSED_NUM_WARPS,
+        )
         return loss, grad
 
     @triton.jit
@@ -224,19 +312,32 @@ if triton is not None and TRITON_OP_MISSING is None:
         # false tie), then round the 16 bits to their top 8. Written out because Triton's CPU interpreter casts
         # to fp8 wrongly; the same arithmetic runs on the GPU and in the tests.
         h = g.to(tl.float16, fp_downcast_rounding="rtz")
-        bits = (h.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) | (h.to(tl.float32) != g).to(tl.int32)
+        bits = (h.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) | (h.to(tl.float32) != g).to(
+            tl.int32
+        )
         return (((bits + 0x7F + ((bits >> 8) & 1)) >> 8) & 0xFF).to(tl.uint8)
 
     @triton.jit
-    def _ce_fused_e5m2_kernel(logits_ptr, targets_ptr, loss_ptr, grad_ptr, row_stride, ignore_index,
-                              n_cols: tl.constexpr, BLOCK: tl.constexpr, GRAD_SCALE: tl.constexpr):
+    def _ce_fused_e5m2_kernel(
+        logits_ptr,
+        targets_ptr,
+        loss_ptr,
+        grad_ptr,
+        row_stride,
+        ignore_index,
+        n_cols: tl.constexpr,
+        BLOCK: tl.constexpr,
+        GRAD_SCALE: tl.constexpr,
+    ):
         # _ce_fused_kernel for the fp8 LM head: the gradient times GRAD_SCALE, written as float8_e5m2 bits
         # (grad_ptr: the uint8 view of a float8_e5m2 tensor). Its loop repeats _store_row_grad's on purpose: a
         # version that shared it (a constexpr switch and a runtime scale in _store_row_grad) made the bf16 fused
         # kernel fail Triton 3.6's LLVM lowering when torch.compile built it on the H200 (results/perf-log.md).
         row = tl.program_id(0).to(tl.int64)
         row_ptr = logits_ptr + row * row_stride
-        loss, lse, target, in_range = _row_loss(row_ptr, targets_ptr, row, ignore_index, n_cols, BLOCK)
+        loss, lse, target, in_range = _row_loss(
+            row_ptr, targets_ptr, row, ignore_index, n_cols, BLOCK
+        )
         tl.store(loss_ptr + row, loss)
         keep = tl.where(target != ignore_index, GRAD_SCALE, 0.0)
         keep = tl.where(in_range | (target == ignore_index), keep, float("nan"))
@@ -251,20 +352,33 @@ if triton is not None and TRITON_OP_MISSING is None:
     # The fp8 ops are opaque custom ops: torch.compile calls them as they are and does not re-compile their
     # kernels (launched here by Triton's own JIT), so the compiled step runs the same kernels as eager code.
     @torch.library.custom_op("fastgpt2::cross_entropy_rows_with_e5m2_grad", mutates_args=())
-    def _cross_entropy_rows_with_e5m2_grad(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _cross_entropy_rows_with_e5m2_grad(
+        logits: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         # As _cross_entropy_rows_with_grad, but the gradient times FP8_GRAD_SCALE, stored as float8_e5m2.
         N, V = logits.shape
         loss = torch.empty(N, dtype=torch.float32, device=logits.device)
         grad = torch.empty((N, V), dtype=torch.float8_e5m2, device=logits.device)
         _ce_fused_e5m2_kernel[(N,)](
-            logits, targets, loss, grad.view(torch.uint8), logits.stride(0), IGNORE_INDEX, n_cols=V, BLOCK=FUSED_BLOCK,
-            GRAD_SCALE=FP8_GRAD_SCALE, num_warps=FUSED_NUM_WARPS)
+            logits,
+            targets,
+            loss,
+            grad.view(torch.uint8),
+            logits.stride(0),
+            IGNORE_INDEX,
+            n_cols=V,
+            BLOCK=FUSED_BLOCK,
+            GRAD_SCALE=FP8_GRAD_SCALE,
+            num_warps=FUSED_NUM_WARPS,
+        )
         return loss, grad
 
     @_cross_entropy_rows_with_e5m2_grad.register_fake
     def _(logits, targets):
         N, V = logits.shape
-        return logits.new_empty(N, dtype=torch.float32), logits.new_empty((N, V), dtype=torch.float8_e5m2)
+        return logits.new_empty(N, dtype=torch.float32), logits.new_empty(
+            (N, V), dtype=torch.float8_e5m2
+        )
 
     @triton.jit
     def _transpose_kernel(src_ptr, dst_ptr, M, N, BM: tl.constexpr, BN: tl.constexpr):
@@ -280,7 +394,14 @@ if triton is not None and TRITON_OP_MISSING is None:
         M, N = src.shape
         dst = torch.empty((N, M), dtype=src.dtype, device=src.device)
         _transpose_kernel[(triton.cdiv(M, TRANSPOSE_TILE), triton.cdiv(N, TRANSPOSE_TILE))](
-            src.view(torch.uint8), dst.view(torch.uint8), M, N, BM=TRANSPOSE_TILE, BN=TRANSPOSE_TILE, num_warps=4)
+            src.view(torch.uint8),
+            dst.view(torch.uint8),
+            M,
+            N,
+            BM=TRANSPOSE_TILE,
+            BN=TRANSPOSE_TILE,
+            num_warps=4,
+        )
         return dst
 
     @_transpose_fp8.register_fake
@@ -304,8 +425,14 @@ def transpose_fp8(t: torch.Tensor) -> torch.Tensor:
     Raises:
         ValueError: if ``t`` is not a contiguous 2-D fp8 tensor.
     """
-    if t.dim() != 2 or not t.is_contiguous() or t.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
-        raise ValueError(f"transpose_fp8 expects a contiguous 2-D fp8 tensor, got {t.dtype} {tuple(t.shape)}")
+    if (
+        t.dim() != 2
+        or not t.is_contiguous()
+        or t.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2)
+    ):
+        raise ValueError(
+            f"transpose_fp8 expects a contiguous 2-D fp8 tensor, got {t.dtype} {tuple(t.shape)}"
+        )
     return _transpose_fp8(t)
 
 
@@ -330,13 +457,19 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         ValueError: on wrong shapes or dtypes.
     """
     if logits.dim() != 2 or targets.dim() != 1 or targets.shape[0] != logits.shape[0]:
-        raise ValueError(f"expected logits (N, V) and targets (N,), got {tuple(logits.shape)} and {tuple(targets.shape)}")
+        raise ValueError(
+            f"expected logits (N, V) and targets (N,), got {tuple(logits.shape)} and {tuple(targets.shape)}"
+        )
     if not logits.is_floating_point() or targets.dtype != torch.int64:
-        raise ValueError(f"expected floating logits and int64 targets, got {logits.dtype} and {targets.dtype}")
+        raise ValueError(
+            f"expected floating logits and int64 targets, got {logits.dtype} and {targets.dtype}"
+        )
     ok, reason = available(logits.device)
     if not ok:
-        raise RuntimeError(f"helpers.kernels.cross_entropy cannot run: {reason}. Use F.cross_entropy instead "
-                           "(or, for tests on a CPU, set TRITON_INTERPRET=1 before helpers.kernels is imported).")
+        raise RuntimeError(
+            f"helpers.kernels.cross_entropy cannot run: {reason}. Use F.cross_entropy instead "
+            "(or, for tests on a CPU, set TRITON_INTERPRET=1 before helpers.kernels is imported)."
+        )
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     loss_rows, _ = _cross_entropy_rows(logits, targets.contiguous())
@@ -345,8 +478,12 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 def _row_chunks(n: int) -> list[tuple[int, int]]:
     """[(start, end), ...] covering rows 0..n-1 in chunks of FUSED_CHUNK_ROWS (None: one chunk)."""
-    if FUSED_CHUNK_ROWS is not None and (not isinstance(FUSED_CHUNK_ROWS, int) or FUSED_CHUNK_ROWS < 1):
-        raise ValueError(f"kernels.FUSED_CHUNK_ROWS must be None or an int >= 1, got {FUSED_CHUNK_ROWS!r}")
+    if FUSED_CHUNK_ROWS is not None and (
+        not isinstance(FUSED_CHUNK_ROWS, int) or FUSED_CHUNK_ROWS < 1
+    ):
+        raise ValueError(
+            f"kernels.FUSED_CHUNK_ROWS must be None or an int >= 1, got {FUSED_CHUNK_ROWS!r}"
+        )
     step = FUSED_CHUNK_ROWS or max(n, 1)
     return [(s, min(s + step, n)) for s in range(0, n, step)]
 
@@ -380,24 +517,43 @@ class _LinearCrossEntropy(torch.autograd.Function):
         # a row-major, b column-major, hence the transposes (small ones for x and the weight, one of G per chunk).
         x8, x_inv = to_fp8_e4m3(x)  # (N, C)
         w8, w_inv = to_fp8_e4m3(weight)  # (V, C)
-        w8_t = transpose_fp8(w8)  # (C, V): w8_t.t() is the weight in the column-major layout dx's matmul needs
+        w8_t = transpose_fp8(
+            w8
+        )  # (C, V): w8_t.t() is the weight in the column-major layout dx's matmul needs
         g_inv = torch.full((), 1.0 / FP8_GRAD_SCALE, dtype=torch.float32, device=x.device)
         losses, dxs, dweight = [], [], None
         for s, e in _row_chunks(x.shape[0]):
-            logits = torch._scaled_mm(x8[s:e], w8.t(), scale_a=x_inv, scale_b=w_inv, out_dtype=x.dtype,
-                                      use_fast_accum=True)  # (rows, V)
-            loss_rows, g8 = _cross_entropy_rows_with_e5m2_grad(logits, targets[s:e])  # g8 = G * FP8_GRAD_SCALE
+            logits = torch._scaled_mm(
+                x8[s:e],
+                w8.t(),
+                scale_a=x_inv,
+                scale_b=w_inv,
+                out_dtype=x.dtype,
+                use_fast_accum=True,
+            )  # (rows, V)
+            loss_rows, g8 = _cross_entropy_rows_with_e5m2_grad(
+                logits, targets[s:e]
+            )  # g8 = G * FP8_GRAD_SCALE
             losses.append(loss_rows)
-            dxs.append(torch._scaled_mm(g8, w8_t.t(), scale_a=g_inv, scale_b=w_inv, out_dtype=x.dtype))  # (rows, C)
-            dw = torch._scaled_mm(transpose_fp8(g8), transpose_fp8(x8[s:e]).t(), scale_a=g_inv, scale_b=x_inv,
-                                  out_dtype=torch.float32)  # (V, C)
+            dxs.append(
+                torch._scaled_mm(g8, w8_t.t(), scale_a=g_inv, scale_b=w_inv, out_dtype=x.dtype)
+            )  # (rows, C)
+            dw = torch._scaled_mm(
+                transpose_fp8(g8),
+                transpose_fp8(x8[s:e]).t(),
+                scale_a=g_inv,
+                scale_b=x_inv,
+                out_dtype=torch.float32,
+            )  # (V, C)
             dweight = dw if dweight is None else dweight + dw
         return _LinearCrossEntropy._finish(ctx, losses, dxs, dweight, weight.dtype, targets)
 
     @staticmethod
     def _finish(ctx, losses, dxs, dweight, weight_dtype, targets):
         n_valid = (targets != IGNORE_INDEX).sum()
-        ctx.save_for_backward(dxs[0] if len(dxs) == 1 else torch.cat(dxs), dweight.to(weight_dtype), n_valid)
+        ctx.save_for_backward(
+            dxs[0] if len(dxs) == 1 else torch.cat(dxs), dweight.to(weight_dtype), n_valid
+        )
         loss_rows = losses[0] if len(losses) == 1 else torch.cat(losses)
         return loss_rows.sum() / n_valid
 
@@ -442,15 +598,20 @@ def fp8_available(device: torch.device | str) -> tuple[bool, str]:
     """
     ok, reason = available(device)
     if not ok:
-        return ok, f"{reason}; fp8 matmuls need an NVIDIA GPU of compute capability >= 8.9 (Ada, Hopper or newer)"
+        return (
+            ok,
+            f"{reason}; fp8 matmuls need an NVIDIA GPU of compute capability >= 8.9 (Ada, Hopper or newer)",
+        )
     device = torch.device(device)
     if device.type == "cuda":
         from helpers import hardware
 
         cap = hardware.capability(device)
         if cap < (8, 9):
-            return False, (f"fp8 matmuls need compute capability >= 8.9 (Ada, Hopper or newer); this GPU is "
-                           f"{cap[0]}.{cap[1]}")
+            return False, (
+                f"fp8 matmuls need compute capability >= 8.9 (Ada, Hopper or newer); this GPU is "
+                f"{cap[0]}.{cap[1]}"
+            )
         return True, ""
     return _cpu_scaled_mm_fp8()
 
@@ -463,12 +624,16 @@ def _cpu_scaled_mm_fp8() -> tuple[bool, str]:
     try:
         torch._scaled_mm(a, a.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
     except RuntimeError as e:
-        return False, (f"PyTorch's CPU _scaled_mm cannot run fp8 on this CPU ({str(e).splitlines()[0][:120]}); "
-                       "fp8 matmuls need an NVIDIA GPU of compute capability >= 8.9")
+        return False, (
+            f"PyTorch's CPU _scaled_mm cannot run fp8 on this CPU ({str(e).splitlines()[0][:120]}); "
+            "fp8 matmuls need an NVIDIA GPU of compute capability >= 8.9"
+        )
     return True, ""
 
 
-def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, fp8: bool = False) -> torch.Tensor:
+def linear_cross_entropy(
+    x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, fp8: bool = False
+) -> torch.Tensor:
     """LM head and mean cross-entropy in one step: the logits are made in chunks and never kept whole.
 
     Equal to ``F.cross_entropy((x @ weight.T).float(), targets)``. The rows go in chunks of
@@ -512,32 +677,58 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.T
             with ``fp8``: C or V not a multiple of 16, or a :data:`FUSED_CHUNK_ROWS` that is not.
         RuntimeError: with ``fp8`` on a GPU without fp8 tensor cores (see :func:`fp8_available`).
     """
-    if x.dim() != 2 or weight.dim() != 2 or targets.dim() != 1 or x.shape[0] != targets.shape[0] or x.shape[1] != weight.shape[1]:
-        raise ValueError(f"expected x (N, C), weight (V, C), targets (N,); got {tuple(x.shape)}, {tuple(weight.shape)}, "
-                         f"{tuple(targets.shape)}")
+    if (
+        x.dim() != 2
+        or weight.dim() != 2
+        or targets.dim() != 1
+        or x.shape[0] != targets.shape[0]
+        or x.shape[1] != weight.shape[1]
+    ):
+        raise ValueError(
+            f"expected x (N, C), weight (V, C), targets (N,); got {tuple(x.shape)}, {tuple(weight.shape)}, "
+            f"{tuple(targets.shape)}"
+        )
     if not x.is_floating_point() or not weight.is_floating_point() or targets.dtype != torch.int64:
-        raise ValueError(f"expected floating x and weight and int64 targets, got {x.dtype}, {weight.dtype} and {targets.dtype}")
+        raise ValueError(
+            f"expected floating x and weight and int64 targets, got {x.dtype}, {weight.dtype} and {targets.dtype}"
+        )
     ok, reason = available(x.device)
     if not ok:
-        raise RuntimeError(f"helpers.kernels.linear_cross_entropy cannot run: {reason}. Use loss_kernel='pytorch' "
-                           "(or, for tests on a CPU, set TRITON_INTERPRET=1 before helpers.kernels is imported).")
+        raise RuntimeError(
+            f"helpers.kernels.linear_cross_entropy cannot run: {reason}. Use loss_kernel='pytorch' "
+            "(or, for tests on a CPU, set TRITON_INTERPRET=1 before helpers.kernels is imported)."
+        )
     dev = x.device.type
     dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
     if dtype == torch.float16:
-        raise RuntimeError("linear_cross_entropy computes the logits' gradient before the fp16 GradScaler's scale "
-                           "reaches it, so small gradients would round to 0: use loss_kernel='triton' under fp16")
+        raise RuntimeError(
+            "linear_cross_entropy computes the logits' gradient before the fp16 GradScaler's scale "
+            "reaches it, so small gradients would round to 0: use loss_kernel='triton' under fp16"
+        )
     x, weight, targets = x.to(dtype), weight.to(dtype), targets.contiguous()
     if fp8:
         ok, reason = fp8_available(x.device)
         if not ok:
-            raise RuntimeError(f"linear_cross_entropy(fp8=True) cannot run: {reason}. Use fp8=False (bf16).")
-        if x.shape[1] % 16 or weight.shape[0] % 16 or (FUSED_CHUNK_ROWS is not None and FUSED_CHUNK_ROWS % 16):
-            raise ValueError(f"fp8 matmuls need multiples of 16: C={x.shape[1]} (n_embd), V={weight.shape[0]} (pad the "
-                             f"vocabulary: GPTConfig(vocab_multiple=64)), kernels.FUSED_CHUNK_ROWS={FUSED_CHUNK_ROWS}")
+            raise RuntimeError(
+                f"linear_cross_entropy(fp8=True) cannot run: {reason}. Use fp8=False (bf16)."
+            )
+        if (
+            x.shape[1] % 16
+            or weight.shape[0] % 16
+            or (FUSED_CHUNK_ROWS is not None and FUSED_CHUNK_ROWS % 16)
+        ):
+            raise ValueError(
+                f"fp8 matmuls need multiples of 16: C={x.shape[1]} (n_embd), V={weight.shape[0]} (pad the "
+                f"vocabulary: GPTConfig(vocab_multiple=64)), kernels.FUSED_CHUNK_ROWS={FUSED_CHUNK_ROWS}"
+            )
     if x.shape[0] == 0:  # no rows: nan, as F.cross_entropy; zero gradients through the graph
-        return torch.full((), float("nan"), device=x.device) + (x.sum() * weight.sum()).float() * 0.0
+        return (
+            torch.full((), float("nan"), device=x.device) + (x.sum() * weight.sum()).float() * 0.0
+        )
     if fp8:
-        pad = -x.shape[0] % 16  # zero rows with ignored targets: no loss, no gradient, sliced off again by autograd
+        pad = (
+            -x.shape[0] % 16
+        )  # zero rows with ignored targets: no loss, no gradient, sliced off again by autograd
         if pad:
             x = torch.nn.functional.pad(x, (0, 0, 0, pad))
             targets = torch.nn.functional.pad(targets, (0, pad), value=IGNORE_INDEX)
@@ -549,7 +740,14 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.T
         w8, w_inv = to_fp8_e4m3(weight)
     for s, e in _row_chunks(x.shape[0]):  # no gradient wanted: the loss alone, chunk by chunk
         if fp8:
-            logits = torch._scaled_mm(x8[s:e], w8.t(), scale_a=x_inv, scale_b=w_inv, out_dtype=x.dtype, use_fast_accum=True)
+            logits = torch._scaled_mm(
+                x8[s:e],
+                w8.t(),
+                scale_a=x_inv,
+                scale_b=w_inv,
+                out_dtype=x.dtype,
+                use_fast_accum=True,
+            )
         else:
             logits = x[s:e] @ weight.t()
         loss_rows, _ = _cross_entropy_rows(logits, targets[s:e])

@@ -33,13 +33,24 @@ def autocast_rung(name: str, changes: dict, device: torch.device | None) -> tupl
     """The autocast rung in the device's recipe dtype: bf16 where it is native (and when no device is
     given: the GPU ladder), else fp16 with a GradScaler, renamed so the table says which
     (``"+ fp16 autocast + GradScaler"``). Other rungs are returned unchanged."""
-    if changes.get("autocast") != "bf16" or device is None or device.type != "cuda" or hardware.native_bf16(device):
+    if (
+        changes.get("autocast") != "bf16"
+        or device is None
+        or device.type != "cuda"
+        or hardware.native_bf16(device)
+    ):
         return name, changes
-    return FP16_AUTOCAST_RUNG, {**changes, "autocast": "fp16"}  # RunConfig(autocast="fp16") adds the GradScaler
+    return FP16_AUTOCAST_RUNG, {
+        **changes,
+        "autocast": "fp16",
+    }  # RunConfig(autocast="fp16") adds the GradScaler
 
 
 def ladder_configs(
-    batch_size: int, seq_len: int, compile_mode: str = "default", device: torch.device | str | None = None,
+    batch_size: int,
+    seq_len: int,
+    compile_mode: str = "default",
+    device: torch.device | str | None = None,
     run_slow: bool = False,
 ) -> list[tuple[RunConfig, str | None]]:
     """The ladder as cumulative RunConfigs, each with the reason it cannot run here (None if it can).
@@ -78,7 +89,11 @@ def last_runnable(
     Raises:
         ValueError: if no rung can run on ``device``.
     """
-    runnable = [run for run, reason in ladder_configs(batch_size, seq_len, compile_mode, device) if reason is None]
+    runnable = [
+        run
+        for run, reason in ladder_configs(batch_size, seq_len, compile_mode, device)
+        if reason is None
+    ]
     if not runnable:
         raise ValueError(f"no rung of the ladder can run on {device}")
     return runnable[-1]
@@ -102,9 +117,13 @@ def select_rungs(configs: list[RunConfig], rungs: list[str]) -> list[RunConfig]:
     Raises:
         ValueError: a name that is no rung of this ladder.
     """
+
     def aliases(run: RunConfig) -> set[str]:
         names = {run.name, _short(run.name)}
-        if run.autocast is not None and run.name in (FP16_AUTOCAST_RUNG, *(n for n, c in RUNGS if "autocast" in c)):
+        if run.autocast is not None and run.name in (
+            FP16_AUTOCAST_RUNG,
+            *(n for n, c in RUNGS if "autocast" in c),
+        ):
             names |= {"autocast", "bf16 autocast", "fp16 autocast", _short(FP16_AUTOCAST_RUNG)}
         return {n.casefold() for n in names}
 
@@ -118,13 +137,28 @@ def select_rungs(configs: list[RunConfig], rungs: list[str]) -> list[RunConfig]:
 
 def skipped_row(run: RunConfig, reason: str | None) -> dict:
     """A result row for ``run`` with status "skipped" and ``reason`` (run_rung fills in the rest)."""
-    return {"name": run.name, "status": "skipped", "ms_per_step": None, "tokens_per_s": None, "speedup": None,
-            "mfu": None, "peak_mem_bytes": None, "first_step_ms": None, "loss": None, "reason": reason,
-            "switches": {k: v for k, v in run.__dict__.items() if k not in ("name",)}}
+    return {
+        "name": run.name,
+        "status": "skipped",
+        "ms_per_step": None,
+        "tokens_per_s": None,
+        "speedup": None,
+        "mfu": None,
+        "peak_mem_bytes": None,
+        "first_step_ms": None,
+        "loss": None,
+        "reason": reason,
+        "switches": {k: v for k, v in run.__dict__.items() if k not in ("name",)},
+    }
 
 
 def run_rung(
-    run: RunConfig, model_config: GPTConfig, device: torch.device, tokens: torch.Tensor, warmup: int, iters: int,
+    run: RunConfig,
+    model_config: GPTConfig,
+    device: torch.device,
+    tokens: torch.Tensor,
+    warmup: int,
+    iters: int,
     run_slow: bool = False,
 ) -> dict:
     """Build ``run``, time ``iters`` steps after ``warmup``, and return one result row
@@ -142,7 +176,9 @@ def run_rung(
         trainer = build(run, model_config, device)
         loader = data.BatchLoader(tokens, run.batch_size, run.seq_len, device)
         losses = []
-        t = timing.measure(lambda: losses.append(trainer.step(loader)), device, warmup=warmup, iters=iters)
+        t = timing.measure(
+            lambda: losses.append(trainer.step(loader)), device, warmup=warmup, iters=iters
+        )
         row["peak_mem_bytes"] = memory.peak_bytes(device)
         row["loss"] = float(losses[-1])
         row["first_step_ms"] = t.warmup_ms[0] if t.warmup_ms else None
@@ -150,7 +186,9 @@ def run_rung(
         row["spread_pct"] = t.spread_pct
         row["tokens_per_s"] = timing.tokens_per_second(run.tokens_per_step, t.median_ms)
         peak, peak_src = timing.peak_flops(device)
-        row["mfu"], mfu_reason = timing.mfu(flops_per_token(model_config, run.seq_len), row["tokens_per_s"], peak)
+        row["mfu"], mfu_reason = timing.mfu(
+            flops_per_token(model_config, run.seq_len), row["tokens_per_s"], peak
+        )
         row["status"] = "measured"
         row["reason"] = "ok" if row["mfu"] is not None else f"MFU not reported: {mfu_reason}"
         if peak is not None:
@@ -164,9 +202,15 @@ def run_rung(
         else:
             where = "on this device"
         # torch's own message names the real GPU's free memory, which misleads under emulation: keep ours short
-        row["status"], row["reason"] = "failed", f"out of memory at B={run.batch_size} {where}: lower B, or see chapter 09"
+        row["status"], row["reason"] = (
+            "failed",
+            f"out of memory at B={run.batch_size} {where}: lower B, or see chapter 09",
+        )
     except Exception as e:  # a rung that breaks is reported, never faked
-        row["status"], row["reason"] = "failed", f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        row["status"], row["reason"] = (
+            "failed",
+            f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}",
+        )
     finally:
         trainer = None  # drop the model, optimizer and graphs before the next rung
         gc.collect()
@@ -194,10 +238,14 @@ def run_ladder(
     B = default_b if batch_size is None else batch_size
     T = default_t if seq_len is None else seq_len
     if B < 1 or T < 1 or iters < 1 or warmup < 0:
-        raise ValueError(f"need --batch-size >= 1, --seq-len >= 1, --iters >= 1, --warmup >= 0; got {B}, {T}, {iters}, {warmup}")
+        raise ValueError(
+            f"need --batch-size >= 1, --seq-len >= 1, --iters >= 1, --warmup >= 0; got {B}, {T}, {iters}, {warmup}"
+        )
     if T > model_config.block_size:
-        raise ValueError(f"--seq-len {T} > block_size {model_config.block_size} of the {device.type} model config: "
-                         f"use --seq-len <= {model_config.block_size} here")
+        raise ValueError(
+            f"--seq-len {T} > block_size {model_config.block_size} of the {device.type} model config: "
+            f"use --seq-len <= {model_config.block_size} here"
+        )
     tokens = data.load_tokens()
     run_slow = names_autocast_rung(rungs)  # asked for by name: measured even where it is slow
     configs = [run for run, _ in ladder_configs(B, T, compile_mode, device, run_slow=run_slow)]
@@ -218,11 +266,18 @@ def run_ladder(
         "python": platform.python_version(),
         "date": datetime.date.today().isoformat(),
         "config": {
-            "model": {k: v for k, v in model_config.__dict__.items() if k not in ("attention", "vocab_multiple")},
-            "batch_size": B, "seq_len": T, "warmup_steps": warmup, "timed_steps": iters,
+            "model": {
+                k: v
+                for k, v in model_config.__dict__.items()
+                if k not in ("attention", "vocab_multiple")
+            },
+            "batch_size": B,
+            "seq_len": T,
+            "warmup_steps": warmup,
+            "timed_steps": iters,
             "data": "Tiny Shakespeare, GPT-2 BPE, sequential batches",
             "step": "zero_grad, forward+loss, backward, gradient clipping to norm 1.0 (clip_grad_norm_, or inside "
-                    "fused AdamW from the '+ clip in AdamW' rung on), AdamW step",
+            "fused AdamW from the '+ clip in AdamW' rung on), AdamW step",
             "timing": "median of timed steps; CUDA events on GPU, perf_counter on CPU",
             "flops_per_token": flops_per_token(model_config, T),
         },
@@ -234,29 +289,49 @@ def format_table(results: dict) -> str:
     """The results as a fixed-width text table (one line per rung)."""
     head = f"{'rung':<20} {'status':<9} {'ms/step':>9} {'spread':>7} {'tokens/s':>11} {'speed-up':>8} {'MFU':>6} {'peak mem':>10}  note"
     base = next((r["name"] for r in results["rungs"] if r["status"] == "measured"), None)
-    lines = [f"{results['device']} | torch {results['torch']} | B={results['config']['batch_size']} "
-             f"T={results['config']['seq_len']} | {results['date']}",
-             f"speed-up is relative to the first measured rung ({base}); spread = (max - min) / median of the timed steps"
-             if base is not None else "no rung was measured here (see the reasons below)",
-             head, "-" * len(head)]
+    lines = [
+        f"{results['device']} | torch {results['torch']} | B={results['config']['batch_size']} "
+        f"T={results['config']['seq_len']} | {results['date']}",
+        f"speed-up is relative to the first measured rung ({base}); spread = (max - min) / median of the timed steps"
+        if base is not None
+        else "no rung was measured here (see the reasons below)",
+        head,
+        "-" * len(head),
+    ]
     measured = [r for r in results["rungs"] if r["status"] == "measured"]
     shared = {r["reason"] for r in measured}
-    shared_note = shared.pop() if len(shared) == 1 and len(measured) > 1 else "ok"  # e.g. why no MFU: said once
+    shared_note = (
+        shared.pop() if len(shared) == 1 and len(measured) > 1 else "ok"
+    )  # e.g. why no MFU: said once
     if shared_note != "ok":
         lines.insert(2, f"note for every measured rung: {shared_note}")
     for r in results["rungs"]:
         if r["status"] == "measured":
             mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
             note = "" if r["reason"] in ("ok", shared_note) else r["reason"]
-            lines.append(f"{r['name']:<20} {r['status']:<9} {r['ms_per_step']:>9.1f} {r.get('spread_pct', 0):>6.0f}% {r['tokens_per_s']:>11,.0f} "
-                         f"{r['speedup']:>7.2f}x {mfu:>6} {memory.format_bytes(r['peak_mem_bytes']):>10}  {note}")
+            lines.append(
+                f"{r['name']:<20} {r['status']:<9} {r['ms_per_step']:>9.1f} {r.get('spread_pct', 0):>6.0f}% {r['tokens_per_s']:>11,.0f} "
+                f"{r['speedup']:>7.2f}x {mfu:>6} {memory.format_bytes(r['peak_mem_bytes']):>10}  {note}"
+            )
         else:
-            lines.append(f"{r['name']:<20} {r['status']:<9} {'-':>9} {'-':>7} {'-':>11} {'-':>8} {'-':>6} {'-':>10}  {r['reason']}")
-    noisy = [r["name"] for r in results["rungs"] if r["status"] == "measured" and r.get("spread_pct", 0) > 25]
+            lines.append(
+                f"{r['name']:<20} {r['status']:<9} {'-':>9} {'-':>7} {'-':>11} {'-':>8} {'-':>6} {'-':>10}  {r['reason']}"
+            )
+    noisy = [
+        r["name"]
+        for r in results["rungs"]
+        if r["status"] == "measured" and r.get("spread_pct", 0) > 25
+    ]
     if noisy:
-        where = "the CPU was shared" if str(results.get("device", "")).startswith("cpu") else "the GPU was not warm"
-        lines.append(f"warning: steps varied by more than 25% in {noisy}: the machine was busy or {where}; "
-                     f"re-run with more --iters before trusting small differences")
+        where = (
+            "the CPU was shared"
+            if str(results.get("device", "")).startswith("cpu")
+            else "the GPU was not warm"
+        )
+        lines.append(
+            f"warning: steps varied by more than 25% in {noisy}: the machine was busy or {where}; "
+            f"re-run with more --iters before trusting small differences"
+        )
     return "\n".join(lines)
 
 
@@ -266,25 +341,64 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Time the GPT-2 speed-up ladder on this machine (real Tiny Shakespeare batches). "
         "GPU: GPT-2 124M at T=1024. CPU: the small course configuration.",
     )
-    p.add_argument("--batch-size", type=int, default=None, help="B, sequences per step (default: train.default_shapes: 16 on an 80 GB-class GPU, less where the fp32 rung would not fit, e.g. 4 on a T4; 4 on a CPU)")
-    p.add_argument("--seq-len", type=int, default=None, help="T, tokens per sequence (default: 1024 on a GPU, 128 on a CPU)")
-    p.add_argument("--device", default=None, help="'cuda', 'cuda:1' or 'cpu' (default: cuda if available)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps per rung (default 3; compile happens here)")
-    p.add_argument("--iters", type=int, default=10, help="timed steps per rung; the median is reported (default 10)")
-    p.add_argument("--rungs", nargs="+", default=None,
-                   help="run only these rungs, by name, quoted where they contain spaces (default: all): "
-                   + ", ".join(repr(n.lstrip("+ ")) for n, _ in RUNGS)
-                   + "; 'autocast' names the autocast rung in either dtype (fp16 + GradScaler where bf16 is not native); "
-                   "on a CPU without fast bf16 the bf16 rungs are skipped unless the autocast rung is named here")
-    p.add_argument("--compile-mode", default="default", choices=["default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead"],
-                   help="torch.compile mode of the compiled rungs (default: 'default')")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="B, sequences per step (default: train.default_shapes: 16 on an 80 GB-class GPU, less where the fp32 rung would not fit, e.g. 4 on a T4; 4 on a CPU)",
+    )
+    p.add_argument(
+        "--seq-len",
+        type=int,
+        default=None,
+        help="T, tokens per sequence (default: 1024 on a GPU, 128 on a CPU)",
+    )
+    p.add_argument(
+        "--device", default=None, help="'cuda', 'cuda:1' or 'cpu' (default: cuda if available)"
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=3,
+        help="untimed warm-up steps per rung (default 3; compile happens here)",
+    )
+    p.add_argument(
+        "--iters",
+        type=int,
+        default=10,
+        help="timed steps per rung; the median is reported (default 10)",
+    )
+    p.add_argument(
+        "--rungs",
+        nargs="+",
+        default=None,
+        help="run only these rungs, by name, quoted where they contain spaces (default: all): "
+        + ", ".join(repr(n.lstrip("+ ")) for n, _ in RUNGS)
+        + "; 'autocast' names the autocast rung in either dtype (fp16 + GradScaler where bf16 is not native); "
+        "on a CPU without fast bf16 the bf16 rungs are skipped unless the autocast rung is named here",
+    )
+    p.add_argument(
+        "--compile-mode",
+        default="default",
+        choices=["default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead"],
+        help="torch.compile mode of the compiled rungs (default: 'default')",
+    )
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON to this file")
-    p.add_argument("--plot", type=Path, default=None, help="save a bar chart of ms/step per rung to this PNG file")
-    p.add_argument("--emulate", default=None, metavar="PROFILE",
-                   choices=sorted(k for k, prof in hardware.PROFILES.items() if prof.capability),
-                   help="emulate a smaller GPU on this one (e.g. T4: 15 GB memory cap, no bf16/TF32, sm75 attention "
-                   "kernels); speed stays this GPU's, so no MFU is reported (also: $COURSE_EMULATE_GPU). "
-                   "One of: %(choices)s")
+    p.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        help="save a bar chart of ms/step per rung to this PNG file",
+    )
+    p.add_argument(
+        "--emulate",
+        default=None,
+        metavar="PROFILE",
+        choices=sorted(k for k, prof in hardware.PROFILES.items() if prof.capability),
+        help="emulate a smaller GPU on this one (e.g. T4: 15 GB memory cap, no bf16/TF32, sm75 attention "
+        "kernels); speed stays this GPU's, so no MFU is reported (also: $COURSE_EMULATE_GPU). "
+        "One of: %(choices)s",
+    )
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return p.parse_args(argv)
 
@@ -294,12 +408,25 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.out = cli.out_path(args.out)  # a folder is refused now, not after the whole ladder ran
         args.plot = cli.out_path(args.plot, "--plot")
-        if args.plot is not None and not args.plot.suffix:  # matplotlib would add ".png" itself, silently
+        if (
+            args.plot is not None and not args.plot.suffix
+        ):  # matplotlib would add ".png" itself, silently
             args.plot = cli.out_path(args.plot.with_suffix(".png"), "--plot")
-        emulated = hardware.emulate(args.emulate, args.device or "cuda") if args.emulate else \
-            hardware.apply_env_emulation(args.device or "cuda")
-        results = run_ladder(args.batch_size, args.seq_len, args.device, args.warmup, args.iters, args.rungs,
-                             args.compile_mode, progress=not args.no_progress)
+        emulated = (
+            hardware.emulate(args.emulate, args.device or "cuda")
+            if args.emulate
+            else hardware.apply_env_emulation(args.device or "cuda")
+        )
+        results = run_ladder(
+            args.batch_size,
+            args.seq_len,
+            args.device,
+            args.warmup,
+            args.iters,
+            args.rungs,
+            args.compile_mode,
+            progress=not args.no_progress,
+        )
     except (ValueError, data.paths.DataFileError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

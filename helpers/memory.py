@@ -46,7 +46,9 @@ def format_bytes(n: int | None) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def activation_bytes_per_layer(B: int, T: int, n_embd: int, n_head: int, bytes_per_act: int, manual_attention: bool) -> int:
+def activation_bytes_per_layer(
+    B: int, T: int, n_embd: int, n_head: int, bytes_per_act: int, manual_attention: bool
+) -> int:
     """Activation bytes one transformer block keeps for backward (no dropout, no recomputation).
 
     Adapted from Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
@@ -76,7 +78,9 @@ def _param_count(config) -> int:
     return _PARAM_COUNTS[key]
 
 
-def training_step_estimate(config, B: int, T: int, autocast: bool, manual_attention: bool = True) -> dict[str, int]:
+def training_step_estimate(
+    config, B: int, T: int, autocast: bool, manual_attention: bool = True
+) -> dict[str, int]:
     """Estimated peak bytes of one training step of ``config`` (a GPTConfig) at batch B, length T.
 
     Parts (bytes): parameters and gradients (fp32, 4 B each), AdamW state (exp_avg and exp_avg_sq,
@@ -139,7 +143,9 @@ def fits(try_step, B: int, device) -> tuple[bool, int | None]:
     return False, None
 
 
-def find_max_batch_size(try_step, device, start: int = 1, limit: int = 4096, margin: float = 0.0) -> dict:
+def find_max_batch_size(
+    try_step, device, start: int = 1, limit: int = 4096, margin: float = 0.0
+) -> dict:
     """Largest batch size B for which ``try_step(B)`` (a *full* training step: forward, backward,
     optimizer) runs without CUDA OOM: double from ``start`` until a failure, then bisect.
 
@@ -160,7 +166,9 @@ def find_max_batch_size(try_step, device, start: int = 1, limit: int = 4096, mar
 
     ok, peak = probe(start)
     if not ok:
-        raise RuntimeError(f"not even B={start} fits on {device}: lower T, or use activation checkpointing")
+        raise RuntimeError(
+            f"not even B={start} fits on {device}: lower T, or use activation checkpointing"
+        )
     good, good_peak, bad = start, peak, None
     while bad is None and good < limit:
         B = min(2 * good, limit)
@@ -176,8 +184,12 @@ def find_max_batch_size(try_step, device, start: int = 1, limit: int = 4096, mar
             good, good_peak = B, peak
         else:
             bad = B
-    return {"max_batch_size": good, "safe_batch_size": max(1, int(good * (1 - margin))),
-            "peak_mem_bytes": good_peak, "tried": tried}
+    return {
+        "max_batch_size": good,
+        "safe_batch_size": max(1, int(good * (1 - margin))),
+        "peak_mem_bytes": good_peak,
+        "tried": tried,
+    }
 
 
 class SimulatedMemoryLimit:

@@ -36,7 +36,9 @@ def pad_to_multiple(n: int, multiple: int) -> int:
         ValueError: if ``n`` < 1 or ``multiple`` < 1.
     """
     if n < 1 or multiple < 1:
-        raise ValueError(f"pad_to_multiple needs n >= 1 and multiple >= 1, got n={n}, multiple={multiple}")
+        raise ValueError(
+            f"pad_to_multiple needs n >= 1 and multiple >= 1, got n={n}, multiple={multiple}"
+        )
     return ((n + multiple - 1) // multiple) * multiple
 
 
@@ -52,18 +54,24 @@ class GPTConfig:
     n_embd: int = 768  # residual stream width (C); head size Q = n_embd // n_head = 64
     attention: str = "manual"  # "manual" (T x T scores in memory) or "sdpa"
     dropout: float = 0.0  # GPT-2 pre-training used 0.1; speed work uses 0 (no RNG in the step)
-    checkpoint_every: int = 0  # activation checkpointing: 0 = off, k = recompute every k-th block in backward
+    checkpoint_every: int = (
+        0  # activation checkpointing: 0 = off, k = recompute every k-th block in backward
+    )
     residual_dtype: str = "fp32"  # dtype of the residual stream x: "fp32", or "bf16" (applied under bf16 autocast only)
     loss_kernel: str = "pytorch"  # cross-entropy: "pytorch" (F.cross_entropy), "triton" (helpers.kernels.cross_entropy)
     # or "fused" (helpers.kernels.linear_cross_entropy: LM head + loss, logits' gradient computed in the forward)
-    detach_logits: bool = False  # with targets, return logits.detach(): no logits-sized gradient input to backward
+    detach_logits: bool = (
+        False  # with targets, return logits.detach(): no logits-sized gradient input to backward
+    )
     lm_head_fp8: bool = False  # with loss_kernel="fused": the LM head's matmuls in fp8 (e4m3 x and W, e5m2 gradient)
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KINDS:
             raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {self.attention!r}")
         if self.residual_dtype not in RESIDUAL_DTYPES:
-            raise ValueError(f"residual_dtype must be one of {RESIDUAL_DTYPES}, got {self.residual_dtype!r}")
+            raise ValueError(
+                f"residual_dtype must be one of {RESIDUAL_DTYPES}, got {self.residual_dtype!r}"
+            )
         if self.loss_kernel not in LOSS_KERNELS:
             raise ValueError(f"loss_kernel must be one of {LOSS_KERNELS}, got {self.loss_kernel!r}")
         for name in ("block_size", "vocab_size", "vocab_multiple", "n_layer", "n_head", "n_embd"):
@@ -72,13 +80,19 @@ class GPTConfig:
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         if self.checkpoint_every < 0:
-            raise ValueError(f"GPTConfig.checkpoint_every must be >= 0 (0 = off), got {self.checkpoint_every}")
+            raise ValueError(
+                f"GPTConfig.checkpoint_every must be >= 0 (0 = off), got {self.checkpoint_every}"
+            )
         if self.lm_head_fp8 and self.loss_kernel != "fused":
-            raise ValueError(f"GPTConfig.lm_head_fp8 runs inside the fused LM-head cross-entropy: it needs "
-                             f"loss_kernel='fused', got {self.loss_kernel!r}")
+            raise ValueError(
+                f"GPTConfig.lm_head_fp8 runs inside the fused LM-head cross-entropy: it needs "
+                f"loss_kernel='fused', got {self.loss_kernel!r}"
+            )
         if self.lm_head_fp8 and (self.padded_vocab_size % 16 or self.n_embd % 16):
-            raise ValueError(f"GPTConfig.lm_head_fp8: fp8 matmuls need multiples of 16, got n_embd={self.n_embd} and "
-                             f"{self.padded_vocab_size} LM-head rows: pad the vocabulary (vocab_multiple=64)")
+            raise ValueError(
+                f"GPTConfig.lm_head_fp8: fp8 matmuls need multiples of 16, got n_embd={self.n_embd} and "
+                f"{self.padded_vocab_size} LM-head rows: pad the vocabulary (vocab_multiple=64)"
+            )
 
     @property
     def padded_vocab_size(self) -> int:
@@ -106,7 +120,11 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         if config.attention == "manual":
             mask = torch.tril(torch.ones(config.block_size, config.block_size, dtype=torch.bool))
-            self.register_buffer("causal_mask", mask.view(1, 1, config.block_size, config.block_size), persistent=False)
+            self.register_buffer(
+                "causal_mask",
+                mask.view(1, 1, config.block_size, config.block_size),
+                persistent=False,
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.size()  # (B, T, C)
@@ -229,9 +247,15 @@ class GPT(nn.Module):
                 f"use T <= {self.config.block_size} (crop the input) or build a GPTConfig with a larger block_size."
             )
         pos = torch.arange(0, T, dtype=torch.long, device=idx.device)  # (T,)
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C) fp32 (the embeddings' dtype)
+        x = self.transformer.wte(idx) + self.transformer.wpe(
+            pos
+        )  # (B, T, C) fp32 (the embeddings' dtype)
         dev = idx.device.type
-        if self.config.residual_dtype == "bf16" and torch.is_autocast_enabled(dev) and torch.get_autocast_dtype(dev) == torch.bfloat16:
+        if (
+            self.config.residual_dtype == "bf16"
+            and torch.is_autocast_enabled(dev)
+            and torch.get_autocast_dtype(dev) == torch.bfloat16
+        ):
             # Under autocast the blocks' matmuls return bf16, but fp32 + bf16 = fp32: the residual stream
             # (and its gradient) would stay fp32. Cast once here and every residual add, LayerNorm read
             # and residual gradient moves half the bytes; LayerNorm still computes in fp32 (autocast).
@@ -251,8 +275,12 @@ class GPT(nn.Module):
             from helpers import kernels
 
             # the LM head runs inside, in chunks of rows, with its backward matmuls (see the function's docstring)
-            return None, kernels.linear_cross_entropy(x.view(B * T, -1), self.lm_head.weight, targets.view(-1),
-                                                      fp8=self.config.lm_head_fp8)
+            return None, kernels.linear_cross_entropy(
+                x.view(B * T, -1),
+                self.lm_head.weight,
+                targets.view(-1),
+                fp8=self.config.lm_head_fp8,
+            )
         logits = self.lm_head(x)  # (B, T, V_padded)
         loss = None
         if targets is not None:
@@ -312,7 +340,13 @@ def count_parameters(model: nn.Module) -> int:
 
 def parameter_breakdown(model: GPT) -> dict[str, int]:
     """Parameters by part: embeddings (token, position), attention, MLP, LayerNorms. Sums to the total."""
-    parts = {"token embedding (tied LM head)": 0, "position embedding": 0, "attention": 0, "mlp": 0, "layernorm": 0}
+    parts = {
+        "token embedding (tied LM head)": 0,
+        "position embedding": 0,
+        "attention": 0,
+        "mlp": 0,
+        "layernorm": 0,
+    }
     for name, p in model.named_parameters():
         if name.startswith("transformer.wte"):
             parts["token embedding (tied LM head)"] += p.numel()

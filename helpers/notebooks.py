@@ -24,7 +24,10 @@ def _execute(nb, path: Path, timeout_s: int) -> None:
     from nbclient import NotebookClient
 
     NotebookClient(
-        nb, timeout=timeout_s, kernel_name="python3", record_timing=False,
+        nb,
+        timeout=timeout_s,
+        kernel_name="python3",
+        record_timing=False,
         resources={"metadata": {"path": str(path.parent.resolve())}},
     ).execute()
 
@@ -75,12 +78,18 @@ def refresh(path: str | Path, timeout_s: int = 1800) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m helpers.notebooks", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m helpers.notebooks", description=__doc__.splitlines()[0]
+    )
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("record", help="execute notebooks in place and keep their outputs")
     r.add_argument("notebooks", nargs="+", type=Path)
-    r.add_argument("--timeout", type=int, default=1800, help="seconds per cell (default 1800: compile is slow)")
-    f = sub.add_parser("refresh", help=f"execute notebooks, keep the outputs of cells tagged {IGNORE_TAG}")
+    r.add_argument(
+        "--timeout", type=int, default=1800, help="seconds per cell (default 1800: compile is slow)"
+    )
+    f = sub.add_parser(
+        "refresh", help=f"execute notebooks, keep the outputs of cells tagged {IGNORE_TAG}"
+    )
     f.add_argument("notebooks", nargs="+", type=Path)
     f.add_argument("--timeout", type=int, default=1800, help="seconds per cell (default 1800)")
     args = p.parse_args(argv)

@@ -20,15 +20,28 @@ def ladder_bars(results: dict, path: str | Path | None = None):
     names = [r["name"] for r in rows]
     ms = [r["ms_per_step"] or 0.0 for r in rows]
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    bars = ax.bar(range(len(rows)), ms, color=["tab:blue" if r["status"] == "measured" else "lightgrey" for r in rows])
+    bars = ax.bar(
+        range(len(rows)),
+        ms,
+        color=["tab:blue" if r["status"] == "measured" else "lightgrey" for r in rows],
+    )
     for bar, r in zip(bars, rows, strict=False):
         label = f"{r['ms_per_step']:.1f}" if r["status"] == "measured" else r["status"]
-        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
+        ax.annotate(
+            label,
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
     ax.set_xticks(range(len(rows)), names, rotation=25, ha="right")
     ax.set_ylabel("ms per training step (median)")
     cfg = results["config"]
-    ax.set_title(f"Speed-up ladder on {results['device']}, B={cfg['batch_size']}, T={cfg['seq_len']} "
-                 f"(torch {results['torch']}, {results['date']})", fontsize=9)
+    ax.set_title(
+        f"Speed-up ladder on {results['device']}, B={cfg['batch_size']}, T={cfg['seq_len']} "
+        f"(torch {results['torch']}, {results['date']})",
+        fontsize=9,
+    )
     fig.tight_layout()
     if path is not None:
         fig.savefig(path, dpi=120)
@@ -43,11 +56,22 @@ def matmul_bars(rows: list[dict], device_name: str):
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     x = range(len(rows))
-    ax.bar(x, [r["tflops"] or 0 for r in rows], color=["tab:blue" if r["status"] == "measured" else "lightgrey" for r in rows],
-           label="measured")
+    ax.bar(
+        x,
+        [r["tflops"] or 0 for r in rows],
+        color=["tab:blue" if r["status"] == "measured" else "lightgrey" for r in rows],
+        label="measured",
+    )
     peaks = [(i, r["peak_tflops"]) for i, r in enumerate(rows) if r.get("peak_tflops")]
     if peaks:
-        ax.scatter([i for i, _ in peaks], [p for _, p in peaks], marker="_", s=600, color="tab:red", label="datasheet peak")
+        ax.scatter(
+            [i for i, _ in peaks],
+            [p for _, p in peaks],
+            marker="_",
+            s=600,
+            color="tab:red",
+            label="datasheet peak",
+        )
     for i, r in enumerate(rows):
         if r["status"] != "measured":
             ax.annotate("skipped", (i, 0), ha="center", va="bottom", fontsize=8)
@@ -84,7 +108,9 @@ def step_times(times_ms: list[float], title: str, first_timed: int = 0):
     steps = range(1, len(times_ms) + 1)
     ax.plot(steps, times_ms, marker="o")
     if first_timed:
-        ax.axvspan(0.5, first_timed + 0.5, color="orange", alpha=0.2, label="warm-up (not reported)")
+        ax.axvspan(
+            0.5, first_timed + 0.5, color="orange", alpha=0.2, label="warm-up (not reported)"
+        )
         ax.legend(fontsize=8)
     ax.set_yscale("log")
     ax.set_xlabel("step")
@@ -105,10 +131,21 @@ def roofline(points: list[dict], peak_flops_per_s: float, bandwidth_bytes_per_s:
     lo = min(p["intensity"] for p in points) / 4
     hi = max(p["intensity"] for p in points) * 4
     xs = np.logspace(np.log10(lo), np.log10(hi), 200)
-    ax.plot(xs, np.minimum(peak_flops_per_s, xs * bandwidth_bytes_per_s) / 1e12, color="black", label="roof")
+    ax.plot(
+        xs,
+        np.minimum(peak_flops_per_s, xs * bandwidth_bytes_per_s) / 1e12,
+        color="black",
+        label="roof",
+    )
     for p in points:
         ax.scatter(p["intensity"], p["flops_per_s"] / 1e12, s=40, zorder=3)
-        ax.annotate(p["op"], (p["intensity"], p["flops_per_s"] / 1e12), textcoords="offset points", xytext=(5, 5), fontsize=8)
+        ax.annotate(
+            p["op"],
+            (p["intensity"], p["flops_per_s"] / 1e12),
+            textcoords="offset points",
+            xytext=(5, 5),
+            fontsize=8,
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")

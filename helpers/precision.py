@@ -42,9 +42,22 @@ def format_table() -> list[dict]:
             fi = torch.finfo(dtype)
             m = round(-math.log2(fi.eps))
             e = fi.bits - 1 - m
-            row = {"bits": fi.bits, "max": float(fi.max), "tiny": float(fi.tiny), "eps": float(fi.eps)}
-        rows.append({"format": name, "sign": 1, "exponent": e, "mantissa": m, **row,
-                     "native_tensor_cores_from": native_from})
+            row = {
+                "bits": fi.bits,
+                "max": float(fi.max),
+                "tiny": float(fi.tiny),
+                "eps": float(fi.eps),
+            }
+        rows.append(
+            {
+                "format": name,
+                "sign": 1,
+                "exponent": e,
+                "mantissa": m,
+                **row,
+                "native_tensor_cores_from": native_from,
+            }
+        )
     return rows
 
 
@@ -53,7 +66,9 @@ def native_on(capability: tuple[int, int] | None) -> list[str]:
     fp32 only). fp16 from 7.0 (Volta), TF32 and bf16 from 8.0 (Ampere), fp8 from 8.9 (Ada, Hopper)."""
     if capability is None:
         return ["fp32"]
-    return ["fp32"] + [name for name, _, since in FORMATS if since is not None and capability >= since]
+    return ["fp32"] + [
+        name for name, _, since in FORMATS if since is not None and capability >= since
+    ]
 
 
 def demonstrations() -> dict[str, object]:
@@ -72,7 +87,9 @@ def demonstrations() -> dict[str, object]:
         "bf16_1_plus_2^-8_equals_1": bool((one + 2.0**-8).to(torch.bfloat16) == 1),
         "bf16_1_plus_2^-7_equals_1": bool((one + 2.0**-7).to(torch.bfloat16) == 1),
         "fp16_1e-8": float(tiny_grad.to(torch.float16)),
-        "fp16_1e-8_scaled_by_2^16_then_unscaled": float((tiny_grad * scale).to(torch.float16).float() / scale),
+        "fp16_1e-8_scaled_by_2^16_then_unscaled": float(
+            (tiny_grad * scale).to(torch.float16).float() / scale
+        ),
         "fp16_70000": float(big.to(torch.float16)),
         "bf16_70000": float(big.to(torch.bfloat16)),
     }
@@ -121,8 +138,12 @@ def gradscaler_rescue(device: torch.device | str, grad: float = 1e-8) -> dict[st
         return float(w.grad[0, 0])
 
     scaler = torch.amp.GradScaler(device.type)
-    return {"fp32": weight_grad(False), "fp16": weight_grad(True),
-            "fp16_gradscaler": weight_grad(True, scaler), "scale": float(scaler.get_scale())}
+    return {
+        "fp32": weight_grad(False),
+        "fp16": weight_grad(True),
+        "fp16_gradscaler": weight_grad(True, scaler),
+        "scale": float(scaler.get_scale()),
+    }
 
 
 def tf32_matmul_error(device: torch.device | str, n: int = 1024) -> dict[str, float]:
@@ -181,8 +202,13 @@ def autocast_op_dtypes(device: torch.device | str, dtype: torch.dtype) -> list[d
             "cross_entropy": lambda: F.cross_entropy(h, target),
         }
         for name, op in ops.items():
-            rows.append({"op": name, "input": "float32" if name.startswith("linear") else _name(h.dtype),
-                         "output": _name(op().dtype)})
+            rows.append(
+                {
+                    "op": name,
+                    "input": "float32" if name.startswith("linear") else _name(h.dtype),
+                    "output": _name(op().dtype),
+                }
+            )
     return rows
 
 
@@ -196,7 +222,12 @@ def state_dtypes(trainer) -> dict[str, list[str]]:
     AdamW's exp_avg / exp_avg_sq. Returns {"parameters", "gradients", "optimizer state"} -> sorted
     dtype names. Correct mixed precision keeps all three in float32."""
     params = list(trainer.model.parameters())
-    state = [t for s in trainer.optimizer.state.values() for k, t in s.items() if k in ("exp_avg", "exp_avg_sq")]
+    state = [
+        t
+        for s in trainer.optimizer.state.values()
+        for k, t in s.items()
+        if k in ("exp_avg", "exp_avg_sq")
+    ]
     return {
         "parameters": sorted({_name(p.dtype) for p in params}),
         "gradients": sorted({_name(p.grad.dtype) for p in params if p.grad is not None}),
@@ -237,7 +268,10 @@ def precision_run(name: str, batch_size: int, seq_len: int) -> "train.RunConfig"
 
 
 def skip_reason(
-    run: "train.RunConfig", device: torch.device | str, cpu_fp16: bool = False, cpu_bf16: bool = False
+    run: "train.RunConfig",
+    device: torch.device | str,
+    cpu_fp16: bool = False,
+    cpu_bf16: bool = False,
 ) -> str | None:
     """Why ``run`` is not measured on ``device`` (None if it is): :func:`helpers.train.unsupported_reason`,
     plus fp16 on a CPU unless ``cpu_fp16`` (see :data:`CPU_FP16_REASON`), plus bf16 on a CPU without
@@ -245,7 +279,12 @@ def skip_reason(
     from helpers import train
 
     reason = train.unsupported_reason(run, device)
-    if reason is None and run.autocast == "fp16" and torch.device(device).type == "cpu" and not cpu_fp16:
+    if (
+        reason is None
+        and run.autocast == "fp16"
+        and torch.device(device).type == "cpu"
+        and not cpu_fp16
+    ):
         reason = CPU_FP16_REASON
     if reason is None and not cpu_bf16:
         reason = train.slow_reason(run, device)
@@ -314,7 +353,9 @@ def compare_precisions(
     from helpers import data, memory, timing, train
 
     if steps < 1 or iters < 1 or warmup < 0:
-        raise ValueError(f"need steps >= 1, iters >= 1, warmup >= 0; got {steps}, {iters}, {warmup}")
+        raise ValueError(
+            f"need steps >= 1, iters >= 1, warmup >= 0; got {steps}, {iters}, {warmup}"
+        )
     device = torch.device(device)
     cfg, B, T = train.default_shapes(device)
     cfg = model_config if model_config is not None else cfg
@@ -325,10 +366,22 @@ def compare_precisions(
     rows = []
     try:
         for run in tqdm(runs, desc="precisions", disable=not progress):
-            row = {"name": run.name, "status": "skipped", "reason": skip_reason(run, device, cpu_fp16, cpu_bf16),
-                   "matmul_precision": run.matmul_precision, "autocast": run.autocast, "losses": [],
-                   "final_loss": None, "max_loss_gap_vs_fp32": None, "ms_per_step": None, "spread_pct": None,
-                   "tokens_per_s": None, "peak_mem_bytes": None, "grad_scale": [], "skipped_steps": []}
+            row = {
+                "name": run.name,
+                "status": "skipped",
+                "reason": skip_reason(run, device, cpu_fp16, cpu_bf16),
+                "matmul_precision": run.matmul_precision,
+                "autocast": run.autocast,
+                "losses": [],
+                "final_loss": None,
+                "max_loss_gap_vs_fp32": None,
+                "ms_per_step": None,
+                "spread_pct": None,
+                "tokens_per_s": None,
+                "peak_mem_bytes": None,
+                "grad_scale": [],
+                "skipped_steps": [],
+            }
             rows.append(row)
             if row["reason"] is not None:
                 continue
@@ -336,19 +389,31 @@ def compare_precisions(
             trainer = train.build(run, cfg, device)
             loader = data.BatchLoader(tokens, B, T, device)
             rec = train_recording(trainer, loader, steps)
-            t = timing.measure(functools.partial(trainer.step, loader), device, warmup=warmup, iters=iters)
-            row.update(status="measured", reason="ok", **rec, final_loss=rec["losses"][-1],
-                       ms_per_step=t.median_ms, spread_pct=t.spread_pct,
-                       tokens_per_s=timing.tokens_per_second(run.tokens_per_step, t.median_ms),
-                       peak_mem_bytes=memory.peak_bytes(device))
+            t = timing.measure(
+                functools.partial(trainer.step, loader), device, warmup=warmup, iters=iters
+            )
+            row.update(
+                status="measured",
+                reason="ok",
+                **rec,
+                final_loss=rec["losses"][-1],
+                ms_per_step=t.median_ms,
+                spread_pct=t.spread_pct,
+                tokens_per_s=timing.tokens_per_second(run.tokens_per_step, t.median_ms),
+                peak_mem_bytes=memory.peak_bytes(device),
+            )
             trainer = loader = None  # free the model before the next precision
             memory.reset_peak(device)
     finally:
         torch.set_float32_matmul_precision(old)
-    ref = next((r["losses"] for r in rows if r["name"] == "fp32" and r["status"] == "measured"), None)
+    ref = next(
+        (r["losses"] for r in rows if r["name"] == "fp32" and r["status"] == "measured"), None
+    )
     for r in rows:
         if ref is not None and r["status"] == "measured":
-            r["max_loss_gap_vs_fp32"] = max(abs(a - b) for a, b in zip(r["losses"], ref, strict=True))
+            r["max_loss_gap_vs_fp32"] = max(
+                abs(a - b) for a, b in zip(r["losses"], ref, strict=True)
+            )
     return rows
 
 
@@ -356,18 +421,28 @@ def format_comparison(rows: list[dict]) -> str:
     """The rows of :func:`compare_precisions` as a fixed-width text table."""
     from helpers import memory
 
-    head = (f"{'precision':<10} {'ms/step':>9} {'spread':>7} {'tokens/s':>10} {'peak mem':>10} {'final loss':>10} "
-            f"{'max |gap| vs fp32':>17}  note")
+    head = (
+        f"{'precision':<10} {'ms/step':>9} {'spread':>7} {'tokens/s':>10} {'peak mem':>10} {'final loss':>10} "
+        f"{'max |gap| vs fp32':>17}  note"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         if r["status"] != "measured":
             lines.append(f"{r['name']:<10} {'skipped':>9}  {r['reason']}")
             continue
         gap = "-" if r["max_loss_gap_vs_fp32"] is None else f"{r['max_loss_gap_vs_fp32']:.4f} nats"
-        note = (f"GradScaler: scale {r['grad_scale'][0]:g} -> {r['grad_scale'][-1]:g}, "
-                f"{len(r['skipped_steps'])} skipped step(s)") if r["grad_scale"] else ""
-        lines.append(f"{r['name']:<10} {r['ms_per_step']:>9.1f} {r['spread_pct']:>6.0f}% {r['tokens_per_s']:>10,.0f} "
-                     f"{memory.format_bytes(r['peak_mem_bytes']):>10} {r['final_loss']:>10.4f} {gap:>17}  {note}")
+        note = (
+            (
+                f"GradScaler: scale {r['grad_scale'][0]:g} -> {r['grad_scale'][-1]:g}, "
+                f"{len(r['skipped_steps'])} skipped step(s)"
+            )
+            if r["grad_scale"]
+            else ""
+        )
+        lines.append(
+            f"{r['name']:<10} {r['ms_per_step']:>9.1f} {r['spread_pct']:>6.0f}% {r['tokens_per_s']:>10,.0f} "
+            f"{memory.format_bytes(r['peak_mem_bytes']):>10} {r['final_loss']:>10.4f} {gap:>17}  {note}"
+        )
     return "\n".join(lines)
 
 
@@ -401,8 +476,13 @@ def plot_grad_scale(rows: list[dict], device_name: str):
     fig, ax = plt.subplots(figsize=(7, 3))
     ax.step(range(len(r["grad_scale"])), r["grad_scale"], where="post", label="scale after step")
     if r["skipped_steps"]:
-        ax.scatter(r["skipped_steps"], [r["grad_scale"][i] for i in r["skipped_steps"]], color="tab:red",
-                   zorder=3, label="skipped step (inf/NaN gradient)")
+        ax.scatter(
+            r["skipped_steps"],
+            [r["grad_scale"][i] for i in r["skipped_steps"]],
+            color="tab:red",
+            zorder=3,
+            label="skipped step (inf/NaN gradient)",
+        )
     ax.set_yscale("log", base=2)
     ax.set_xlabel("step (0 = before the first step)")
     ax.set_ylabel("loss scale")
@@ -424,15 +504,32 @@ def main(argv: list[str] | None = None) -> int:
 
     from helpers import hardware, train
 
-    p = argparse.ArgumentParser(prog="python -m helpers.precision",
-                                description="fp32 / TF32 / bf16 / fp16 + GradScaler on the same training run")
+    p = argparse.ArgumentParser(
+        prog="python -m helpers.precision",
+        description="fp32 / TF32 / bf16 / fp16 + GradScaler on the same training run",
+    )
     sub = p.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("compare", help="train and time each precision; print a table, optionally write JSON")
-    c.add_argument("--steps", type=int, default=30, help="recorded training steps per precision (default 30)")
-    c.add_argument("--warmup", type=int, default=2, help="untimed steps before the timed ones (default 2)")
-    c.add_argument("--iters", type=int, default=10, help="timed steps; the median is reported (default 10)")
-    c.add_argument("--batch-size", type=int, default=None, help="B (default: train.default_shapes: 16 on an 80 GB-class GPU, 4 on a T4 or a CPU)")
-    c.add_argument("--seq-len", type=int, default=None, help="T (default: 1024 on a GPU, 128 on a CPU)")
+    c = sub.add_parser(
+        "compare", help="train and time each precision; print a table, optionally write JSON"
+    )
+    c.add_argument(
+        "--steps", type=int, default=30, help="recorded training steps per precision (default 30)"
+    )
+    c.add_argument(
+        "--warmup", type=int, default=2, help="untimed steps before the timed ones (default 2)"
+    )
+    c.add_argument(
+        "--iters", type=int, default=10, help="timed steps; the median is reported (default 10)"
+    )
+    c.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="B (default: train.default_shapes: 16 on an 80 GB-class GPU, 4 on a T4 or a CPU)",
+    )
+    c.add_argument(
+        "--seq-len", type=int, default=None, help="T (default: 1024 on a GPU, 128 on a CPU)"
+    )
     c.add_argument("--device", default=None, help="'cuda' or 'cpu' (default: cuda if available)")
     c.add_argument("--precisions", nargs="*", default=list(PRECISIONS), choices=list(PRECISIONS))
     c.add_argument("--out", type=Path, default=None, help="write the results as JSON to this file")
@@ -451,25 +548,46 @@ def main(argv: list[str] | None = None) -> int:
     B = B if args.batch_size is None else args.batch_size
     T = T if args.seq_len is None else args.seq_len
     try:
-        rows = compare_precisions(device, args.steps, cfg, B, T, args.warmup, args.iters, tuple(args.precisions),
-                                  progress=not args.no_progress)
+        rows = compare_precisions(
+            device,
+            args.steps,
+            cfg,
+            B,
+            T,
+            args.warmup,
+            args.iters,
+            tuple(args.precisions),
+            progress=not args.no_progress,
+        )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     summ = hardware.summary(device, probe_sdpa=False)
     name = summ.name if device.type == "cuda" else f"cpu ({summ.name})"
-    print(f"{name} | torch {torch.__version__} | B={B} T={T} | {args.steps} recorded steps, median of {args.iters} timed")
+    print(
+        f"{name} | torch {torch.__version__} | B={B} T={T} | {args.steps} recorded steps, median of {args.iters} timed"
+    )
     print(format_comparison(rows))
     if args.out:
         record = {
-            "device": name, "capability": summ.capability, "torch": torch.__version__, "cuda": torch.version.cuda,
-            "python": platform.python_version(), "date": datetime.date.today().isoformat(),
-            "config": {"model": {k: v for k, v in cfg.__dict__.items()}, "batch_size": B, "seq_len": T,
-                       "recorded_steps": args.steps, "warmup_steps": args.warmup, "timed_steps": args.iters,
-                       "data": "Tiny Shakespeare, GPT-2 BPE, sequential batches, same for every precision",
-                       "step": "zero_grad, forward+loss (autocast), backward (GradScaler for fp16), unscale_, "
-                               "clip_grad_norm_(1.0), AdamW (foreach) step; eager, manual attention, vocab 50257",
-                       "timing": "median of timed steps after the recorded ones; CUDA events on GPU, perf_counter on CPU"},
+            "device": name,
+            "capability": summ.capability,
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "python": platform.python_version(),
+            "date": datetime.date.today().isoformat(),
+            "config": {
+                "model": {k: v for k, v in cfg.__dict__.items()},
+                "batch_size": B,
+                "seq_len": T,
+                "recorded_steps": args.steps,
+                "warmup_steps": args.warmup,
+                "timed_steps": args.iters,
+                "data": "Tiny Shakespeare, GPT-2 BPE, sequential batches, same for every precision",
+                "step": "zero_grad, forward+loss (autocast), backward (GradScaler for fp16), unscale_, "
+                "clip_grad_norm_(1.0), AdamW (foreach) step; eager, manual attention, vocab 50257",
+                "timing": "median of timed steps after the recorded ones; CUDA events on GPU, perf_counter on CPU",
+            },
             "precisions": rows,
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -56,7 +56,13 @@ os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 # --------------------------------------------------------------------------------------------
 
 MATMUL, ATTENTION, TRITON = "matmul", "attention", "triton fused"
-ELEMENTWISE, REDUCTION, COPY, OPTIMIZER, OTHER = "elementwise", "reduction", "copy / cast", "optimizer", "other"
+ELEMENTWISE, REDUCTION, COPY, OPTIMIZER, OTHER = (
+    "elementwise",
+    "reduction",
+    "copy / cast",
+    "optimizer",
+    "other",
+)
 FAMILY_NAMES = (MATMUL, ATTENTION, TRITON, ELEMENTWISE, REDUCTION, COPY, OPTIMIZER, OTHER)
 
 FAMILY_DESCRIPTIONS = {
@@ -73,15 +79,26 @@ FAMILY_DESCRIPTIONS = {
 # (family, regular expression on the kernel or operator name), first match wins, case-insensitive.
 # The order matters: a cuDNN attention kernel's name contains "sm90_" (a matmul hint), a Triton
 # template matmul starts with "triton_", and an eager copy kernel is an "elementwise_kernel".
-_ELEMENTWISE_OPS = ("add|mul|div|sub|rsub|neg|pow|exp|sqrt|rsqrt|where|masked_fill|clamp|threshold_backward|"
-                    "tril|triu|eq|ne|lt|gt|le|ge|relu|sigmoid|tanh|gelu|gelu_backward|dropout|lerp|addcmul|addcdiv")
+_ELEMENTWISE_OPS = (
+    "add|mul|div|sub|rsub|neg|pow|exp|sqrt|rsqrt|where|masked_fill|clamp|threshold_backward|"
+    "tril|triu|eq|ne|lt|gt|le|ge|relu|sigmoid|tanh|gelu|gelu_backward|dropout|lerp|addcmul|addcdiv"
+)
 FAMILY_RULES: list[tuple[str, str]] = [
     (ATTENTION, r"flash|fmha|attention|sdpa|cudnn"),
-    (MATMUL, r"gemm|nvjet|xmma|cutlass|wgmma|cublas|sm90_|sm80_|^triton_tem_|^aten::(mm|addmm|bmm|baddbmm|matmul|addmv|mv|dot)$"),
+    (
+        MATMUL,
+        r"gemm|nvjet|xmma|cutlass|wgmma|cublas|sm90_|sm80_|^triton_tem_|^aten::(mm|addmm|bmm|baddbmm|matmul|addmv|mv|dot)$",
+    ),
     (OPTIMIZER, r"adam|multi_tensor_apply|foreach|_amp_|amp_update_scale|non_finite"),
     (TRITON, r"^triton_"),
-    (REDUCTION, r"softmax|nll_loss|cross_entropy|_ce_(forward|backward|fused|fused_e5m2)_kernel|layer_norm|reduce_kernel|^aten::(sum|mean|amax|max|min|norm|linalg_vector_norm|var|std)$"),
-    (COPY, r"copy|memcpy|memset|fill|_transpose_kernel|^aten::(zero_|clone|contiguous|to|cat|index_select|index|gather|scatter|embedding|embedding_dense_backward)$|indexing_backward|index_select|gather|scatter"),
+    (
+        REDUCTION,
+        r"softmax|nll_loss|cross_entropy|_ce_(forward|backward|fused|fused_e5m2)_kernel|layer_norm|reduce_kernel|^aten::(sum|mean|amax|max|min|norm|linalg_vector_norm|var|std)$",
+    ),
+    (
+        COPY,
+        r"copy|memcpy|memset|fill|_transpose_kernel|^aten::(zero_|clone|contiguous|to|cat|index_select|index|gather|scatter|embedding|embedding_dense_backward)$|indexing_backward|index_select|gather|scatter",
+    ),
     (ELEMENTWISE, rf"elementwise|gelu|tanh|^aten::({_ELEMENTWISE_OPS})_?$"),
 ]
 _COMPILED_RULES = [(fam, re.compile(pattern, re.IGNORECASE)) for fam, pattern in FAMILY_RULES]
@@ -114,8 +131,15 @@ def family_totals(rows: Iterable[dict]) -> dict[str, float]:
 
 
 LAUNCH_BOUND_IDLE = 0.25  # GPU idle for more than this share of the step: launch / host bound
-CHAPTER_FOR_FAMILY = {ATTENTION: "ch06", TRITON: "ch05", ELEMENTWISE: "ch05", REDUCTION: "ch05", COPY: "ch05",
-                      OPTIMIZER: "ch09", OTHER: "ch10"}
+CHAPTER_FOR_FAMILY = {
+    ATTENTION: "ch06",
+    TRITON: "ch05",
+    ELEMENTWISE: "ch05",
+    REDUCTION: "ch05",
+    COPY: "ch05",
+    OPTIMIZER: "ch09",
+    OTHER: "ch10",
+}
 
 
 def suggest_chapter(rows: Iterable[dict], step_ms: float, low_precision: bool) -> str:
@@ -134,7 +158,9 @@ def suggest_chapter(rows: Iterable[dict], step_ms: float, low_precision: bool) -
     """
     rows = list(rows)
     if step_ms <= 0 or not rows:
-        raise ValueError(f"need step_ms > 0 and at least one row, got step_ms={step_ms}, {len(rows)} rows")
+        raise ValueError(
+            f"need step_ms > 0 and at least one row, got step_ms={step_ms}, {len(rows)} rows"
+        )
     if 1 - sum(float(r["ms"]) for r in rows) / step_ms > LAUNCH_BOUND_IDLE:
         return "ch05"
     dominant = next(iter(family_totals(rows)))
@@ -151,7 +177,9 @@ PHASES = ("zero_grad", "data", "forward", "backward", "clip", "optimizer")
 UNATTRIBUTED = "outside the phases"
 
 
-def step_with_ranges(trainer, batches, ranges: Callable[[str], contextlib.AbstractContextManager] | None = None) -> torch.Tensor:
+def step_with_ranges(
+    trainer, batches, ranges: Callable[[str], contextlib.AbstractContextManager] | None = None
+) -> torch.Tensor:
     """One optimizer step, exactly :meth:`helpers.train.Trainer.step`, each phase in a named range.
 
     Phases: "zero_grad" -> "data" (``batches.next_batch()``) -> "forward" (autocast forward + loss)
@@ -230,15 +258,22 @@ def _is_annotation(evt) -> bool:
     """A record_function range (on the CPU, or its copy on the GPU timeline), not a kernel."""
     name = evt.name
     kind = str(getattr(evt, "activity_type", "") or "")
-    return (bool(getattr(evt, "is_user_annotation", False)) or "annotation" in kind or name in PHASES
-            or name.startswith("ProfilerStep") or "#" in name)
+    return (
+        bool(getattr(evt, "is_user_annotation", False))
+        or "annotation" in kind
+        or name in PHASES
+        or name.startswith("ProfilerStep")
+        or "#" in name
+    )
 
 
 def _device_is(evt, kind: str) -> bool:
     return str(getattr(evt, "device_type", "")).split(".")[-1].upper() == kind
 
 
-_RUNTIME_LAUNCH = re.compile(r"^cu(da)?[A-Z]")  # cudaLaunchKernel, cuLaunchKernel, cudaMemcpyAsync, ...
+_RUNTIME_LAUNCH = re.compile(
+    r"^cu(da)?[A-Z]"
+)  # cudaLaunchKernel, cuLaunchKernel, cudaMemcpyAsync, ...
 
 
 def _union_length(intervals: list[tuple[float, float]]) -> float:
@@ -258,8 +293,11 @@ def _union_length(intervals: list[tuple[float, float]]) -> float:
 
 def _phase_lookup(events) -> Callable[[float], str]:
     """A function host time (us) -> phase name, from the CPU record_function ranges."""
-    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in events
-                   if e.name in PHASES and _device_is(e, "CPU"))
+    spans = sorted(
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in events
+        if e.name in PHASES and _device_is(e, "CPU")
+    )
     starts = [s for s, _, _ in spans]
 
     def phase_at(t_us: float) -> str:
@@ -307,7 +345,9 @@ def summarize_events(events, steps: int, device_type: str, device_name: str = ""
             entry["us"] += dur
             entry["calls"] += 1
         busy_us = _union_length(intervals)
-        span_us = (max(e for _, e in intervals) - min(s for s, _ in intervals)) if intervals else 0.0
+        span_us = (
+            (max(e for _, e in intervals) - min(s for s, _ in intervals)) if intervals else 0.0
+        )
     else:
         for e in events:
             if not (_device_is(e, "CPU") and e.name.startswith("aten::")):
@@ -321,28 +361,53 @@ def summarize_events(events, steps: int, device_type: str, device_name: str = ""
             entry["us"] += dur
             entry["calls"] += 1
         busy_us = sum(v["us"] for v in per_name.values())
-        step_spans = [(e.time_range.start, e.time_range.end) for e in events
-                      if e.name.startswith("ProfilerStep") and _device_is(e, "CPU")]
+        step_spans = [
+            (e.time_range.start, e.time_range.end)
+            for e in events
+            if e.name.startswith("ProfilerStep") and _device_is(e, "CPU")
+        ]
         span_us = sum(b - a for a, b in step_spans) if step_spans else 0.0
     if not per_name:
-        raise ValueError(f"no {'CUDA kernel' if device_type == 'cuda' else 'aten operator'} events to summarise: "
-                         "was the step run inside the profiler, with the right activities? On a GPU, run with "
-                         "KINETO_LOG_LEVEL=2 to see the profiler's warnings (e.g. CUPTI permissions).")
-    host_spans = [e.time_range.end - e.time_range.start for e in events
-                  if e.name.startswith("ProfilerStep") and _device_is(e, "CPU")]
+        raise ValueError(
+            f"no {'CUDA kernel' if device_type == 'cuda' else 'aten operator'} events to summarise: "
+            "was the step run inside the profiler, with the right activities? On a GPU, run with "
+            "KINETO_LOG_LEVEL=2 to see the profiler's warnings (e.g. CUPTI permissions)."
+        )
+    host_spans = [
+        e.time_range.end - e.time_range.start
+        for e in events
+        if e.name.startswith("ProfilerStep") and _device_is(e, "CPU")
+    ]
     host_us = sum(host_spans) / len(host_spans) if host_spans else float("nan")
     if device_type != "cuda" and not span_us:
         span_us = host_us * steps
-    kernels = [{"name": n, "family": kernel_family(n), "ms": v["us"] / 1e3 / steps, "calls": v["calls"] / steps}
-               for n, v in per_name.items()]
+    kernels = [
+        {
+            "name": n,
+            "family": kernel_family(n),
+            "ms": v["us"] / 1e3 / steps,
+            "calls": v["calls"] / steps,
+        }
+        for n, v in per_name.items()
+    ]
     kernels.sort(key=lambda r: -r["ms"])
     phases_ms = {p: us / 1e3 / steps for p, us in phases.items() if us > 0 or p in PHASES}
-    prof = StepProfile(device_type, device_name, steps, kernels, phases_ms, busy_us / 1e3 / steps,
-                       span_us / 1e3 / steps, host_us / 1e3)
+    prof = StepProfile(
+        device_type,
+        device_name,
+        steps,
+        kernels,
+        phases_ms,
+        busy_us / 1e3 / steps,
+        span_us / 1e3 / steps,
+        host_us / 1e3,
+    )
     unattributed = phases_ms.get(UNATTRIBUTED, 0.0)
     total = sum(phases_ms.values())
     if total > 0 and unattributed / total > 0.05:
-        prof.notes.append(f"{100 * unattributed / total:.0f}% of the kernel time could not be matched to a phase")
+        prof.notes.append(
+            f"{100 * unattributed / total:.0f}% of the kernel time could not be matched to a phase"
+        )
     return prof
 
 
@@ -382,8 +447,11 @@ def profile_steps(
             p.export_chrome_trace(str(trace_path))
 
     with quiet_one_cycle_warning():
-        with profile(activities=activities, schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
-                     on_trace_ready=on_ready) as prof:
+        with profile(
+            activities=activities,
+            schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+            on_trace_ready=on_ready,
+        ) as prof:
             for _ in range(wait + warmup + active):
                 step_with_ranges(trainer, loader)
                 prof.step()
@@ -400,7 +468,9 @@ def quiet_one_cycle_warning():
     on the H200 printed it in chapter 10). The course profiles one cycle (repeat=1), so it warns about
     nothing. The message starts with "Warning: ", hence the leading ``.*`` (the filter matches from the start)."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*Profiler clears events at the end of each cycle")
+        warnings.filterwarnings(
+            "ignore", message=r".*Profiler clears events at the end of each cycle"
+        )
         yield
 
 
@@ -471,51 +541,86 @@ def table_from_perf_json(perf: dict, source: str, date: str, cuda: str | None = 
         for ms, name in prof["top_kernels_ms"]:
             fam = kernel_family(name)
             if fam not in fam_ms:
-                raise ValueError(f"kernel {name[:60]!r} is {fam!r} here but no such family in perf.py's totals")
-            kernels.append({"name": name, "family": fam, "ms": ms, "calls": None, "remainder": False})
+                raise ValueError(
+                    f"kernel {name[:60]!r} is {fam!r} here but no such family in perf.py's totals"
+                )
+            kernels.append(
+                {"name": name, "family": fam, "ms": ms, "calls": None, "remainder": False}
+            )
             listed[fam] += ms
         for fam, total in fam_ms.items():
             rest = total - listed[fam]
             if rest < -1e-6:
-                raise ValueError(f"family {fam!r}: listed kernels sum to {listed[fam]:.3f} ms > family total {total:.3f} ms")
+                raise ValueError(
+                    f"family {fam!r}: listed kernels sum to {listed[fam]:.3f} ms > family total {total:.3f} ms"
+                )
             if rest > 1e-6:
-                kernels.append({"name": f"(rest of the {fam} family: kernels not listed one by one)", "family": fam,
-                                "ms": rest, "calls": None, "remainder": True})
+                kernels.append(
+                    {
+                        "name": f"(rest of the {fam} family: kernels not listed one by one)",
+                        "family": fam,
+                        "ms": rest,
+                        "calls": None,
+                        "remainder": True,
+                    }
+                )
         kernels.sort(key=lambda r: -r["ms"])
-        tables.append({
-            "config": "the ladder's last rung (every switch of python -m helpers.ladder on, as of the perf.py run), "
-                      "GPT-2 124M",
-            "batch_size": row["batch_size"], "seq_len": 1024, "steps_profiled": 3,
-            "step_ms": row["ms_per_step"],
-            "step_ms_how": "median of 10 CUDA-event-timed steps after 3 warm-up steps (not profiled)",
-            "kernels": kernels, "families_ms": family_totals(kernels),
-        })
+        tables.append(
+            {
+                "config": "the ladder's last rung (every switch of python -m helpers.ladder on, as of the perf.py run), "
+                "GPT-2 124M",
+                "batch_size": row["batch_size"],
+                "seq_len": 1024,
+                "steps_profiled": 3,
+                "step_ms": row["ms_per_step"],
+                "step_ms_how": "median of 10 CUDA-event-timed steps after 3 warm-up steps (not profiled)",
+                "kernels": kernels,
+                "families_ms": family_totals(kernels),
+            }
+        )
     if not tables:
-        raise ValueError("no 'final' row with a 'profile' in this perf.py file: run it with --variants final --profile")
+        raise ValueError(
+            "no 'final' row with a 'profile' in this perf.py file: run it with --variants final --profile"
+        )
     tables.sort(key=lambda t: t["batch_size"])
     counts = sorted(set(n_listed.values()))
-    how_many = (f"{counts[0]} largest" if len(counts) == 1 else
-                "largest (" + ", ".join(f"{n} at B={b}" for b, n in sorted(n_listed.items())) + ")")
+    how_many = (
+        f"{counts[0]} largest"
+        if len(counts) == 1
+        else "largest (" + ", ".join(f"{n} at B={b}" for b, n in sorted(n_listed.items())) + ")"
+    )
     return {
         "format": TABLE_FORMAT,
         "what": "device time (ms per training step) of each CUDA kernel, torch.profiler over 3 steps",
-        "device": perf["device"], "torch": perf["torch"], "cuda": cuda, "date": date, "source": source,
+        "device": perf["device"],
+        "torch": perf["torch"],
+        "cuda": cuda,
+        "date": date,
+        "source": source,
         "derived": f"listed kernels are perf.py's {how_many}, as measured; each '(rest of the ... family)' "
-                   "row is that family's measured total minus its listed kernels",
+        "row is that family's measured total minus its listed kernels",
         "tables": tables,
     }
 
 
-def table_from_profile(prof: StepProfile, config: str, batch_size: int, seq_len: int, step_ms: float,
-                       command: str) -> dict:
+def table_from_profile(
+    prof: StepProfile, config: str, batch_size: int, seq_len: int, step_ms: float, command: str
+) -> dict:
     """One entry of a profile table (see :func:`save_table`) from a fresh :class:`StepProfile`."""
     return {
-        "config": config, "batch_size": batch_size, "seq_len": seq_len, "steps_profiled": prof.steps,
+        "config": config,
+        "batch_size": batch_size,
+        "seq_len": seq_len,
+        "steps_profiled": prof.steps,
         "step_ms": step_ms,
         "step_ms_how": "median of 10 timed steps after 3 warm-up steps (helpers.timing.measure, not profiled)",
         "kernels": [{**r, "remainder": False} for r in prof.kernels],
-        "families_ms": prof.families_ms(), "phases_ms": prof.phases_ms,
-        "busy_ms": prof.busy_ms, "span_ms": prof.span_ms, "host_ms": prof.host_ms, "command": command,
+        "families_ms": prof.families_ms(),
+        "phases_ms": prof.phases_ms,
+        "busy_ms": prof.busy_ms,
+        "span_ms": prof.span_ms,
+        "host_ms": prof.host_ms,
+        "command": command,
     }
 
 
@@ -535,14 +640,18 @@ def load_table(name: str = SHIPPED_TABLE, batch_size: int = 16) -> tuple[dict, d
         if t["batch_size"] == batch_size:
             provenance = {k: v for k, v in data.items() if k != "tables"}
             return provenance, t
-    raise KeyError(f"{name} has no table for B={batch_size}: it has B={[t['batch_size'] for t in data['tables']]}")
+    raise KeyError(
+        f"{name} has no table for B={batch_size}: it has B={[t['batch_size'] for t in data['tables']]}"
+    )
 
 
 def provenance_line(provenance: dict, table: dict) -> str:
     """'NVIDIA H200, torch 2.11.0+cu130, CUDA 13.0, measured 2026-11-29, B=16, T=1024; source: ...'."""
     cuda = f", CUDA {provenance['cuda']}" if provenance.get("cuda") else ""
-    return (f"{provenance['device']}, torch {provenance['torch']}{cuda}, measured {provenance['date']}, "
-            f"B={table['batch_size']}, T={table['seq_len']}; source: {provenance['source']}")
+    return (
+        f"{provenance['device']}, torch {provenance['torch']}{cuda}, measured {provenance['date']}, "
+        f"B={table['batch_size']}, T={table['seq_len']}; source: {provenance['source']}"
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -557,7 +666,9 @@ def final_rung(batch_size: int, seq_len: int, device: torch.device | str, eager:
     from helpers.ladder import last_runnable
 
     run = last_runnable(batch_size, seq_len, torch.device(device))
-    return run.replace(name="final rung, eager" if eager else "final rung", compile=None if eager else run.compile)
+    return run.replace(
+        name="final rung, eager" if eager else "final rung", compile=None if eager else run.compile
+    )
 
 
 def describe(run) -> str:
@@ -573,26 +684,49 @@ def main(argv: list[str] | None = None) -> int:
     from helpers import data, hardware, timing
     from helpers.train import build, default_shapes
 
-    p = argparse.ArgumentParser(prog="python -m helpers.profiling", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m helpers.profiling", description=__doc__.splitlines()[0]
+    )
     sub = p.add_subparsers(dest="command", required=True)
-    t = sub.add_parser("table", help="profile the ladder's last rung and write a profile table (JSON)")
+    t = sub.add_parser(
+        "table", help="profile the ladder's last rung and write a profile table (JSON)"
+    )
     t.add_argument("--out", required=True, type=Path)
-    t.add_argument("--batch-size", type=int, nargs="+", default=None, help="default: 16 64 on CUDA, 4 on a CPU")
+    t.add_argument(
+        "--batch-size", type=int, nargs="+", default=None, help="default: 16 64 on CUDA, 4 on a CPU"
+    )
     t.add_argument("--steps", type=int, default=3, help="active profiled steps (default 3)")
     t.add_argument("--eager", action="store_true", help="without torch.compile")
-    t.add_argument("--trace", type=Path, default=None, help="also write the Chrome trace of the last batch size")
-    t.add_argument("--warmup", type=int, default=3, help="untimed steps before the timed ones (default 3)")
-    t.add_argument("--iters", type=int, default=10, help="timed steps for step_ms, median (default 10)")
-    r = sub.add_parser("run", help="run the step alone (NVTX ranges, cudaProfilerStart/Stop) for Nsight Systems")
+    t.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help="also write the Chrome trace of the last batch size",
+    )
+    t.add_argument(
+        "--warmup", type=int, default=3, help="untimed steps before the timed ones (default 3)"
+    )
+    t.add_argument(
+        "--iters", type=int, default=10, help="timed steps for step_ms, median (default 10)"
+    )
+    r = sub.add_parser(
+        "run", help="run the step alone (NVTX ranges, cudaProfilerStart/Stop) for Nsight Systems"
+    )
     r.add_argument("--batch-size", type=int, default=None, help="default: train.default_shapes")
     r.add_argument("--warmup", type=int, default=3)
     r.add_argument("--steps", type=int, default=5)
     r.add_argument("--eager", action="store_true", help="without torch.compile")
-    f = sub.add_parser("from-perf", help="derive a profile table from benchmarks/perf.py --profile output")
+    f = sub.add_parser(
+        "from-perf", help="derive a profile table from benchmarks/perf.py --profile output"
+    )
     f.add_argument("perf_json", type=Path)
     f.add_argument("--out", required=True, type=Path)
-    f.add_argument("--date", required=True, help="the date the perf.py run was measured, YYYY-MM-DD")
-    f.add_argument("--cuda", default=None, help="CUDA version of that run (perf.py did not record it)")
+    f.add_argument(
+        "--date", required=True, help="the date the perf.py run was measured, YYYY-MM-DD"
+    )
+    f.add_argument(
+        "--cuda", default=None, help="CUDA version of that run (perf.py did not record it)"
+    )
     args = p.parse_args(argv)
 
     for name in ("steps", "iters"):
@@ -606,12 +740,20 @@ def main(argv: list[str] | None = None) -> int:
         try:
             datetime.date.fromisoformat(args.date)
         except ValueError:
-            raise ValueError(f"--date {args.date!r}: write the date of the perf.py run as YYYY-MM-DD") from None
+            raise ValueError(
+                f"--date {args.date!r}: write the date of the perf.py run as YYYY-MM-DD"
+            ) from None
         perf = json.loads(args.perf_json.read_text())
         if not isinstance(perf, dict) or not isinstance(perf.get("rows"), list):
-            raise ValueError(f"{args.perf_json} is not the output of benchmarks/perf.py --profile (no 'rows' list)")
-        table = table_from_perf_json(perf, source=f"{args.perf_json.as_posix()} (benchmarks/perf.py --profile)",
-                                     date=args.date, cuda=args.cuda)
+            raise ValueError(
+                f"{args.perf_json} is not the output of benchmarks/perf.py --profile (no 'rows' list)"
+            )
+        table = table_from_perf_json(
+            perf,
+            source=f"{args.perf_json.as_posix()} (benchmarks/perf.py --profile)",
+            date=args.date,
+            cuda=args.cuda,
+        )
         args.out.write_text(json.dumps(table, indent=1) + "\n")
         print(f"wrote {args.out} ({len(table['tables'])} tables)")
         return 0
@@ -627,31 +769,44 @@ def main(argv: list[str] | None = None) -> int:
             step_with_ranges(trainer, loader)
         _sync(device)
         ranges = torch.cuda.nvtx.range if device.type == "cuda" else torch.profiler.record_function
-        capture = torch.cuda.profiler.profile() if device.type == "cuda" else contextlib.nullcontext()
-        with capture:  # cudaProfilerStart / Stop: nsys --capture-range=cudaProfilerApi records only this
+        capture = (
+            torch.cuda.profiler.profile() if device.type == "cuda" else contextlib.nullcontext()
+        )
+        with (
+            capture
+        ):  # cudaProfilerStart / Stop: nsys --capture-range=cudaProfilerApi records only this
             t0 = time.perf_counter()
             for i in range(args.steps):
                 with ranges(f"step {i}"):
                     step_with_ranges(trainer, loader, ranges)
             _sync(device)
             ms = 1e3 * (time.perf_counter() - t0) / args.steps
-        print(f"{describe(trainer.run)}; B={B}, T={T} on {hardware.summary(device, probe_sdpa=False).name}: "
-              f"{ms:.1f} ms/step over {args.steps} steps (host clock, synchronised at the end)")
+        print(
+            f"{describe(trainer.run)}; B={B}, T={T} on {hardware.summary(device, probe_sdpa=False).name}: "
+            f"{ms:.1f} ms/step over {args.steps} steps (host clock, synchronised at the end)"
+        )
         return 0
 
-    sizes = args.batch_size if args.batch_size is not None else ([16, 64] if device.type == "cuda" else [B0])
+    sizes = (
+        args.batch_size
+        if args.batch_size is not None
+        else ([16, 64] if device.type == "cuda" else [B0])
+    )
     tables = []
     command = "python -m helpers.profiling " + " ".join(argv if argv is not None else sys.argv[1:])
     for i, B in enumerate(sizes):
         run = final_rung(B, T, device, args.eager)
         trainer = build(run, cfg, device)
         loader = data.BatchLoader(tokens, B, T, device)
-        step_ms = timing.measure(lambda: trainer.step(loader), device, warmup=args.warmup, iters=args.iters).median_ms  # noqa: B023
+        step = lambda: trainer.step(loader)  # noqa: B023, E731 (called inside this iteration)
+        step_ms = timing.measure(step, device, warmup=args.warmup, iters=args.iters).median_ms
         trace = args.trace if (args.trace is not None and i == len(sizes) - 1) else None
         prof = profile_steps(trainer, loader, active=args.steps, trace_path=trace)
         entry = table_from_profile(prof, describe(run), B, T, step_ms, command)
-        entry["step_ms_how"] = (f"median of {args.iters} timed steps after {args.warmup} warm-up steps "
-                                "(helpers.timing.measure, not profiled)")
+        entry["step_ms_how"] = (
+            f"median of {args.iters} timed steps after {args.warmup} warm-up steps "
+            "(helpers.timing.measure, not profiled)"
+        )
         tables.append(entry)
         fams = ", ".join(f"{k} {v:.2f}" for k, v in prof.families_ms().items())
         print(f"B={B}: {step_ms:.1f} ms/step; device time by family (ms/step): {fams}", flush=True)
@@ -660,11 +815,19 @@ def main(argv: list[str] | None = None) -> int:
         trainer = None
     out = {
         "format": TABLE_FORMAT,
-        "what": ("device time (ms per training step) of each CUDA kernel" if device.type == "cuda"
-                 else "self CPU time (ms per training step) of each aten operator") + f", torch.profiler over {args.steps} steps",
+        "what": (
+            "device time (ms per training step) of each CUDA kernel"
+            if device.type == "cuda"
+            else "self CPU time (ms per training step) of each aten operator"
+        )
+        + f", torch.profiler over {args.steps} steps",
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
-        "torch": torch.__version__, "cuda": torch.version.cuda if device.type == "cuda" else None,
-        "date": datetime.date.today().isoformat(), "source": command, "derived": None, "tables": tables,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda if device.type == "cuda" else None,
+        "date": datetime.date.today().isoformat(),
+        "source": command,
+        "derived": None,
+        "tables": tables,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")

@@ -35,5 +35,7 @@ def load(name: str) -> dict | None:
 
 def missing(name: str) -> str:
     """What to print when :func:`load` found nothing."""
-    return (f"committed result {name} not found: clone the course repository (its results/ folder holds the "
-            f"course's own GPU measurements) or set {RESULTS_DIR_ENV} to that folder.")
+    return (
+        f"committed result {name} not found: clone the course repository (its results/ folder holds the "
+        f"course's own GPU measurements) or set {RESULTS_DIR_ENV} to that folder."
+    )

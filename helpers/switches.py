@@ -21,85 +21,187 @@ class Switch:
 
     field: str  # the RunConfig field
     baseline: object  # its value in the ladder's first rung ("fp32")
-    rungs: tuple[tuple[str, object], ...]  # (rung name, value it sets), in ladder order; () = no rung
+    rungs: tuple[
+        tuple[str, object], ...
+    ]  # (rung name, value it sets), in ladder order; () = no rung
     chapter: str  # the chapter that teaches it, e.g. "04"
     advice: dict = field(default_factory=dict)  # value -> when to use it (the capstone's checklist)
     general: str = ""  # advice for the switch whatever its value
 
 
 SWITCHES: tuple[Switch, ...] = (
-    Switch("matmul_precision", "fp32", (("+ tf32", "tf32"),), "04", {
-        "tf32": "fp32 matmuls on an NVIDIA GPU of compute capability >= 8.0 (A100, H100/H200, RTX 30xx+): "
-                "one line, torch.set_float32_matmul_precision('high'); nothing to gain on a T4/V100 or a CPU",
-    }, "choose TF32 ('high') on compute capability >= 8.0; keep 'highest' only to check numerics"),
-    Switch("autocast", None, (("+ bf16 autocast", "bf16"),), "04", {
-        "bf16": "training on compute capability >= 8.0 (or a CPU with bf16 kernels): same exponent range as fp32, "
-                "no loss scaling; keep the weights and AdamW state in fp32",
-        "fp16": "GPUs without native bf16 (T4, V100): fp16 autocast plus GradScaler, so small gradients do not "
-                "underflow to zero",
-    }, "mixed precision: bf16 where native (compute capability >= 8.0), else fp16 + GradScaler"),
-    Switch("compile", None, (("+ torch.compile", "default"),), "05", {}, (
-        "runs long enough to repay the first-step compile time (compare first_step_ms with the ms saved per step); "
-        "needs Triton (GPU, compute capability >= 7.0) or a C++ compiler (CPU); leave it off while the code changes "
-        "every run")),
-    Switch("attention", "manual", (("+ sdpa attention", "sdpa"),), "06", {
-        "sdpa": "always for causal attention: F.scaled_dot_product_attention picks a fused kernel (Flash, "
-                "memory-efficient or cuDNN) and never stores the (T, T) scores, so memory drops and the gain grows with T",
-    }, "prefer F.scaled_dot_product_attention over hand-written attention"),
-    Switch("vocab_multiple", 1, (("+ vocab 50304", 64),), "07", {}, (
-        "when a matmul dimension is odd (GPT-2's 50257 tokens): pad it to a multiple of 64 and mask the "
-        "padded ids when sampling")),
-    Switch("optimizer", "foreach", (("+ fused AdamW", "fused"),), "12", {
-        "fused": "on CUDA (and CPU) with many parameter tensors: one fused AdamW kernel instead of several per "
-                 "step; small once the step is compiled and the batch is large",
-    }, "AdamW: fused where available, else foreach; the for-loop version only for debugging"),
-    Switch("residual_dtype", "fp32", (("+ bf16 residual", "bf16"),), "12", {
-        "bf16": "with bf16 autocast: cast the embeddings' sum to bf16 once, so every residual add, "
-                "LayerNorm read and residual gradient moves half the bytes; LayerNorm still computes in fp32 and the "
-                "weights and AdamW state stay fp32; compare the loss curve with the fp32 stream's (bf16 keeps 8 bits "
-                "of mantissa)",
-    }),
-    Switch("detach_logits", False, (("+ detached logits", True),), "12", {
-        True: "whenever a compiled training step returns logits it never backpropagates through: an output "
-              "that requires grad gets a (B, T, V) zero gradient that the compiled backward reads and adds, every step",
-    }),
-    Switch("loss_kernel", "pytorch", (("+ Triton CE", "triton"), ("+ fused LM-head CE", "fused")), "12", {
-        "triton": "when the profile shows cross-entropy over a large vocabulary: a hand-written kernel reads "
-                  "the logits once forward and once backward; it paid off here only after the logits were detached",
-        "fused": "when the logits are the largest tensor in memory (large vocabulary, large B): the LM head "
-                 "and the loss run in chunks of rows with the logits' gradient made in the forward, so no "
-                 "logits-sized tensor waits for backward; mostly a memory saving (peak -6.5 GiB at B=64 on the "
-                 "H200); not under fp16",
-    }),
-    Switch("fused_clip", False, (("+ clip in AdamW", True),), "12", {
-        True: "with fused AdamW and gradient clipping: AdamW divides by the clip factor while it reads the "
-              "gradients, instead of a separate pass that rescales all of them; a fixed, small saving (one pass "
-              "over the parameters), so it matters most at small B",
-    }),
-    Switch("lm_head_fp8", False, (("+ fp8 LM head", True),), "12", {
-        True: "on a GPU with fp8 tensor cores (compute capability >= 8.9: L4, RTX 40xx, H100/H200) when "
-              "the LM head is a large share of the matmul time (GPT-2 124M: about 30% of the weight matmuls' "
-              "FLOPs): its three matmuls ran 1.5-1.9x faster than bf16 on the H200; a numerics change (e4m3 "
-              "inputs, e5m2 gradient), so compare the loss curve with bf16's before keeping it",
-    }),
-    Switch("grad_accum_steps", 1, (), "09", {}, (
-        "when the batch you want does not fit in memory: the same gradient in several micro-steps; "
-        "it saves memory, not time")),
-    Switch("checkpoint_every", 0, (), "09", {}, (
-        "activation checkpointing: when activations do not fit; recomputes blocks in backward "
-        "(about a third more compute for those blocks) to fit a larger B")),
+    Switch(
+        "matmul_precision",
+        "fp32",
+        (("+ tf32", "tf32"),),
+        "04",
+        {
+            "tf32": "fp32 matmuls on an NVIDIA GPU of compute capability >= 8.0 (A100, H100/H200, RTX 30xx+): "
+            "one line, torch.set_float32_matmul_precision('high'); nothing to gain on a T4/V100 or a CPU",
+        },
+        "choose TF32 ('high') on compute capability >= 8.0; keep 'highest' only to check numerics",
+    ),
+    Switch(
+        "autocast",
+        None,
+        (("+ bf16 autocast", "bf16"),),
+        "04",
+        {
+            "bf16": "training on compute capability >= 8.0 (or a CPU with bf16 kernels): same exponent range as fp32, "
+            "no loss scaling; keep the weights and AdamW state in fp32",
+            "fp16": "GPUs without native bf16 (T4, V100): fp16 autocast plus GradScaler, so small gradients do not "
+            "underflow to zero",
+        },
+        "mixed precision: bf16 where native (compute capability >= 8.0), else fp16 + GradScaler",
+    ),
+    Switch(
+        "compile",
+        None,
+        (("+ torch.compile", "default"),),
+        "05",
+        {},
+        (
+            "runs long enough to repay the first-step compile time (compare first_step_ms with the ms saved per step); "
+            "needs Triton (GPU, compute capability >= 7.0) or a C++ compiler (CPU); leave it off while the code changes "
+            "every run"
+        ),
+    ),
+    Switch(
+        "attention",
+        "manual",
+        (("+ sdpa attention", "sdpa"),),
+        "06",
+        {
+            "sdpa": "always for causal attention: F.scaled_dot_product_attention picks a fused kernel (Flash, "
+            "memory-efficient or cuDNN) and never stores the (T, T) scores, so memory drops and the gain grows with T",
+        },
+        "prefer F.scaled_dot_product_attention over hand-written attention",
+    ),
+    Switch(
+        "vocab_multiple",
+        1,
+        (("+ vocab 50304", 64),),
+        "07",
+        {},
+        (
+            "when a matmul dimension is odd (GPT-2's 50257 tokens): pad it to a multiple of 64 and mask the "
+            "padded ids when sampling"
+        ),
+    ),
+    Switch(
+        "optimizer",
+        "foreach",
+        (("+ fused AdamW", "fused"),),
+        "12",
+        {
+            "fused": "on CUDA (and CPU) with many parameter tensors: one fused AdamW kernel instead of several per "
+            "step; small once the step is compiled and the batch is large",
+        },
+        "AdamW: fused where available, else foreach; the for-loop version only for debugging",
+    ),
+    Switch(
+        "residual_dtype",
+        "fp32",
+        (("+ bf16 residual", "bf16"),),
+        "12",
+        {
+            "bf16": "with bf16 autocast: cast the embeddings' sum to bf16 once, so every residual add, "
+            "LayerNorm read and residual gradient moves half the bytes; LayerNorm still computes in fp32 and the "
+            "weights and AdamW state stay fp32; compare the loss curve with the fp32 stream's (bf16 keeps 8 bits "
+            "of mantissa)",
+        },
+    ),
+    Switch(
+        "detach_logits",
+        False,
+        (("+ detached logits", True),),
+        "12",
+        {
+            True: "whenever a compiled training step returns logits it never backpropagates through: an output "
+            "that requires grad gets a (B, T, V) zero gradient that the compiled backward reads and adds, every step",
+        },
+    ),
+    Switch(
+        "loss_kernel",
+        "pytorch",
+        (("+ Triton CE", "triton"), ("+ fused LM-head CE", "fused")),
+        "12",
+        {
+            "triton": "when the profile shows cross-entropy over a large vocabulary: a hand-written kernel reads "
+            "the logits once forward and once backward; it paid off here only after the logits were detached",
+            "fused": "when the logits are the largest tensor in memory (large vocabulary, large B): the LM head "
+            "and the loss run in chunks of rows with the logits' gradient made in the forward, so no "
+            "logits-sized tensor waits for backward; mostly a memory saving (peak -6.5 GiB at B=64 on the "
+            "H200); not under fp16",
+        },
+    ),
+    Switch(
+        "fused_clip",
+        False,
+        (("+ clip in AdamW", True),),
+        "12",
+        {
+            True: "with fused AdamW and gradient clipping: AdamW divides by the clip factor while it reads the "
+            "gradients, instead of a separate pass that rescales all of them; a fixed, small saving (one pass "
+            "over the parameters), so it matters most at small B",
+        },
+    ),
+    Switch(
+        "lm_head_fp8",
+        False,
+        (("+ fp8 LM head", True),),
+        "12",
+        {
+            True: "on a GPU with fp8 tensor cores (compute capability >= 8.9: L4, RTX 40xx, H100/H200) when "
+            "the LM head is a large share of the matmul time (GPT-2 124M: about 30% of the weight matmuls' "
+            "FLOPs): its three matmuls ran 1.5-1.9x faster than bf16 on the H200; a numerics change (e4m3 "
+            "inputs, e5m2 gradient), so compare the loss curve with bf16's before keeping it",
+        },
+    ),
+    Switch(
+        "grad_accum_steps",
+        1,
+        (),
+        "09",
+        {},
+        (
+            "when the batch you want does not fit in memory: the same gradient in several micro-steps; "
+            "it saves memory, not time"
+        ),
+    ),
+    Switch(
+        "checkpoint_every",
+        0,
+        (),
+        "09",
+        {},
+        (
+            "activation checkpointing: when activations do not fit; recomputes blocks in backward "
+            "(about a third more compute for those blocks) to fit a larger B"
+        ),
+    ),
 )
 
 # The order the ladder turns the switches on (a rung's position, not a switch's).
 RUNG_ORDER = (
-    "+ tf32", "+ bf16 autocast", "+ torch.compile", "+ sdpa attention", "+ vocab 50304", "+ fused AdamW",
-    "+ bf16 residual", "+ detached logits", "+ Triton CE", "+ clip in AdamW", "+ fused LM-head CE",
+    "+ tf32",
+    "+ bf16 autocast",
+    "+ torch.compile",
+    "+ sdpa attention",
+    "+ vocab 50304",
+    "+ fused AdamW",
+    "+ bf16 residual",
+    "+ detached logits",
+    "+ Triton CE",
+    "+ clip in AdamW",
+    "+ fused LM-head CE",
     "+ fp8 LM head",
 )
 
 
-def ladder_rungs(switches: tuple[Switch, ...] = SWITCHES,
-                 order: tuple[str, ...] = RUNG_ORDER) -> list[tuple[str, dict]]:
+def ladder_rungs(
+    switches: tuple[Switch, ...] = SWITCHES, order: tuple[str, ...] = RUNG_ORDER
+) -> list[tuple[str, dict]]:
     """The ladder as (rung name, switches it sets): first "fp32" with every rung switch at its
     baseline, then each rung of ``order`` with the one value it sets.
 
@@ -108,8 +210,10 @@ def ladder_rungs(switches: tuple[Switch, ...] = SWITCHES,
     """
     declared = {name: (s.field, value) for s in switches for name, value in s.rungs}
     if set(declared) != set(order):
-        raise ValueError(f"rungs declared but not ordered {sorted(set(declared) - set(order))}, "
-                         f"ordered but not declared {sorted(set(order) - set(declared))}")
+        raise ValueError(
+            f"rungs declared but not ordered {sorted(set(declared) - set(order))}, "
+            f"ordered but not declared {sorted(set(order) - set(declared))}"
+        )
     first = {s.field: s.baseline for s in switches if s.rungs}
     return [("fp32", first)] + [(name, {declared[name][0]: declared[name][1]}) for name in order]
 

@@ -107,7 +107,10 @@ def peak_flops(device: torch.device | str) -> tuple[float | None, str]:
     if device.type != "cuda":
         return None, f"no peak FLOP/s table for device type '{device.type}'"
     if hardware.emulated_profile() is not None:
-        return None, f"emulating a {hardware.emulated_profile().key}: the speed is the real GPU's, so no MFU is claimed"
+        return (
+            None,
+            f"emulating a {hardware.emulated_profile().key}: the speed is the real GPU's, so no MFU is claimed",
+        )
     name = torch.cuda.get_device_name(device)
     prof = hardware.match_profile(name, torch.cuda.get_device_properties(device).total_memory)
     if prof is None or prof.peak_tensor_tflops is None:
@@ -115,7 +118,9 @@ def peak_flops(device: torch.device | str) -> tuple[float | None, str]:
     return prof.peak_tensor_tflops * 1e12, f"{prof.name} dense 16-bit tensor peak, {prof.source}"
 
 
-def mfu(flops_per_token: float, tokens_per_s: float, peak_flops_per_s: float | None) -> tuple[float | None, str]:
+def mfu(
+    flops_per_token: float, tokens_per_s: float, peak_flops_per_s: float | None
+) -> tuple[float | None, str]:
     """Model FLOPs utilisation = achieved FLOP/s / peak FLOP/s (PaLM, Chowdhery et al. 2022, App. B).
 
     Returns (None, reason) when the peak is unknown, when the FLOPs per token or the throughput is
@@ -130,14 +135,19 @@ def mfu(flops_per_token: float, tokens_per_s: float, peak_flops_per_s: float | N
     achieved = flops_per_token * tokens_per_s
     value = achieved / peak_flops_per_s
     if value > 1.0:
-        return None, f"achieved {achieved / 1e12:.1f} TFLOP/s exceeds the peak {peak_flops_per_s / 1e12:.1f}: timing or peak is wrong"
+        return (
+            None,
+            f"achieved {achieved / 1e12:.1f} TFLOP/s exceeds the peak {peak_flops_per_s / 1e12:.1f}: timing or peak is wrong",
+        )
     return value, "ok"
 
 
 MATMUL_MODES = ("fp32", "tf32", "bf16", "fp16")
 
 
-def benchmark_matmul(n: int, mode: str, device: torch.device | str, warmup: int = 3, iters: int = 10) -> dict:
+def benchmark_matmul(
+    n: int, mode: str, device: torch.device | str, warmup: int = 3, iters: int = 10
+) -> dict:
     """Time C = A @ B for random (n, n) matrices in ``mode`` ("fp32" with TF32 off, "tf32", "bf16",
     "fp16") on ``device`` with :func:`measure`; FLOPs = 2·n³ (one multiply and one add per term).
 
@@ -149,7 +159,15 @@ def benchmark_matmul(n: int, mode: str, device: torch.device | str, warmup: int 
     if mode not in MATMUL_MODES:
         raise ValueError(f"mode must be one of {MATMUL_MODES}, got {mode!r}")
     device = torch.device(device)
-    row = {"mode": mode, "n": n, "status": "skipped", "ms": None, "tflops": None, "peak_tflops": None, "reason": ""}
+    row = {
+        "mode": mode,
+        "n": n,
+        "status": "skipped",
+        "ms": None,
+        "tflops": None,
+        "peak_tflops": None,
+        "reason": "",
+    }
     if mode == "tf32" and not hardware.tf32_supported(device):
         row["reason"] = "TF32 tensor cores need an NVIDIA GPU of compute capability >= 8.0"
         return row
@@ -169,12 +187,18 @@ def benchmark_matmul(n: int, mode: str, device: torch.device | str, warmup: int 
         t = measure(lambda: a @ b, device, warmup=warmup, iters=iters)
     finally:
         torch.set_float32_matmul_precision(old)
-    row.update(status="measured", ms=t.median_ms, tflops=2 * n**3 / (t.median_ms / 1e3) / 1e12, reason="ok")
+    row.update(
+        status="measured", ms=t.median_ms, tflops=2 * n**3 / (t.median_ms / 1e3) / 1e12, reason="ok"
+    )
     if device.type == "cuda":
         prof = hardware.match_profile(torch.cuda.get_device_name(device))
         if prof is not None:
-            row["peak_tflops"] = {"fp32": prof.fp32_tflops, "tf32": prof.tf32_tflops,
-                                  "bf16": prof.bf16_tflops, "fp16": prof.fp16_tflops}[mode]
+            row["peak_tflops"] = {
+                "fp32": prof.fp32_tflops,
+                "tf32": prof.tf32_tflops,
+                "bf16": prof.bf16_tflops,
+                "fp16": prof.fp16_tflops,
+            }[mode]
     return row
 
 
@@ -195,7 +219,9 @@ def host_time_without_sync(fn: Callable[[], object], iters: int = 10) -> float:
     return 1e3 * (time.perf_counter() - t0) / iters
 
 
-def host_time_with_sync(fn: Callable[[], object], device: torch.device | str, iters: int = 10) -> float:
+def host_time_with_sync(
+    fn: Callable[[], object], device: torch.device | str, iters: int = 10
+) -> float:
     """Mean ms per call of ``fn`` by a host clock, synchronising before the start and after the end."""
     synchronize(device)
     t0 = time.perf_counter()
@@ -227,7 +253,11 @@ def roofline_points(device: torch.device | str, dtype: torch.dtype | None = None
     """
     device = torch.device(device)
     if dtype is None:
-        dtype = torch.bfloat16 if device.type == "cuda" and hardware.native_bf16(device) else torch.float32
+        dtype = (
+            torch.bfloat16
+            if device.type == "cuda" and hardware.native_bf16(device)
+            else torch.float32
+        )
     size = torch.finfo(dtype).bits // 8
     n = 4096 if device.type == "cuda" else 1024
     rows, C = (16 * 1024, 768) if device.type == "cuda" else (2048, 768)
@@ -239,12 +269,26 @@ def roofline_points(device: torch.device | str, dtype: torch.dtype | None = None
     cases = [
         ("matmul", lambda: a @ b, 2 * n**3, 3 * n * n * size),
         ("layernorm", lambda: ln(x), LAYERNORM_FLOPS_PER_ELEMENT * x.numel(), 2 * x.numel() * size),
-        ("gelu (tanh)", lambda: torch.nn.functional.gelu(h, approximate="tanh"), GELU_TANH_FLOPS_PER_ELEMENT * h.numel(), 2 * h.numel() * size),
+        (
+            "gelu (tanh)",
+            lambda: torch.nn.functional.gelu(h, approximate="tanh"),
+            GELU_TANH_FLOPS_PER_ELEMENT * h.numel(),
+            2 * h.numel() * size,
+        ),
     ]
     out = []
     with torch.no_grad():
         for name, fn, flops, nbytes in cases:
             ms = measure(fn, device, warmup=3, iters=10).median_ms
-            out.append({"op": name, "flops": flops, "bytes": nbytes, "intensity": flops / nbytes,
-                        "flops_per_s": flops / (ms / 1e3), "ms": ms, "dtype": str(dtype).replace("torch.", "")})
+            out.append(
+                {
+                    "op": name,
+                    "flops": flops,
+                    "bytes": nbytes,
+                    "intensity": flops / nbytes,
+                    "flops_per_s": flops / (ms / 1e3),
+                    "ms": ms,
+                    "dtype": str(dtype).replace("torch.", ""),
+                }
+            )
     return out

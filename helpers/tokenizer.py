@@ -40,7 +40,11 @@ def _offline_encoding() -> tiktoken.Encoding | None:
         fix = f"Replace it with a fresh copy of {RANKS_URL}, or unset {paths.DATA_DIR_ENV} to let tiktoken download it."
         path = paths.verify(folder / RANKS_FILE, RANKS_SHA256, fix)
     elif (paths.cache_dir() / RANKS_FILE).exists():
-        path = paths.verify(paths.cache_dir() / RANKS_FILE, RANKS_SHA256, "Delete it and run: python -m helpers.data fetch")
+        path = paths.verify(
+            paths.cache_dir() / RANKS_FILE,
+            RANKS_SHA256,
+            "Delete it and run: python -m helpers.data fetch",
+        )
     else:
         return None
     from tiktoken.load import load_tiktoken_bpe

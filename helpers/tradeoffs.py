@@ -36,7 +36,9 @@ from helpers.model import GPT, GPTConfig
 # --------------------------------------------------------------------------------------------
 
 
-def accumulate(model: nn.Module, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], divide: bool = True) -> torch.Tensor:
+def accumulate(
+    model: nn.Module, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], divide: bool = True
+) -> torch.Tensor:
     """Forward + backward over each (x, y) micro-batch, adding into ``p.grad`` (zero them first).
 
     Each micro-loss is divided by N = len(micro_batches) before ``backward`` (``divide=False`` is
@@ -54,29 +56,48 @@ def accumulate(model: nn.Module, micro_batches: list[tuple[torch.Tensor, torch.T
 
 def gradients(model: nn.Module) -> dict[str, torch.Tensor]:
     """A copy of every parameter's ``.grad`` by name (fp32; parameters with no gradient left out)."""
-    return {n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return {
+        n: p.grad.detach().float().clone()
+        for n, p in model.named_parameters()
+        if p.grad is not None
+    }
 
 
 def grad_norm(grads: dict[str, torch.Tensor]) -> float:
     """Global L2 norm of a gradient dict (the number ``clip_grad_norm_`` compares with its limit)."""
-    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads.values()])).item()
+    return torch.linalg.vector_norm(
+        torch.stack([torch.linalg.vector_norm(g) for g in grads.values()])
+    ).item()
 
 
 def max_relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     """max over parameters of ||a - b|| / ||b|| (L2 norms). Raises KeyError if the names differ."""
     if a.keys() != b.keys():
         raise KeyError(f"gradient dicts differ in names: {sorted(set(a) ^ set(b))[:3]}")
-    return max((torch.linalg.vector_norm(a[k] - b[k]) / torch.linalg.vector_norm(b[k]).clamp_min(1e-30)).item() for k in a)
+    return max(
+        (
+            torch.linalg.vector_norm(a[k] - b[k]) / torch.linalg.vector_norm(b[k]).clamp_min(1e-30)
+        ).item()
+        for k in a
+    )
 
 
 def _split(x: torch.Tensor, y: torch.Tensor, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     if x.shape[0] % n != 0:
-        raise ValueError(f"batch of {x.shape[0]} sequences does not split into {n} equal micro-batches")
+        raise ValueError(
+            f"batch of {x.shape[0]} sequences does not split into {n} equal micro-batches"
+        )
     return list(zip(x.chunk(n), y.chunk(n), strict=True))
 
 
 def accumulation_report(
-    model_config: GPTConfig, B: int, T: int, micro_steps: int, device: torch.device | str, clip: float = 1.0, lr: float = 6e-4
+    model_config: GPTConfig,
+    B: int,
+    T: int,
+    micro_steps: int,
+    device: torch.device | str,
+    clip: float = 1.0,
+    lr: float = 6e-4,
 ) -> dict:
     """Gradients of one (B, T) batch against ``micro_steps`` micro-batches of B / micro_steps
     sequences, accumulated with and without dividing each loss; fp32 (TF32 off), real text.
@@ -96,7 +117,10 @@ def accumulation_report(
         x, y = data.BatchLoader(data.load_tokens(), B, T, device).next_batch()
         torch.manual_seed(1337)
         base = GPT(model_config).to(device)
-        models = {how: copy.deepcopy(base) for how in ("one big batch", "accumulated, divided", "accumulated, not divided")}
+        models = {
+            how: copy.deepcopy(base)
+            for how in ("one big batch", "accumulated, divided", "accumulated, not divided")
+        }
         _, big_loss = models["one big batch"](x, y)
         big_loss.backward()
         logged = accumulate(models["accumulated, divided"], _split(x, y, micro_steps))
@@ -109,16 +133,35 @@ def accumulation_report(
             opt = train.make_optimizer(m, train.RunConfig(lr=lr, optimizer="for-loop"))
             after_clip = grad_norm(gradients(m))
             opt.step()
-            update = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.detach() - b) for p, b in zip(m.parameters(), before, strict=True)])).item()
-            rows.append(dict(how=how, norm_before=norm, clip_coef=min(1.0, clip / (norm + 1e-6)), norm_after=after_clip, update_norm=update))
+            update = torch.linalg.vector_norm(
+                torch.stack(
+                    [
+                        torch.linalg.vector_norm(p.detach() - b)
+                        for p, b in zip(m.parameters(), before, strict=True)
+                    ]
+                )
+            ).item()
+            rows.append(
+                dict(
+                    how=how,
+                    norm_before=norm,
+                    clip_coef=min(1.0, clip / (norm + 1e-6)),
+                    norm_after=after_clip,
+                    update_norm=update,
+                )
+            )
     finally:
         torch.set_float32_matmul_precision(old)
     ref = grads["one big batch"]
     return dict(
-        big_loss=big_loss.item(), logged_loss=logged.item(), micro_steps=micro_steps, clip=clip,
+        big_loss=big_loss.item(),
+        logged_loss=logged.item(),
+        micro_steps=micro_steps,
+        clip=clip,
         rel_diff_divided=max_relative_difference(grads["accumulated, divided"], ref),
         rel_diff_undivided=max_relative_difference(grads["accumulated, not divided"], ref),
-        norm_ratio=grad_norm(grads["accumulated, not divided"]) / grad_norm(ref), rows=rows,
+        norm_ratio=grad_norm(grads["accumulated, not divided"]) / grad_norm(ref),
+        rows=rows,
     )
 
 
@@ -133,7 +176,12 @@ class FixedBatch:
 
 
 def accumulation_sweep(
-    run: train.RunConfig, model_config: GPTConfig, device: torch.device | str, accum_steps: list[int], warmup: int = 1, iters: int = 3
+    run: train.RunConfig,
+    model_config: GPTConfig,
+    device: torch.device | str,
+    accum_steps: list[int],
+    warmup: int = 1,
+    iters: int = 3,
 ) -> list[dict]:
     """Time one optimizer step for each number of micro-steps (one model, real text).
 
@@ -149,12 +197,25 @@ def accumulation_sweep(
         trainer.run = run.replace(grad_accum_steps=n)
         memory.reset_peak(device)
         losses = []
-        t = timing.measure(lambda losses=losses: losses.append(trainer.step(loader)), device, warmup=warmup, iters=iters)
+        t = timing.measure(
+            lambda losses=losses: losses.append(trainer.step(loader)),
+            device,
+            warmup=warmup,
+            iters=iters,
+        )
         peak = memory.peak_bytes(device)
         loss = losses[-1].item()
         tokens = trainer.run.tokens_per_step
-        rows.append(dict(grad_accum_steps=n, tokens_per_step=tokens, ms=t.median_ms,
-                         tokens_per_s=timing.tokens_per_second(tokens, t.median_ms), peak_bytes=peak, loss=loss))
+        rows.append(
+            dict(
+                grad_accum_steps=n,
+                tokens_per_step=tokens,
+                ms=t.median_ms,
+                tokens_per_s=timing.tokens_per_second(tokens, t.median_ms),
+                peak_bytes=peak,
+                loss=loss,
+            )
+        )
     return rows
 
 
@@ -180,7 +241,9 @@ class Checkpointed(nn.Module):
         return torch.utils.checkpoint.checkpoint(self.module, x, use_reentrant=self.use_reentrant)
 
 
-def saved_activation_bytes(fn: Callable[[], object], exclude: list[torch.Tensor] = ()) -> tuple[object, int]:
+def saved_activation_bytes(
+    fn: Callable[[], object], exclude: list[torch.Tensor] = ()
+) -> tuple[object, int]:
     """Run ``fn()`` and count the bytes of the tensors autograd keeps for backward.
 
     Every tensor autograd saves passes a ``torch.autograd.graph.saved_tensors_hooks`` pack hook; the
@@ -205,7 +268,12 @@ def saved_activation_bytes(fn: Callable[[], object], exclude: list[torch.Tensor]
 
 
 def checkpointing_sweep(
-    run: train.RunConfig, model_config: GPTConfig, device: torch.device | str, settings: list[int], warmup: int = 2, iters: int = 5
+    run: train.RunConfig,
+    model_config: GPTConfig,
+    device: torch.device | str,
+    settings: list[int],
+    warmup: int = 2,
+    iters: int = 5,
 ) -> list[dict]:
     """Step time, peak memory and saved-activation bytes for each ``checkpoint_every`` setting.
 
@@ -220,30 +288,53 @@ def checkpointing_sweep(
     rows = []
     for k in settings:
         memory.reset_peak(device)
-        baseline = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0  # earlier work's tensors
+        baseline = (
+            torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+        )  # earlier work's tensors
         trainer = train.build(run.replace(checkpoint_every=k), model_config, device)
         loader = data.BatchLoader(tokens, run.batch_size, run.seq_len, device)
-        t = timing.measure(lambda trainer=trainer, loader=loader: trainer.step(loader), device, warmup=warmup, iters=iters)
+        t = timing.measure(
+            lambda trainer=trainer, loader=loader: trainer.step(loader),
+            device,
+            warmup=warmup,
+            iters=iters,
+        )
         peak = memory.peak_bytes(device)
         peak = None if peak is None else peak - baseline
         trainer.optimizer.zero_grad(set_to_none=True)
         x, y = loader.next_batch()
         with trainer.autocast():
-            (logits, loss), saved = saved_activation_bytes(lambda m=trainer.model, x=x, y=y: m(x, y), list(trainer.model.parameters()))
+            (logits, loss), saved = saved_activation_bytes(
+                lambda m=trainer.model, x=x, y=y: m(x, y), list(trainer.model.parameters())
+            )
         # the un-backwarded graph holds every saved activation: drop it before the next setting is measured
         # (kept alive, it added ~9 GiB per setting to the next peak on the H200)
         del logits, loss, x, y
         n_layer = trainer.model_config.n_layer
-        rows.append(dict(checkpoint_every=k, checkpointed_blocks=0 if k == 0 else len(range(0, n_layer, k)),
-                         ms=t.median_ms, tokens_per_s=timing.tokens_per_second(run.batch_size * run.seq_len, t.median_ms),
-                         peak_bytes=peak, saved_bytes=saved, baseline_bytes=baseline))
+        rows.append(
+            dict(
+                checkpoint_every=k,
+                checkpointed_blocks=0 if k == 0 else len(range(0, n_layer, k)),
+                ms=t.median_ms,
+                tokens_per_s=timing.tokens_per_second(run.batch_size * run.seq_len, t.median_ms),
+                peak_bytes=peak,
+                saved_bytes=saved,
+                baseline_bytes=baseline,
+            )
+        )
         trainer = loader = t = None
     memory.reset_peak(device)
     return rows
 
 
 def max_batch_under_limit(
-    run: train.RunConfig, model_config: GPTConfig, device: torch.device | str, limit_bytes: int, settings: list[int], start: int = 8, limit_b: int = 512
+    run: train.RunConfig,
+    model_config: GPTConfig,
+    device: torch.device | str,
+    limit_bytes: int,
+    settings: list[int],
+    start: int = 8,
+    limit_b: int = 512,
 ) -> list[dict]:
     """Largest B whose *measured* peak memory of one full training step stays under ``limit_bytes``,
     for each ``checkpoint_every`` setting (CUDA only: the peak is ``torch.cuda.max_memory_allocated``).
@@ -261,7 +352,9 @@ def max_batch_under_limit(
     rows = []
     for k in settings:
         memory.reset_peak(device)
-        baseline = torch.cuda.memory_allocated(device)  # tensors of earlier work: not this step's budget
+        baseline = torch.cuda.memory_allocated(
+            device
+        )  # tensors of earlier work: not this step's budget
         trainer = train.build(run.replace(checkpoint_every=k), model_config, device)
         probe = memory.make_step_probe(trainer, run.seq_len)
 
@@ -269,18 +362,28 @@ def max_batch_under_limit(
             probe(B)
             used = memory.peak_bytes(device) - baseline
             if used > limit_bytes:
-                raise torch.cuda.OutOfMemoryError(f"measured peak {memory.format_bytes(used)} > limit {memory.format_bytes(limit_bytes)}")
+                raise torch.cuda.OutOfMemoryError(
+                    f"measured peak {memory.format_bytes(used)} > limit {memory.format_bytes(limit_bytes)}"
+                )
 
         found = memory.find_max_batch_size(try_step, device, start=start, limit=limit_b)
         peak = found["peak_mem_bytes"]
-        rows.append(dict(checkpoint_every=k, max_batch_size=found["max_batch_size"],
-                         peak_bytes=None if peak is None else peak - baseline, baseline_bytes=baseline))
+        rows.append(
+            dict(
+                checkpoint_every=k,
+                max_batch_size=found["max_batch_size"],
+                peak_bytes=None if peak is None else peak - baseline,
+                baseline_bytes=baseline,
+            )
+        )
         trainer = probe = None
         memory.reset_peak(device)
     return rows
 
 
-def reentrant_trap(model_config: GPTConfig, device: torch.device | str, use_reentrant: bool) -> dict:
+def reentrant_trap(
+    model_config: GPTConfig, device: torch.device | str, use_reentrant: bool
+) -> dict:
     """Fine-tuning with frozen embeddings and every block checkpointed: which parameters get a gradient?
 
     The token and position embeddings (and the LM head tied to the token embedding) are frozen, so
@@ -295,19 +398,28 @@ def reentrant_trap(model_config: GPTConfig, device: torch.device | str, use_reen
     m.transformer.wte.weight.requires_grad_(False)
     m.transformer.wpe.weight.requires_grad_(False)
     m.transformer.h = nn.ModuleList([Checkpointed(b, use_reentrant) for b in m.transformer.h])
-    x, y = data.BatchLoader(data.load_tokens(), 2, min(64, model_config.block_size), device).next_batch()
+    x, y = data.BatchLoader(
+        data.load_tokens(), 2, min(64, model_config.block_size), device
+    ).next_batch()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _, loss = m(x, y)
         loss.backward()
     trainable = [p for p in m.parameters() if p.requires_grad]
     missing = [p for p in trainable if p.grad is None]
-    return dict(use_reentrant=use_reentrant, trainable=len(trainable), without_grad=len(missing),
-                without_grad_params=sum(p.numel() for p in missing),
-                # torch's own deprecation notices (torch 2.4's checkpoint calls the deprecated
-                # torch.cpu.amp.autocast internally) are not about this code: left out
-                warnings=[str(w.message).splitlines()[0] for w in caught
-                          if not issubclass(w.category, (FutureWarning, DeprecationWarning))])
+    return dict(
+        use_reentrant=use_reentrant,
+        trainable=len(trainable),
+        without_grad=len(missing),
+        without_grad_params=sum(p.numel() for p in missing),
+        # torch's own deprecation notices (torch 2.4's checkpoint calls the deprecated
+        # torch.cpu.amp.autocast internally) are not about this code: left out
+        warnings=[
+            str(w.message).splitlines()[0]
+            for w in caught
+            if not issubclass(w.category, (FutureWarning, DeprecationWarning))
+        ],
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -337,7 +449,9 @@ class TokenizingDataset(torch.utils.data.Dataset):
         start = i * self.chars_per_sample
         ids = tokenizer.encode(self.text[start : start + self.chars_per_sample])
         if len(ids) < self.T + 1:
-            raise ValueError(f"sample {i}: {len(ids)} tokens < T + 1 = {self.T + 1}; raise chars_per_token")
+            raise ValueError(
+                f"sample {i}: {len(ids)} tokens < T + 1 = {self.T + 1}; raise chars_per_token"
+            )
         buf = torch.tensor(ids[: self.T + 1], dtype=torch.long)
         return buf[:-1], buf[1:]
 
@@ -371,13 +485,22 @@ class PrefetchLoader:
         return current
 
 
-def tokenizing_loader(B: int, T: int, device: torch.device | str, num_workers: int) -> PrefetchLoader:
+def tokenizing_loader(
+    B: int, T: int, device: torch.device | str, num_workers: int
+) -> PrefetchLoader:
     """A :class:`PrefetchLoader` over a DataLoader of :class:`TokenizingDataset` (Tiny Shakespeare),
     batch B, ``num_workers`` worker processes, ``pin_memory`` on CUDA."""
     device = torch.device(device)
     ds = TokenizingDataset(data.load_text(), T)
-    dl = torch.utils.data.DataLoader(ds, batch_size=B, shuffle=False, drop_last=True, num_workers=num_workers,
-                                     pin_memory=device.type == "cuda", persistent_workers=num_workers > 0)
+    dl = torch.utils.data.DataLoader(
+        ds,
+        batch_size=B,
+        shuffle=False,
+        drop_last=True,
+        num_workers=num_workers,
+        pin_memory=device.type == "cuda",
+        persistent_workers=num_workers > 0,
+    )
     return PrefetchLoader(dl, device)
 
 
@@ -396,7 +519,9 @@ def time_next_batch(loader, n: int = 10) -> dict:
     return dict(first_ms=first, median_ms=times[len(times) // 2])
 
 
-def copy_time_us(B: int, T: int, device: torch.device | str, pinned: bool, iters: int = 20) -> float | None:
+def copy_time_us(
+    B: int, T: int, device: torch.device | str, pinned: bool, iters: int = 20
+) -> float | None:
     """Median time of copying one (B, T) int64 batch from host to ``device``, in microseconds, from
     pinned or pageable host memory (CUDA events). None on a CPU: there is no copy to time."""
     device = torch.device(device)
@@ -420,14 +545,25 @@ def decay_groups(model: nn.Module, run: train.RunConfig) -> list[dict]:
     names = {id(p): n for n, p in model.named_parameters()}
     rows = []
     for g in train.make_optimizer(model, run).param_groups:
-        rows.append(dict(weight_decay=g["weight_decay"], tensors=len(g["params"]), parameters=sum(p.numel() for p in g["params"]),
-                         examples=[names[id(p)] for p in g["params"][:3]]))
+        rows.append(
+            dict(
+                weight_decay=g["weight_decay"],
+                tensors=len(g["params"]),
+                parameters=sum(p.numel() for p in g["params"]),
+                examples=[names[id(p)] for p in g["params"][:3]],
+            )
+        )
     return rows
 
 
 def optimizer_sweep(
-    run: train.RunConfig, model_config: GPTConfig, device: torch.device | str, impls: tuple[str, ...] = train.OPTIMIZERS,
-    warmup: int = 1, iters: int = 3, step_iters: int = 3
+    run: train.RunConfig,
+    model_config: GPTConfig,
+    device: torch.device | str,
+    impls: tuple[str, ...] = train.OPTIMIZERS,
+    warmup: int = 1,
+    iters: int = 3,
+    step_iters: int = 3,
 ) -> list[dict]:
     """For each AdamW implementation: ``optimizer.step()`` alone (median of ``iters`` after
     ``warmup``) and the full training step (median of ``step_iters``), in ms; then, with
@@ -446,22 +582,43 @@ def optimizer_sweep(
         if reason is not None:
             raise ValueError(f"AdamW '{impl}' cannot run on {device}: {reason}")
         trainer.optimizer = train.make_optimizer(trainer.model, run.replace(optimizer=impl))
-        step = timing.measure(lambda: trainer.step(loader), device, warmup=1, iters=step_iters)  # creates the state
+        step = timing.measure(
+            lambda: trainer.step(loader), device, warmup=1, iters=step_iters
+        )  # creates the state
         alone = timing.measure(trainer.optimizer.step, device, warmup=warmup, iters=iters)
         rows.append(dict(what=f"optimizer.step(), {impl}", ms=alone.median_ms))
         rows.append(dict(what=f"full step, {impl}", ms=step.median_ms))
     trainer.optimizer = train.make_optimizer(trainer.model, run)
     trainer.step(loader)
     params = list(trainer.model.parameters())
-    clip = timing.measure(lambda: torch.nn.utils.clip_grad_norm_(params, 1.0), device, warmup=warmup, iters=iters)
+    clip = timing.measure(
+        lambda: torch.nn.utils.clip_grad_norm_(params, 1.0), device, warmup=warmup, iters=iters
+    )
     rows.append(dict(what=f"clip_grad_norm_ alone ({run.optimizer} run)", ms=clip.median_ms))
-    rows.append(dict(what=f"full step, {run.optimizer}, clipping", ms=timing.measure(lambda: trainer.step(loader), device, 0, step_iters).median_ms))
+    rows.append(
+        dict(
+            what=f"full step, {run.optimizer}, clipping",
+            ms=timing.measure(lambda: trainer.step(loader), device, 0, step_iters).median_ms,
+        )
+    )
     trainer.run = run.replace(grad_clip=None)
-    rows.append(dict(what=f"full step, {run.optimizer}, no clipping", ms=timing.measure(lambda: trainer.step(loader), device, 0, step_iters).median_ms))
+    rows.append(
+        dict(
+            what=f"full step, {run.optimizer}, no clipping",
+            ms=timing.measure(lambda: trainer.step(loader), device, 0, step_iters).median_ms,
+        )
+    )
     return rows
 
 
-def data_wait_report(run: train.RunConfig, model_config: GPTConfig, device: torch.device | str, loaders: dict, warmup: int = 1, iters: int = 3) -> list[dict]:
+def data_wait_report(
+    run: train.RunConfig,
+    model_config: GPTConfig,
+    device: torch.device | str,
+    loaders: dict,
+    warmup: int = 1,
+    iters: int = 3,
+) -> list[dict]:
     """Does the training step wait for data? For each named loader (anything with ``next_batch()``):
     the host time of one ``next_batch()`` call and the full step time with that loader, in ms; a
     :class:`FixedBatch` row (no loading at all) comes first as the baseline.
@@ -477,8 +634,17 @@ def data_wait_report(run: train.RunConfig, model_config: GPTConfig, device: torc
     rows = []
     for name, loader in {"no loading (one fixed batch)": FixedBatch(x, y), **loaders}.items():
         host = time_next_batch(loader, n=5)
-        step = timing.measure(lambda loader=loader: trainer.step(loader), device, warmup=warmup, iters=iters)
-        rows.append(dict(loader=name, next_batch_ms=host["median_ms"], first_batch_ms=host["first_ms"], step_ms=step.median_ms))
+        step = timing.measure(
+            lambda loader=loader: trainer.step(loader), device, warmup=warmup, iters=iters
+        )
+        rows.append(
+            dict(
+                loader=name,
+                next_batch_ms=host["median_ms"],
+                first_batch_ms=host["first_ms"],
+                step_ms=step.median_ms,
+            )
+        )
     return rows
 
 
@@ -495,8 +661,13 @@ def plot_checkpointing(rows: list[dict], title: str):
         xs, ys = [r[key] / 2**30 for r in rows], [r["ms"] for r in rows]
         ax.plot(xs, ys, marker=marker, ls="-", label=label)
         for r, xv, yv in zip(rows, xs, ys, strict=True):
-            ax.annotate("off" if r["checkpoint_every"] == 0 else f"every {r['checkpoint_every']}", (xv, yv),
-                        textcoords="offset points", xytext=(4, 4), fontsize=8)
+            ax.annotate(
+                "off" if r["checkpoint_every"] == 0 else f"every {r['checkpoint_every']}",
+                (xv, yv),
+                textcoords="offset points",
+                xytext=(4, 4),
+                fontsize=8,
+            )
     ax.set_xlabel("memory (GiB)")
     ax.set_ylabel("training step (ms)")
     ax.set_title(title, fontsize=9)
@@ -518,7 +689,14 @@ def benchmark_run(device: torch.device | str) -> tuple[train.RunConfig, GPTConfi
     cfg, B, T = train.default_shapes(device)
     if device.type == "cuda":
         autocast = train.recipe_autocast(device)
-        run = train.RunConfig(name=f"{autocast}+sdpa", autocast=autocast, attention="sdpa", vocab_multiple=64, batch_size=B, seq_len=T)
+        run = train.RunConfig(
+            name=f"{autocast}+sdpa",
+            autocast=autocast,
+            attention="sdpa",
+            vocab_multiple=64,
+            batch_size=B,
+            seq_len=T,
+        )
     else:
         run = train.RunConfig(name="fp32+sdpa", attention="sdpa", batch_size=B, seq_len=T)
     # the model config carries the run's model switches too, for code that builds a GPT directly
@@ -527,11 +705,18 @@ def benchmark_run(device: torch.device | str) -> tuple[train.RunConfig, GPTConfi
 
 def _provenance(device: torch.device, run: train.RunConfig, cfg: GPTConfig, what: str) -> dict:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    return {"device": name, "torch": torch.__version__, "date": datetime.date.today().isoformat(), "what": what,
-            "config": {"run": dataclasses.asdict(run), "model": dataclasses.asdict(cfg)}}
+    return {
+        "device": name,
+        "torch": torch.__version__,
+        "date": datetime.date.today().isoformat(),
+        "what": what,
+        "config": {"run": dataclasses.asdict(run), "model": dataclasses.asdict(cfg)},
+    }
 
 
-def run_benchmark(kind: str, device: torch.device | str, iters: int = 5, limit_gib: float = 16.0) -> dict:
+def run_benchmark(
+    kind: str, device: torch.device | str, iters: int = 5, limit_gib: float = 16.0
+) -> dict:
     """The JSON the command line writes. ``kind``: "checkpointing" (settings 0, 4, 2, 1: step time,
     peak and saved-activation memory, and on CUDA the largest B under ``limit_gib`` GiB) or
     "accumulation" (fp32 gradients of one batch vs 4 micro-batches; step time, tokens/s and peak
@@ -540,16 +725,30 @@ def run_benchmark(kind: str, device: torch.device | str, iters: int = 5, limit_g
     run, cfg = benchmark_run(device)
     if kind == "checkpointing":
         settings = [0, 4, 2, 1]
-        out = _provenance(device, run, cfg, f"full training step per checkpoint_every, median of {iters}; "
-                          f"max B: largest B whose measured peak stays under {limit_gib:g} GiB")
+        out = _provenance(
+            device,
+            run,
+            cfg,
+            f"full training step per checkpoint_every, median of {iters}; "
+            f"max B: largest B whose measured peak stays under {limit_gib:g} GiB",
+        )
         out["rows"] = checkpointing_sweep(run, cfg, device, settings, warmup=2, iters=iters)
         out["limit_bytes"] = int(limit_gib * 2**30)
-        out["max_batch"] = max_batch_under_limit(run, cfg, device, out["limit_bytes"], settings) if device.type == "cuda" else None
+        out["max_batch"] = (
+            max_batch_under_limit(run, cfg, device, out["limit_bytes"], settings)
+            if device.type == "cuda"
+            else None
+        )
         return out
     if kind == "accumulation":
         steps = [1, 2, 4, 8, 16, 32] if device.type == "cuda" else [1, 2, 4]
-        out = _provenance(device, run, cfg, f"one optimizer step per number of micro-steps, median of {iters}; "
-                          "gradient check in fp32 (TF32 off)")
+        out = _provenance(
+            device,
+            run,
+            cfg,
+            f"one optimizer step per number of micro-steps, median of {iters}; "
+            "gradient check in fp32 (TF32 off)",
+        )
         out["gradient_check"] = accumulation_report(cfg, run.batch_size, run.seq_len, 4, device)
         out["rows"] = accumulation_sweep(run, cfg, device, steps, warmup=1, iters=iters)
         return out
@@ -563,9 +762,13 @@ def main(argv: list[str] | None = None) -> int:
     import json
     from pathlib import Path
 
-    p = argparse.ArgumentParser(prog="python -m helpers.tradeoffs", description="Chapter 09 measurements (JSON).")
+    p = argparse.ArgumentParser(
+        prog="python -m helpers.tradeoffs", description="Chapter 09 measurements (JSON)."
+    )
     p.add_argument("kind", choices=["checkpointing", "accumulation"])
-    p.add_argument("--out", required=True, help="JSON file to write, e.g. results/h200-checkpointing.json")
+    p.add_argument(
+        "--out", required=True, help="JSON file to write, e.g. results/h200-checkpointing.json"
+    )
     p.add_argument("--iters", type=int, default=5, help="timed steps per setting (median reported)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     args = p.parse_args(argv)

@@ -39,11 +39,17 @@ class RunConfig:
     batch_size: int = 16  # B: sequences per micro-step
     seq_len: int = 1024  # T: tokens per sequence
     grad_accum_steps: int = 1  # micro-steps per optimizer step
-    checkpoint_every: int = 0  # activation checkpointing: 0 = off, k = every k-th block (see GPTConfig)
-    residual_dtype: str = "fp32"  # "bf16": the residual stream in bf16 (needs autocast="bf16"; see GPTConfig)
+    checkpoint_every: int = (
+        0  # activation checkpointing: 0 = off, k = every k-th block (see GPTConfig)
+    )
+    residual_dtype: str = (
+        "fp32"  # "bf16": the residual stream in bf16 (needs autocast="bf16"; see GPTConfig)
+    )
     loss_kernel: str = "pytorch"  # "triton": the hand-written cross-entropy of helpers.kernels (CUDA); "fused": LM head
     # + cross-entropy with the logits' gradient computed in the forward (helpers.kernels.linear_cross_entropy)
-    detach_logits: bool = False  # the model returns detached logits when it computes the loss (see GPTConfig)
+    detach_logits: bool = (
+        False  # the model returns detached logits when it computes the loss (see GPTConfig)
+    )
     fused_clip: bool = False  # clip by handing fused AdamW the clip factor (grad_scale) instead of rescaling every grad
     lm_head_fp8: bool = False  # the fused LM-head CE's matmuls on fp8 tensor cores (needs loss_kernel="fused"; see GPTConfig)
     grad_clip: float | None = 1.0  # max global grad norm (None = no clipping)
@@ -63,16 +69,24 @@ class RunConfig:
             if value not in allowed:
                 raise ValueError(f"RunConfig.{name} must be one of {allowed}, got {value!r}")
         if self.attention not in ("manual", "sdpa"):
-            raise ValueError(f"RunConfig.attention must be 'manual' or 'sdpa', got {self.attention!r}")
+            raise ValueError(
+                f"RunConfig.attention must be 'manual' or 'sdpa', got {self.attention!r}"
+            )
         for name in ("batch_size", "seq_len", "grad_accum_steps", "vocab_multiple"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RunConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.checkpoint_every < 0:
-            raise ValueError(f"RunConfig.checkpoint_every must be >= 0 (0 = off), got {self.checkpoint_every}")
+            raise ValueError(
+                f"RunConfig.checkpoint_every must be >= 0 (0 = off), got {self.checkpoint_every}"
+            )
         if self.residual_dtype not in RESIDUAL_DTYPES:
-            raise ValueError(f"RunConfig.residual_dtype must be one of {RESIDUAL_DTYPES}, got {self.residual_dtype!r}")
+            raise ValueError(
+                f"RunConfig.residual_dtype must be one of {RESIDUAL_DTYPES}, got {self.residual_dtype!r}"
+            )
         if self.loss_kernel not in LOSS_KERNELS:
-            raise ValueError(f"RunConfig.loss_kernel must be one of {LOSS_KERNELS}, got {self.loss_kernel!r}")
+            raise ValueError(
+                f"RunConfig.loss_kernel must be one of {LOSS_KERNELS}, got {self.loss_kernel!r}"
+            )
 
     def replace(self, **changes) -> "RunConfig":
         """A copy with some switches changed (``cfg.replace(name="tf32", matmul_precision="tf32")``)."""
@@ -89,7 +103,13 @@ def small_model_config() -> GPTConfig:
     return GPTConfig(block_size=128, n_layer=2, n_head=4, n_embd=128)
 
 
-GPU_BATCH_SIZES = (16, 8, 4, 2, 1)  # default B on a GPU: the first whose fp32 step fits (default_shapes)
+GPU_BATCH_SIZES = (
+    16,
+    8,
+    4,
+    2,
+    1,
+)  # default B on a GPU: the first whose fp32 step fits (default_shapes)
 
 
 def default_shapes(device: torch.device | str) -> tuple[GPTConfig, int, int]:
@@ -107,8 +127,17 @@ def default_shapes(device: torch.device | str) -> tuple[GPTConfig, int, int]:
         from helpers import memory
 
         cfg, usable = GPTConfig(), hardware.usable_memory_bytes(device)
-        B = next((b for b in GPU_BATCH_SIZES
-                  if memory.training_step_estimate(cfg, b, 1024, autocast=False, manual_attention=True)["total"] <= usable), 1)
+        B = next(
+            (
+                b
+                for b in GPU_BATCH_SIZES
+                if memory.training_step_estimate(
+                    cfg, b, 1024, autocast=False, manual_attention=True
+                )["total"]
+                <= usable
+            ),
+            1,
+        )
         return cfg, B, 1024
     return small_model_config(), 4, 128
 
@@ -145,7 +174,9 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
     """Why ``run`` cannot run as asked on ``device`` (None if it can). Never silently substituted."""
     device = torch.device(device)
     if run.matmul_precision == "tf32" and not hardware.tf32_supported(device):
-        where = "a CPU" if device.type == "cpu" else f"compute capability {hardware.capability(device)}"
+        where = (
+            "a CPU" if device.type == "cpu" else f"compute capability {hardware.capability(device)}"
+        )
         return f"TF32 needs an NVIDIA GPU of compute capability >= 8.0; this device is {where}"
     if run.autocast == "bf16" and device.type == "cuda" and not hardware.native_bf16(device):
         return "bf16 is not native below compute capability 8.0 (emulated, slow): use autocast='fp16' + GradScaler"
@@ -156,23 +187,35 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
         if run.compile in ("reduce-overhead",) and device.type != "cuda":
             return "mode 'reduce-overhead' uses CUDA graphs: CUDA only"
     if run.residual_dtype == "bf16" and run.autocast != "bf16":
-        return (f"a bf16 residual stream needs bf16 autocast (the blocks' matmuls take bf16 inputs); this run's autocast "
-                f"is {run.autocast!r}: keep residual_dtype='fp32' with it")
-    if run.fused_clip and (run.optimizer != "fused" or run.autocast == "fp16" or run.grad_clip is None):
-        return ("fused_clip hands the clip factor to fused AdamW: it needs optimizer='fused', a grad_clip, and no fp16 "
-                f"GradScaler (this run: optimizer={run.optimizer!r}, grad_clip={run.grad_clip}, autocast={run.autocast!r})")
+        return (
+            f"a bf16 residual stream needs bf16 autocast (the blocks' matmuls take bf16 inputs); this run's autocast "
+            f"is {run.autocast!r}: keep residual_dtype='fp32' with it"
+        )
+    if run.fused_clip and (
+        run.optimizer != "fused" or run.autocast == "fp16" or run.grad_clip is None
+    ):
+        return (
+            "fused_clip hands the clip factor to fused AdamW: it needs optimizer='fused', a grad_clip, and no fp16 "
+            f"GradScaler (this run: optimizer={run.optimizer!r}, grad_clip={run.grad_clip}, autocast={run.autocast!r})"
+        )
     if run.loss_kernel in ("triton", "fused"):
         from helpers import kernels
 
         ok, why = kernels.available(device)
         if not ok:
-            what = "fused LM-head cross-entropy" if run.loss_kernel == "fused" else "Triton cross-entropy"
+            what = (
+                "fused LM-head cross-entropy"
+                if run.loss_kernel == "fused"
+                else "Triton cross-entropy"
+            )
             return f"the {what} cannot run: {why}"
         if run.compile is not None and device.type != "cuda":
             return "the Triton cross-entropy runs compiled only on a CUDA GPU (Triton's CPU interpreter runs it eagerly)"
         if run.loss_kernel == "fused" and run.autocast == "fp16":
-            return ("the fused LM-head cross-entropy computes the logits' gradient before the fp16 GradScaler's scale "
-                    "reaches it (small values would round to 0): keep loss_kernel='triton' with fp16")
+            return (
+                "the fused LM-head cross-entropy computes the logits' gradient before the fp16 GradScaler's scale "
+                "reaches it (small values would round to 0): keep loss_kernel='triton' with fp16"
+            )
     if run.lm_head_fp8:
         from helpers import kernels
 
@@ -194,8 +237,15 @@ def make_optimizer(model: torch.nn.Module, run: RunConfig) -> torch.optim.AdamW:
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": run.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    impl = {"for-loop": dict(foreach=False), "foreach": dict(foreach=True), "fused": dict(fused=True)}[run.optimizer]
+    groups = [
+        {"params": decay, "weight_decay": run.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    impl = {
+        "for-loop": dict(foreach=False),
+        "foreach": dict(foreach=True),
+        "fused": dict(fused=True),
+    }[run.optimizer]
     return torch.optim.AdamW(groups, lr=run.lr, betas=run.betas, eps=1e-8, **impl)
 
 
@@ -221,7 +271,9 @@ class Trainer:
 
     def _apply_precision(self) -> None:
         # Global switch: set before every step so that two Trainers in one process cannot leak it.
-        torch.set_float32_matmul_precision("highest" if self.run.matmul_precision == "fp32" else "high")
+        torch.set_float32_matmul_precision(
+            "highest" if self.run.matmul_precision == "fp32" else "high"
+        )
 
     def _micro_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with self.autocast():
@@ -248,7 +300,11 @@ class Trainer:
             try:
                 loss = self._micro_step(x, y)
             except Exception as e:  # only compile failures are turned into a fallback
-                if not (self.compile_fallback and self.forward is not self.model and _is_compile_error(e)):
+                if not (
+                    self.compile_fallback
+                    and self.forward is not self.model
+                    and _is_compile_error(e)
+                ):
                     raise
                 self.notes.append(f"torch.compile failed ({type(e).__name__}); fell back to eager")
                 self.forward = self.model
@@ -277,7 +333,9 @@ class Trainer:
             self.scaler.update()
         else:
             self.optimizer.step()
-        self.optimizer.__dict__.pop("grad_scale", None)  # a fused clip's divisor is for this step only
+        self.optimizer.__dict__.pop(
+            "grad_scale", None
+        )  # a fused clip's divisor is for this step only
 
 
 def clip_divisor(parameters, max_norm: float) -> torch.Tensor:
@@ -293,13 +351,19 @@ def clip_divisor(parameters, max_norm: float) -> torch.Tensor:
     if hasattr(torch.nn.utils, "get_total_norm"):  # torch >= 2.6
         total = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
     else:
-        total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, 2.0) for g in grads]), 2.0)
+        total = torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(g, 2.0) for g in grads]), 2.0
+        )
     return torch.clamp((total.float() + 1e-6) / max_norm, min=1.0)
 
 
 def _is_compile_error(e: Exception) -> bool:
     mod = type(e).__module__
-    return mod.startswith("torch._dynamo") or mod.startswith("torch._inductor") or "BackendCompilerFailed" in type(e).__name__
+    return (
+        mod.startswith("torch._dynamo")
+        or mod.startswith("torch._inductor")
+        or "BackendCompilerFailed" in type(e).__name__
+    )
 
 
 def build(
@@ -326,8 +390,13 @@ def build(
         raise ValueError(f"RunConfig '{run.name}' cannot run on {device}: {reason}")
     base = model_config if model_config is not None else default_shapes(device)[0]
     cfg = dataclasses.replace(
-        base, attention=run.attention, vocab_multiple=run.vocab_multiple, checkpoint_every=run.checkpoint_every,
-        residual_dtype=run.residual_dtype, loss_kernel=run.loss_kernel, detach_logits=run.detach_logits,
+        base,
+        attention=run.attention,
+        vocab_multiple=run.vocab_multiple,
+        checkpoint_every=run.checkpoint_every,
+        residual_dtype=run.residual_dtype,
+        loss_kernel=run.loss_kernel,
+        detach_logits=run.detach_logits,
         lm_head_fp8=run.lm_head_fp8,
     )
     if run.seq_len > cfg.block_size:
@@ -340,7 +409,9 @@ def build(
         torch._dynamo.reset()  # a fresh graph for every compiled build
         forward = torch.compile(model, mode=None if run.compile == "default" else run.compile)
     scaler = torch.amp.GradScaler(device.type) if run.autocast == "fp16" else None
-    return Trainer(run, cfg, device, model, forward, make_optimizer(model, run), scaler, compile_fallback)
+    return Trainer(
+        run, cfg, device, model, forward, make_optimizer(model, run), scaler, compile_fallback
+    )
 
 
 @dataclass

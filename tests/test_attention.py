@@ -43,7 +43,9 @@ def test_forcing_a_backend_that_cannot_run_returns_the_reason(qkv):
 
 def test_pitfalls_are_shown_by_measurement(monkeypatch):
     res = A.pitfall_mask_and_is_causal("cpu")
-    assert res["raised"] or res["rel_error_vs_causal"] is not None  # torch-version dependent, both reported
+    assert (
+        res["raised"] or res["rel_error_vs_causal"] is not None
+    )  # torch-version dependent, both reported
 
     def strict(*args, **kwargs):
         raise RuntimeError("Explicit attn_mask should not be set when is_causal=True")
@@ -58,7 +60,12 @@ def test_pitfalls_are_shown_by_measurement(monkeypatch):
 
 def test_attention_and_lm_head_sweeps_on_cpu():
     rows = A.attention_sweep("cpu", [32, 64], B=1, n_head=2, head_size=8)
-    assert [(r["impl"], r["T"]) for r in rows] == [("manual", 32), ("sdpa", 32), ("manual", 64), ("sdpa", 64)]
+    assert [(r["impl"], r["T"]) for r in rows] == [
+        ("manual", 32),
+        ("sdpa", 32),
+        ("manual", 64),
+        ("sdpa", 64),
+    ]
     assert all(r["ms"] > 0 and r["peak_mem_bytes"] is None for r in rows)
     lm = A.lm_head_sweep("cpu", [100, 128], n_tokens=64, n_embd=32)
     assert [r["multiple_of_64"] for r in lm] == [False, True] and all(r["ms"] > 0 for r in lm)
@@ -74,15 +81,26 @@ def test_forced_backend_reason_includes_pytorchs_explanation(monkeypatch, qkv):
     import warnings
 
     def fake_sdpa(*args, **kwargs):
-        warnings.warn("Memory efficient kernel not used because: (Triggered internally at x.cpp)", stacklevel=1)
-        warnings.warn("Flash attention kernel not used because: (Triggered internally at y.cpp)", stacklevel=1)
-        warnings.warn("Expected query, key and value to all be of dtype: {Half, BFloat16}. Got Float.", stacklevel=1)
+        warnings.warn(
+            "Memory efficient kernel not used because: (Triggered internally at x.cpp)",
+            stacklevel=1,
+        )
+        warnings.warn(
+            "Flash attention kernel not used because: (Triggered internally at y.cpp)", stacklevel=1
+        )
+        warnings.warn(
+            "Expected query, key and value to all be of dtype: {Half, BFloat16}. Got Float.",
+            stacklevel=1,
+        )
         raise RuntimeError("No available kernel. Aborting execution.")
 
     monkeypatch.setattr(A.F, "scaled_dot_product_attention", fake_sdpa)
     out, why = A.run_forced_backend(*qkv, "FLASH_ATTENTION")
     assert out is None
-    assert why.startswith("Flash attention kernel not used because:") and "Expected query, key and value" in why
+    assert (
+        why.startswith("Flash attention kernel not used because:")
+        and "Expected query, key and value" in why
+    )
     assert "Triggered internally" not in why
 
 
@@ -107,7 +125,9 @@ def test_cpu_sdpa_keeps_its_fused_kernel_while_a_t4_is_emulated(monkeypatch):
         torch.backends.cuda.enable_flash_sdp(was)
 
 
-def test_sdpa_grader_passes_a_right_answer_with_the_same_error_while_a_t4_is_emulated(monkeypatch, capsys):
+def test_sdpa_grader_passes_a_right_answer_with_the_same_error_while_a_t4_is_emulated(
+    monkeypatch, capsys
+):
     """The grader's printed error must not depend on emulation (nbval compares it): with the global
     flash switch off, the CPU fell back to the math kernel (rel. error 1.4e-07 instead of 0.0e+00)."""
     from helpers import grading

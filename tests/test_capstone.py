@@ -15,16 +15,40 @@ from helpers import capstone, results
 from helpers.model import GPT, GPTConfig
 
 SEEDS = Path(__file__).resolve().parents[2] / "shared" / "seeds"
-BASE = dict(matmul_precision="fp32", autocast=None, compile=None, attention="manual", vocab_multiple=1, optimizer="foreach",
-            batch_size=4, seq_len=64, grad_accum_steps=1, grad_clip=1.0, lr=6e-4, weight_decay=0.1, betas=[0.9, 0.95], seed=1)
+BASE = dict(
+    matmul_precision="fp32",
+    autocast=None,
+    compile=None,
+    attention="manual",
+    vocab_multiple=1,
+    optimizer="foreach",
+    batch_size=4,
+    seq_len=64,
+    grad_accum_steps=1,
+    grad_clip=1.0,
+    lr=6e-4,
+    weight_decay=0.1,
+    betas=[0.9, 0.95],
+    seed=1,
+)
 
 
 def _row(name, status="measured", ms=None, spread=1.0, reason=None, **switches):
     sw = {**BASE, **switches}
-    return {"name": name, "status": status, "ms_per_step": ms, "tokens_per_s": None if ms is None else 256_000 / ms,
-            "speedup": None, "mfu": None, "peak_mem_bytes": None, "first_step_ms": None if ms is None else 3 * ms,
-            "loss": None, "reason": reason or ("ok" if status == "measured" else "cannot run here"),
-            "spread_pct": spread, "switches": sw}
+    return {
+        "name": name,
+        "status": status,
+        "ms_per_step": ms,
+        "tokens_per_s": None if ms is None else 256_000 / ms,
+        "speedup": None,
+        "mfu": None,
+        "peak_mem_bytes": None,
+        "first_step_ms": None if ms is None else 3 * ms,
+        "loss": None,
+        "reason": reason or ("ok" if status == "measured" else "cannot run here"),
+        "spread_pct": spread,
+        "switches": sw,
+    }
 
 
 def _results(rows, device="cpu (synthetic)"):
@@ -32,20 +56,43 @@ def _results(rows, device="cpu (synthetic)"):
     for r in rows:
         if r["status"] == "measured":
             r["speedup"] = first / r["ms_per_step"]
-    return {"device": device, "torch": "x", "date": "2026-01-01", "rungs": rows,
-            "config": {"batch_size": 4, "seq_len": 64, "model": dict(block_size=64, n_layer=1, n_head=2, n_embd=32)}}
+    return {
+        "device": device,
+        "torch": "x",
+        "date": "2026-01-01",
+        "rungs": rows,
+        "config": {
+            "batch_size": 4,
+            "seq_len": 64,
+            "model": dict(block_size=64, n_layer=1, n_head=2, n_embd=32),
+        },
+    }
 
 
 def synthetic():
     """A CPU-like ladder: tf32 skipped (not carried), a slower rung, a rung within noise, an unknown new switch."""
-    return _results([
-        _row("fp32", ms=100.0),
-        _row("+ tf32", status="skipped", reason="TF32 needs compute capability >= 8.0", matmul_precision="tf32"),
-        _row("+ bf16 autocast", ms=50.0, autocast="bf16"),
-        _row("+ torch.compile", ms=60.0, autocast="bf16", compile="default"),
-        _row("+ sdpa attention", ms=59.0, autocast="bf16", compile="default", attention="sdpa"),
-        _row("+ new thing", ms=40.0, autocast="bf16", compile="default", attention="sdpa", new_switch=True),
-    ])
+    return _results(
+        [
+            _row("fp32", ms=100.0),
+            _row(
+                "+ tf32",
+                status="skipped",
+                reason="TF32 needs compute capability >= 8.0",
+                matmul_precision="tf32",
+            ),
+            _row("+ bf16 autocast", ms=50.0, autocast="bf16"),
+            _row("+ torch.compile", ms=60.0, autocast="bf16", compile="default"),
+            _row("+ sdpa attention", ms=59.0, autocast="bf16", compile="default", attention="sdpa"),
+            _row(
+                "+ new thing",
+                ms=40.0,
+                autocast="bf16",
+                compile="default",
+                attention="sdpa",
+                new_switch=True,
+            ),
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -68,13 +115,17 @@ def published():
 def test_rung_changes_come_from_the_rows_and_skip_what_did_not_run():
     ch = capstone.rung_changes(synthetic())
     assert ch[0] == {} and ch[1] == {"matmul_precision": "tf32"}
-    assert ch[2] == {"autocast": "bf16"}  # tf32 was skipped, so it is not part of the next rung's change
+    assert ch[2] == {
+        "autocast": "bf16"
+    }  # tf32 was skipped, so it is not part of the next rung's change
     assert ch[3] == {"compile": "default"} and ch[5] == {"new_switch": True}
 
 
 def test_fastest_rung_is_the_last_measured_and_none_measured_is_an_error():
     res = synthetic()
-    res["rungs"].append(_row("+ broken", status="failed", reason="RuntimeError: boom", optimizer="fused"))
+    res["rungs"].append(
+        _row("+ broken", status="failed", reason="RuntimeError: boom", optimizer="fused")
+    )
     assert capstone.fastest_rung(res)["name"] == "+ new thing"
     for r in res["rungs"]:
         r["status"] = "skipped"
@@ -86,7 +137,12 @@ def test_run_config_and_model_config_round_trip_the_committed_row(h200):
     row = capstone.fastest_rung(h200)
     run = capstone.run_config_of(row)
     assert run.name == row["name"] and run.betas == (0.9, 0.95) and isinstance(run.betas, tuple)
-    assert (run.autocast, run.compile, run.attention, run.vocab_multiple) == ("bf16", "default", "sdpa", 64)
+    assert (run.autocast, run.compile, run.attention, run.vocab_multiple) == (
+        "bf16",
+        "default",
+        "sdpa",
+        64,
+    )
     assert capstone.model_config_of(h200) == GPTConfig()
 
 
@@ -95,14 +151,24 @@ def test_run_config_and_model_config_round_trip_the_committed_row(h200):
 
 def test_checklist_from_synthetic_rows():
     items = capstone.checklist(synthetic())
-    assert [i["optimisation"] for i in items] == ["+ tf32", "+ bf16 autocast", "+ torch.compile", "+ sdpa attention", "+ new thing"]
+    assert [i["optimisation"] for i in items] == [
+        "+ tf32",
+        "+ bf16 autocast",
+        "+ torch.compile",
+        "+ sdpa attention",
+        "+ new thing",
+    ]
     by = {i["optimisation"]: i for i in items}
     assert by["+ tf32"]["gain"] is None and by["+ tf32"]["verdict"] == "not run here"
     assert "compute capability" in by["+ tf32"]["skipped_reason"] and "8.0" in by["+ tf32"]["when"]
     # bf16 is compared with fp32 (the last measured rung), not with the skipped tf32
-    assert by["+ bf16 autocast"]["compared_with"] == "fp32" and by["+ bf16 autocast"]["gain"] == pytest.approx(2.0)
+    assert by["+ bf16 autocast"]["compared_with"] == "fp32" and by["+ bf16 autocast"][
+        "gain"
+    ] == pytest.approx(2.0)
     assert by["+ bf16 autocast"]["verdict"].startswith("faster here")
-    assert by["+ torch.compile"]["gain"] == pytest.approx(50 / 60) and by["+ torch.compile"]["verdict"].startswith("slower here")
+    assert by["+ torch.compile"]["gain"] == pytest.approx(50 / 60) and by["+ torch.compile"][
+        "verdict"
+    ].startswith("slower here")
     assert by["+ sdpa attention"]["verdict"].startswith("no clear gain")  # 60 -> 59 ms is within 3%
     assert by["+ new thing"]["when"].startswith("no advice written for switch 'new_switch'")
     assert by["+ bf16 autocast"]["when"] == capstone.WHEN_TO_USE[("autocast", "bf16")]
@@ -117,7 +183,10 @@ def test_checklist_noise_uses_the_measured_spread():
     res["rungs"][3]["spread_pct"] = 30.0  # compile rung: 1.2x slower is now within the noise
     by = {i["optimisation"]: i for i in capstone.checklist(res)}
     assert by["+ bf16 autocast"]["verdict"].startswith("faster here")
-    assert by["+ torch.compile"]["verdict"].startswith("no clear gain") and "noise 30%" in by["+ torch.compile"]["verdict"]
+    assert (
+        by["+ torch.compile"]["verdict"].startswith("no clear gain")
+        and "noise 30%" in by["+ torch.compile"]["verdict"]
+    )
 
 
 def test_checklist_of_the_committed_h200_ladder(h200):
@@ -128,19 +197,35 @@ def test_checklist_of_the_committed_h200_ladder(h200):
     for prev, row, item in zip(rows[:-1], rows[1:], items, strict=True):
         assert item["gain"] == pytest.approx(prev["ms_per_step"] / row["ms_per_step"])
     # the gains multiply to the whole ladder's speed-up
-    assert math.prod(i["gain"] for i in items) == pytest.approx(rows[0]["ms_per_step"] / rows[-1]["ms_per_step"])
+    assert math.prod(i["gain"] for i in items) == pytest.approx(
+        rows[0]["ms_per_step"] / rows[-1]["ms_per_step"]
+    )
     tf32 = next(i for i in items if i["switches"] == {"matmul_precision": "tf32"})
     assert tf32["verdict"].startswith("faster here") and "compute capability >= 8.0" in tf32["when"]
 
 
 def test_failed_rung_is_reported_and_the_next_compares_with_the_last_measured():
     res = synthetic()
-    res["rungs"].insert(3, _row("+ fused AdamW", status="failed", reason="RuntimeError: boom", autocast="bf16", optimizer="fused"))
+    res["rungs"].insert(
+        3,
+        _row(
+            "+ fused AdamW",
+            status="failed",
+            reason="RuntimeError: boom",
+            autocast="bf16",
+            optimizer="fused",
+        ),
+    )
     for r in res["rungs"][4:]:
         r["switches"]["optimizer"] = "fused"  # a failed rung is still carried (it could run here)
     by = {i["optimisation"]: i for i in capstone.checklist(res)}
-    assert by["+ fused AdamW"]["verdict"] == "failed here" and by["+ fused AdamW"]["skipped_reason"] == "RuntimeError: boom"
-    assert by["+ torch.compile"]["compared_with"] == "+ bf16 autocast" and by["+ torch.compile"]["switches"] == {"compile": "default"}
+    assert (
+        by["+ fused AdamW"]["verdict"] == "failed here"
+        and by["+ fused AdamW"]["skipped_reason"] == "RuntimeError: boom"
+    )
+    assert by["+ torch.compile"]["compared_with"] == "+ bf16 autocast" and by["+ torch.compile"][
+        "switches"
+    ] == {"compile": "default"}
 
 
 # ---- time budget -------------------------------------------------------------------------------------
@@ -148,11 +233,20 @@ def test_failed_rung_is_reported_and_the_next_compares_with_the_last_measured():
 
 def test_steps_for_budget():
     assert capstone.steps_for_budget(50.0, 10.0) == 200
-    assert capstone.steps_for_budget(50.0, 10.0, first_step_ms=5050.0) == 100  # 5050 + 99 * 50 ms = 10 s
-    assert capstone.steps_for_budget(50.0, 10.0, first_step_ms=10.0) == 200  # a fast first step costs nothing extra
+    assert (
+        capstone.steps_for_budget(50.0, 10.0, first_step_ms=5050.0) == 100
+    )  # 5050 + 99 * 50 ms = 10 s
+    assert (
+        capstone.steps_for_budget(50.0, 10.0, first_step_ms=10.0) == 200
+    )  # a fast first step costs nothing extra
     assert capstone.steps_for_budget(50.0, 10.0, max_steps=30) == 30
     assert capstone.steps_for_budget(5000.0, 1.0, min_steps=20) == 20
-    assert capstone.steps_for_budget(33.745, 100.0, first_step_ms=1475.2, min_steps=100, max_steps=3000) == 2920
+    assert (
+        capstone.steps_for_budget(
+            33.745, 100.0, first_step_ms=1475.2, min_steps=100, max_steps=3000
+        )
+        == 2920
+    )
 
 
 @pytest.mark.parametrize("args", [(0.0, 10.0), (-1.0, 10.0), (50.0, 0.0), (float("nan"), 1.0)])
@@ -203,10 +297,18 @@ def test_published_problems_catches_bad_files(published):
 @pytest.mark.skipif(not SEEDS.is_dir(), reason="the seed articles are not next to this checkout")
 def test_every_published_step_time_appears_in_its_seed_article(published):
     for st in published["stages"]:
-        text = (SEEDS / published["sources"][st["source"]]["file"]).read_text(encoding="utf-8").replace(",", "")
+        text = (
+            (SEEDS / published["sources"][st["source"]]["file"])
+            .read_text(encoding="utf-8")
+            .replace(",", "")
+        )
         for gpu, ms in st["ms_per_step"].items():
             if ms is not None:
-                assert f"{ms}ms" in text.replace(" ", "") or f"| {ms} |" in text, (st["id"], gpu, ms)
+                assert f"{ms}ms" in text.replace(" ", "") or f"| {ms} |" in text, (
+                    st["id"],
+                    gpu,
+                    ms,
+                )
         for ms in (st.get("first_step_ms") or {}).values():
             assert str(ms) in text
 
@@ -228,13 +330,18 @@ def test_comparison_keeps_published_and_measured_apart(published, h200):
             assert v is None or v["rung"]  # every measured cell names the rung it was measured on
     by = {r["stage"]: r for r in rows}
     assert by["+ torch.compile"]["measured"]["H200 B=16"]["ms"] == next(
-        x["ms_per_step"] for x in h200["rungs"] if x["name"] == "+ torch.compile")
+        x["ms_per_step"] for x in h200["rungs"] if x["name"] == "+ torch.compile"
+    )
     assert by["+ mixed precision"]["measured"]["here"]["rung"] == "+ bf16 autocast"
     assert by["all optimisations"]["measured"]["here"]["rung"] == "+ new thing"
     text = capstone.format_comparison(rows, published, measured)
     header = text.splitlines()[1]
-    assert "A100 published" in header and "T4 published" in header and "H200 B=16 measured" in header
-    assert header.count("published") == len(published["gpus"]) and header.count("measured") == len(measured)
+    assert (
+        "A100 published" in header and "T4 published" in header and "H200 B=16 measured" in header
+    )
+    assert header.count("published") == len(published["gpus"]) and header.count("measured") == len(
+        measured
+    )
     assert "author: not given" in text and "000_63ed5926dca728c8.txt" in text
 
 
@@ -243,7 +350,9 @@ def test_matching_rung_requirements():
     assert capstone.matching_rung(res, {})["name"] == "fp32"
     assert capstone.matching_rung(res, "last")["name"] == "+ new thing"
     assert capstone.matching_rung(res, {"compile": "on"})["name"] == "+ torch.compile"
-    assert capstone.matching_rung(res, {"matmul_precision": ["tf32"]}) is None  # skipped rungs never match
+    assert (
+        capstone.matching_rung(res, {"matmul_precision": ["tf32"]}) is None
+    )  # skipped rungs never match
     with pytest.raises(ValueError, match="published"):
         capstone.comparison_rows({"x": res}, None)
 
@@ -256,13 +365,17 @@ def test_describe_selection(h200):
     last = h200["rungs"][-1]
     text = capstone.describe_selection(h200, [True] * n)
     assert f"{last['ms_per_step']:.1f} ms/step" in text and "NVIDIA H200" in text
-    assert f"{h200['rungs'][0]['ms_per_step']:.1f} ms/step" in capstone.describe_selection(h200, [False] * n)
+    assert f"{h200['rungs'][0]['ms_per_step']:.1f} ms/step" in capstone.describe_selection(
+        h200, [False] * n
+    )
     gap = [False] * n
     gap[2] = True
     assert "not measured" in capstone.describe_selection(h200, gap)
     res = synthetic()
     assert "could not run" in capstone.describe_selection(res, [True, True, False, False, False])
-    assert "50.0 ms/step" in capstone.describe_selection(res, [False, True, False, False, False])  # skipped rung may stay off
+    assert "50.0 ms/step" in capstone.describe_selection(
+        res, [False, True, False, False, False]
+    )  # skipped rung may stay off
     with pytest.raises(ValueError, match="one per rung"):
         capstone.describe_selection(res, [True])
 
@@ -272,7 +385,13 @@ def test_explorer_has_one_checkbox_per_optimisation(h200):
     pick, boxes, _ = w.children
     assert [b.description for b in boxes.children] == [r["name"] for r in h200["rungs"][1:]]
     pick.value = "synthetic"
-    assert [b.value for b in boxes.children] == [False, True, True, True, True]  # the skipped rung starts off
+    assert [b.value for b in boxes.children] == [
+        False,
+        True,
+        True,
+        True,
+        True,
+    ]  # the skipped rung starts off
 
 
 def test_ladder_figure_has_four_panels(h200):

@@ -30,13 +30,13 @@ def test_out_path_that_cannot_be_written_is_one_clear_error(tmp_path):
     with pytest.raises(ValueError, match="cannot make its folder"):
         cli.out_path(tmp_path / "README.md" / "x.json")
 
+
 def test_out_path_in_a_read_only_folder_is_one_clear_error(tmp_path, monkeypatch):
     # CI runs as root, who may write anywhere: the permission answer is faked
     monkeypatch.setattr(cli.os, "access", lambda path, mode: Path(path) != tmp_path)
     with pytest.raises(ValueError, match="not writable"):
         cli.out_path(tmp_path / "x.json")
     assert cli.out_path(tmp_path / "sub" / "x.json") == tmp_path / "sub" / "x.json"
-
 
 
 def test_at_least_accepts_none_and_refuses_zero():
@@ -65,8 +65,14 @@ def test_guarded_main_turns_user_errors_into_exit_2(capsys, tmp_path):
         ("precision", ["compare", "--steps", "1", "--out", "{tmp}"]),
         ("tradeoffs", ["accumulation", "--out", "{tmp}", "--iters", "1"]),
         ("profiling", ["run", "--steps", "0"]),
-        ("profiling", ["from-perf", "{tmp}/missing.json", "--out", "{tmp}/p.json", "--date", "2026-11-29"]),
-        ("distributed", ["train", "--steps", "1", "--batch-size", "0", "--model", "tiny", "--device", "cpu"]),
+        (
+            "profiling",
+            ["from-perf", "{tmp}/missing.json", "--out", "{tmp}/p.json", "--date", "2026-11-29"],
+        ),
+        (
+            "distributed",
+            ["train", "--steps", "1", "--batch-size", "0", "--model", "tiny", "--device", "cpu"],
+        ),
         ("distributed", ["scaling", "--out", "{tmp}/s.json", "--nproc", "0"]),
     ],
 )

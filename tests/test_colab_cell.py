@@ -15,11 +15,17 @@ import nbformat
 import pytest
 import torch
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted(
+    (Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb")
+)
 
 
 def _colab_cell(path: Path) -> str:
-    cells = [c.source for c in nbformat.read(path, 4).cells if c.cell_type == "code" and "google.colab" in c.source]
+    cells = [
+        c.source
+        for c in nbformat.read(path, 4).cells
+        if c.cell_type == "code" and "google.colab" in c.source
+    ]
     assert len(cells) == 1, f"{path.name}: expected one Colab set-up cell, found {len(cells)}"
     return cells[0]
 
@@ -30,7 +36,9 @@ def test_every_chapter_has_the_same_colab_cell_first():
     assert len(sources) == 1
     for p in NOTEBOOKS:
         first_code = next(c for c in nbformat.read(p, 4).cells if c.cell_type == "code")
-        assert "google.colab" in first_code.source, f"{p.name}: the Colab cell must be the first code cell"
+        assert "google.colab" in first_code.source, (
+            f"{p.name}: the Colab cell must be the first code cell"
+        )
 
 
 def _run_cell(monkeypatch, tmp_path, in_colab: bool, gpu: bool, clone_exists: bool = False):
@@ -55,14 +63,22 @@ def test_outside_colab_the_cell_does_nothing(monkeypatch, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("gpu", [True, False])
-def test_in_colab_the_cell_clones_installs_fetches_and_checks_the_gpu(monkeypatch, tmp_path, capsys, gpu):
+def test_in_colab_the_cell_clones_installs_fetches_and_checks_the_gpu(
+    monkeypatch, tmp_path, capsys, gpu
+):
     calls = _run_cell(monkeypatch, tmp_path, in_colab=True, gpu=gpu)
     course = str(tmp_path / "fast-gpt2-course")
     assert calls[0][:4] == ["git", "clone", "--depth", "1"] and calls[0][-1] == course
     assert calls[0][4].startswith("https://github.com/")
     install = calls[1]
-    assert install[1:4] == ["-m", "pip", "install"] and "--no-deps" in install and install[-2:] == ["-e", course]
-    assert calls[2][1:4] == ["-m", "pip", "install"] and any(a.startswith("tiktoken") for a in calls[2])
+    assert (
+        install[1:4] == ["-m", "pip", "install"]
+        and "--no-deps" in install
+        and install[-2:] == ["-e", course]
+    )
+    assert calls[2][1:4] == ["-m", "pip", "install"] and any(
+        a.startswith("tiktoken") for a in calls[2]
+    )
     assert calls[3][1:] == ["-m", "helpers.data", "fetch"]
     assert course in sys.path
     out = capsys.readouterr().out

@@ -12,7 +12,9 @@ from helpers import compilation, hardware, train
 from helpers.model import GPTConfig
 
 TINY = GPTConfig(block_size=16, vocab_size=256, n_layer=1, n_head=2, n_embd=32)
-needs_compile = pytest.mark.skipif(not hardware.compile_support(torch.device("cpu"))[0], reason="no C++ compiler for inductor")
+needs_compile = pytest.mark.skipif(
+    not hardware.compile_support(torch.device("cpu"))[0], reason="no C++ compiler for inductor"
+)
 
 
 def _tiny_run(**changes) -> train.RunConfig:
@@ -31,11 +33,15 @@ def test_eager_gelu_launches_one_kernel_per_op_and_hand_written_gelu_one():
     x = torch.randn(64, 128)
     eager = compilation.count_kernels(compilation.gelu_tanh_unfused, x, "cpu")
     assert eager["kernels"] == 8 and all(n.startswith("aten::") for n in eager["names"])
-    assert compilation.count_kernels(torch.nn.GELU(approximate="tanh"), x, "cpu")["names"] == ["aten::gelu"]
+    assert compilation.count_kernels(torch.nn.GELU(approximate="tanh"), x, "cpu")["names"] == [
+        "aten::gelu"
+    ]
 
 
 def test_kernel_count_excludes_views_and_allocations():
-    out = compilation.count_kernels(lambda x: x.view(-1).reshape(8, 16).t() + 1.0, torch.randn(16, 8), "cpu")
+    out = compilation.count_kernels(
+        lambda x: x.view(-1).reshape(8, 16).t() + 1.0, torch.randn(16, 8), "cpu"
+    )
     assert out["names"] == ["aten::add"]
 
 
@@ -46,13 +52,21 @@ def test_compiled_gelu_is_one_generated_kernel_with_the_same_result():
     x = torch.randn(64, 128)
     counted = compilation.count_kernels(fused, x, "cpu")
     assert counted["kernels"] == 1 and "cpp_fused" in counted["names"][0]
-    torch.testing.assert_close(fused(x), torch.nn.functional.gelu(x, approximate="tanh"), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        fused(x), torch.nn.functional.gelu(x, approximate="tanh"), rtol=1e-5, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize(
     "args,want",
-    [((33.4, 144.1, 49.7), 354), ((10.0, 80.0, 50.0), 334), ((0.01, 100.0, 20.0), 1), ((0.0, 40.0, 30.0), 0),
-     ((30.0, 2400.0, 2600.0), math.inf), ((5.0, 40.0, 40.0), math.inf)],
+    [
+        ((33.4, 144.1, 49.7), 354),
+        ((10.0, 80.0, 50.0), 334),
+        ((0.01, 100.0, 20.0), 1),
+        ((0.0, 40.0, 30.0), 0),
+        ((30.0, 2400.0, 2600.0), math.inf),
+        ((5.0, 40.0, 40.0), math.inf),
+    ],
 )
 def test_break_even_rounds_up_and_says_never_when_compiled_is_not_faster(args, want):
     assert compilation.break_even_steps(*args) == want
@@ -64,8 +78,15 @@ def test_break_even_rejects_negative_times():
 
 
 def test_a_failing_compile_is_measured_and_labelled_eager():
-    row = compilation.measure_step(_tiny_run(compile="default"), TINY, "cpu", _tokens(), iters=1, warmup=0,
-                                   backend=_raising_backend)
+    row = compilation.measure_step(
+        _tiny_run(compile="default"),
+        TINY,
+        "cpu",
+        _tokens(),
+        iters=1,
+        warmup=0,
+        backend=_raising_backend,
+    )
     assert row["status"] == "measured" and row["ms_per_step"] > 0
     assert row["compiled"] is False and row["label"] == "eager" and row["compile_s"] is None
     assert "BackendCompilerFailed" in row["reason"] and "eager" in row["reason"]
@@ -74,8 +95,12 @@ def test_a_failing_compile_is_measured_and_labelled_eager():
 
 
 def test_compile_unavailable_measures_eager_and_says_why(monkeypatch):
-    monkeypatch.setattr(hardware, "compile_support", lambda device: (False, "no C++ compiler on PATH"))
-    row = compilation.measure_step(_tiny_run(compile="default"), TINY, "cpu", _tokens(), iters=1, warmup=0)
+    monkeypatch.setattr(
+        hardware, "compile_support", lambda device: (False, "no C++ compiler on PATH")
+    )
+    row = compilation.measure_step(
+        _tiny_run(compile="default"), TINY, "cpu", _tokens(), iters=1, warmup=0
+    )
     assert row["status"] == "measured" and not row["compiled"] and row["label"] == "eager"
     assert "no C++ compiler on PATH" in row["reason"]
 
@@ -88,7 +113,9 @@ def test_reduce_overhead_is_skipped_on_cpu_with_the_reason():
 
 @needs_compile
 def test_a_real_compile_is_labelled_compiled_and_does_not_recompile_in_steady_steps():
-    row = compilation.measure_step(_tiny_run(compile="default"), TINY, "cpu", _tokens(), iters=2, warmup=1)
+    row = compilation.measure_step(
+        _tiny_run(compile="default"), TINY, "cpu", _tokens(), iters=2, warmup=1
+    )
     assert row["compiled"] and row["label"] == "default" and row["reason"] == "compiled"
     assert row["graphs"] >= 1 and row["graphs_after_first_step"] == 0
     assert row["compile_s"] is not None
@@ -96,7 +123,12 @@ def test_a_real_compile_is_labelled_compiled_and_does_not_recompile_in_steady_st
 
 def test_eager_run_has_no_compile_time():
     row = compilation.measure_step(_tiny_run(), TINY, "cpu", _tokens(), iters=1, warmup=0)
-    assert row["mode"] == "eager" and not row["compiled"] and row["compile_s"] is None and row["graphs"] == 0
+    assert (
+        row["mode"] == "eager"
+        and not row["compiled"]
+        and row["compile_s"] is None
+        and row["graphs"] == 0
+    )
 
 
 @needs_compile
@@ -107,16 +139,20 @@ def test_watch_compiles_sees_a_new_shape_and_a_changed_python_scalar():
         return scale * torch.tanh(x)
 
     f = torch.compile(scaled)
-    rows = compilation.watch_compiles([
-        ("first", lambda: f(torch.randn(4, 8), 2.0)),
-        ("same", lambda: f(torch.randn(4, 8), 2.0)),
-        ("new shape", lambda: f(torch.randn(4, 16), 2.0)),
-        ("new scalar", lambda: f(torch.randn(4, 16), 3.0)),
-    ])
+    rows = compilation.watch_compiles(
+        [
+            ("first", lambda: f(torch.randn(4, 8), 2.0)),
+            ("same", lambda: f(torch.randn(4, 8), 2.0)),
+            ("new shape", lambda: f(torch.randn(4, 16), 2.0)),
+            ("new scalar", lambda: f(torch.randn(4, 16), 3.0)),
+        ]
+    )
     assert [r["new_graphs"] for r in rows] == [1, 0, 1, 1]
     assert rows[1]["ran"] == "reused a graph"
     # torch >= 2.5 names the size; torch 2.4 the stride that changed with it (both seen, 2026-11-29)
-    assert ("size" in rows[2]["reason"] or "stride" in rows[2]["reason"]) and "scale" in rows[3]["reason"]
+    assert ("size" in rows[2]["reason"] or "stride" in rows[2]["reason"]) and "scale" in rows[3][
+        "reason"
+    ]
 
 
 @needs_compile
@@ -129,7 +165,9 @@ def test_watch_compiles_reports_eager_past_the_recompile_limit():
     torch._dynamo.reset()
     lin = [torch.nn.Linear(8, w) for w in (4, 6, 10)]
     with torch._dynamo.config.patch({compilation.recompile_limit_key(): 2}):
-        rows = compilation.watch_compiles([(f"w{m.out_features}", lambda m=m: torch.compile(m)(torch.randn(2, 8))) for m in lin])
+        rows = compilation.watch_compiles(
+            [(f"w{m.out_features}", lambda m=m: torch.compile(m)(torch.randn(2, 8))) for m in lin]
+        )
     torch._dynamo.reset()
     assert [r["new_graphs"] for r in rows] == [1, 1, 0]
     assert rows[2]["ran"].startswith("eager")
@@ -146,4 +184,10 @@ def test_cold_compile_cache_is_a_fresh_folder_removed_afterwards():
 def test_chapter_run_is_the_pre_compile_rung_on_cpu():
     run = compilation.chapter_run("cpu", "default")
     _, B, T = train.default_shapes("cpu")
-    assert (run.batch_size, run.seq_len, run.compile, run.matmul_precision, run.autocast) == (B, T, "default", "fp32", None)
+    assert (run.batch_size, run.seq_len, run.compile, run.matmul_precision, run.autocast) == (
+        B,
+        T,
+        "default",
+        "fp32",
+        None,
+    )

@@ -68,7 +68,9 @@ def test_download_is_verified_and_cached(tmp_path, monkeypatch):
     monkeypatch.setenv(paths.DATA_DIR_ENV, "")
     monkeypatch.setenv(paths.CACHE_DIR_ENV, str(tmp_path))
     served = {"body": good[:5000]}  # first a truncated download, then the real file
-    monkeypatch.setattr("urllib.request.urlopen", lambda url, timeout: _FakeResponse(served["body"]))
+    monkeypatch.setattr(
+        "urllib.request.urlopen", lambda url, timeout: _FakeResponse(served["body"])
+    )
     with pytest.raises(paths.DataFileError):
         data.shakespeare_path()
     assert not (tmp_path / data.SHAKESPEARE_FILE).exists()  # nothing corrupt left to train on
@@ -90,7 +92,10 @@ def test_corrupted_cache_is_set_aside_and_fetched_again(tmp_path, monkeypatch):
 def test_fetch_cli_copies_verified_files_into_a_folder(tmp_path):
     assert data.main(["fetch", "--into", str(tmp_path)]) == 0
     assert (tmp_path / "tinyshakespeare.txt").stat().st_size == 1_115_394
-    assert paths.sha256_of(tmp_path / "gpt2.tiktoken") == "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+    assert (
+        paths.sha256_of(tmp_path / "gpt2.tiktoken")
+        == "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+    )
 
 
 def test_fetch_into_an_existing_file_is_a_clear_error(tmp_path, capsys):

@@ -18,7 +18,9 @@ COMMON = ["--steps", "2", "--warmup", "0", "--seq-len", "32", "--device", "cpu",
 
 
 def _env(rank: int, world: int) -> distributed.DistEnv:
-    return distributed.DistEnv(rank, rank, world, torch.device("cpu"), "gloo" if world > 1 else None)
+    return distributed.DistEnv(
+        rank, rank, world, torch.device("cpu"), "gloo" if world > 1 else None
+    )
 
 
 # ---- pure: no process group --------------------------------------------------------------------
@@ -69,7 +71,10 @@ def _tiny_trainer(tiny_config, accum: int) -> train.Trainer:
 def test_distributed_step_on_one_process_is_exactly_trainer_step(tiny_config):
     tokens = data.load_tokens()[:20_000]
     a, b = _tiny_trainer(tiny_config, 2), _tiny_trainer(tiny_config, 2)
-    la, lb = data.BatchLoader(tokens, 2, 16), distributed.ShardedBatchLoader(tokens, 2, 16, _env(0, 1))
+    la, lb = (
+        data.BatchLoader(tokens, 2, 16),
+        distributed.ShardedBatchLoader(tokens, 2, 16, _env(0, 1)),
+    )
     for _ in range(3):
         loss_a = a.step(la)
         loss_b = distributed.distributed_step(b, lb)
@@ -87,7 +92,9 @@ def test_state_bytes_counts_params_grads_and_both_adam_moments(tiny_config):
     after = distributed.state_bytes(trainer.model, trainer.optimizer)
     n_tensors = len(list(trainer.model.parameters()))
     assert after["grads"] == 4 * n
-    assert after["optimizer"] == 2 * 4 * n + 4 * n_tensors  # exp_avg + exp_avg_sq, and a 0-d fp32 step each
+    assert (
+        after["optimizer"] == 2 * 4 * n + 4 * n_tensors
+    )  # exp_avg + exp_avg_sq, and a 0-d fp32 step each
 
 
 def test_ddp_and_fsdp_refuse_a_single_process(tiny_config):
@@ -118,7 +125,11 @@ def ddp_run(tmp_path_factory):
 
 def test_ddp_on_two_processes_equals_one_process_over_the_same_global_batch(reference, ddp_run):
     (single, single_path), (ddp, ddp_path) = reference, ddp_run
-    assert (ddp["world_size"], ddp["backend"], ddp["tokens_per_step"]) == (2, "gloo", single["tokens_per_step"])
+    assert (ddp["world_size"], ddp["backend"], ddp["tokens_per_step"]) == (
+        2,
+        "gloo",
+        single["tokens_per_step"],
+    )
     assert distributed.max_param_diff(ddp_path, single_path) < PARAM_TOL
     assert ddp["losses"] == pytest.approx(single["losses"], abs=1e-4)
     sums = ddp["param_sum_per_rank"]
@@ -128,10 +139,21 @@ def test_ddp_on_two_processes_equals_one_process_over_the_same_global_batch(refe
     assert ckpt["step"] == 2 and ckpt["world_size"] == 2 and "state" in ckpt["optimizer"]
 
 
-def test_no_sync_accumulation_equals_one_big_batch_and_all_reduces_once(tmp_path, reference, ddp_run):
+def test_no_sync_accumulation_equals_one_big_batch_and_all_reduces_once(
+    tmp_path, reference, ddp_run
+):
     (_, single_path), (ddp, _) = reference, ddp_run
     path = tmp_path / "accum.pt"
-    args = [*COMMON, "--batch-size", "1", "--grad-accum", "2", "--count-allreduces", "--checkpoint", str(path)]
+    args = [
+        *COMMON,
+        "--batch-size",
+        "1",
+        "--grad-accum",
+        "2",
+        "--count-allreduces",
+        "--checkpoint",
+        str(path),
+    ]
     accum = distributed.launch(2, args, timeout_s=300)
     assert accum["tokens_per_step"] == ddp["tokens_per_step"]
     assert distributed.max_param_diff(path, single_path) < PARAM_TOL
@@ -139,12 +161,20 @@ def test_no_sync_accumulation_equals_one_big_batch_and_all_reduces_once(tmp_path
     assert accum["allreduce_calls_last_step"] == ddp["allreduce_calls_last_step"]
 
 
-@pytest.mark.skipif(distributed.fsdp_unsupported_reason(torch.device("cpu")) is not None,
-                    reason="FSDP2 on a CPU is refused for this torch (see distributed.fsdp_unsupported_reason)")
-def test_fsdp_on_two_processes_equals_one_process_and_halves_the_state(tmp_path, reference, ddp_run):
+@pytest.mark.skipif(
+    distributed.fsdp_unsupported_reason(torch.device("cpu")) is not None,
+    reason="FSDP2 on a CPU is refused for this torch (see distributed.fsdp_unsupported_reason)",
+)
+def test_fsdp_on_two_processes_equals_one_process_and_halves_the_state(
+    tmp_path, reference, ddp_run
+):
     (_, single_path), (ddp, _) = reference, ddp_run
     path = tmp_path / "fsdp.pt"
-    fsdp = distributed.launch(2, [*COMMON, "--batch-size", "2", "--mode", "fsdp", "--checkpoint", str(path)], timeout_s=300)
+    fsdp = distributed.launch(
+        2,
+        [*COMMON, "--batch-size", "2", "--mode", "fsdp", "--checkpoint", str(path)],
+        timeout_s=300,
+    )
     assert distributed.max_param_diff(path, single_path) < PARAM_TOL
     full, sharded = ddp["state_bytes_rank0"], fsdp["state_bytes_rank0"]
     for part in ("params", "grads"):
@@ -157,12 +187,22 @@ def test_scaling_efficiency_is_tokens_per_s_over_n_times_one_process(monkeypatch
     def fake_launch(nproc, args, timeout_s=600):
         launched.append((nproc, args[-1]))
         world = max(nproc, 1)
-        return {"world_size": world, "mode": args[-1] if world > 1 else "single",
-                "tokens_per_s": 1000.0 * world * (0.9 if world > 1 else 1.0), "step_ms": 10.0}
+        return {
+            "world_size": world,
+            "mode": args[-1] if world > 1 else "single",
+            "tokens_per_s": 1000.0 * world * (0.9 if world > 1 else 1.0),
+            "step_ms": 10.0,
+        }
 
     monkeypatch.setattr(distributed, "launch", fake_launch)
     result = distributed.scaling([1, 2, 4], ["ddp", "fsdp"], ["--steps", "3"])
-    assert launched == [(0, "ddp"), (2, "ddp"), (4, "ddp"), (2, "fsdp"), (4, "fsdp")]  # N=1: a plain process, once
+    assert launched == [
+        (0, "ddp"),
+        (2, "ddp"),
+        (4, "ddp"),
+        (2, "fsdp"),
+        (4, "fsdp"),
+    ]  # N=1: a plain process, once
     assert [round(r["efficiency"], 6) for r in result["rows"]] == [1.0, 0.9, 0.9, 0.9, 0.9]
 
 

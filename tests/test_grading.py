@@ -71,7 +71,9 @@ def test_block_params_check_measures_the_real_block():
     from helpers.model import Block, GPTConfig
 
     block = Block(GPTConfig(n_embd=64, n_head=4, block_size=8))
-    assert grading.ch01.measured_block_parameters(64, 4) == sum(p.numel() for p in block.parameters())
+    assert grading.ch01.measured_block_parameters(64, 4) == sum(
+        p.numel() for p in block.parameters()
+    )
 
 
 @pytest.mark.parametrize(
@@ -389,7 +391,9 @@ def test_make_student_never_overwrites_work_it_did_not_write(tmp_path, capsys):
     assert (solutions / FIXTURE.name).read_bytes() == before
     # a learner filled in the student version: re-running refuses, --force replaces
     filled = nbformat.read(student / FIXTURE.name, as_version=4)
-    filled.cells[3].source = filled.cells[3].source.replace("raise NotImplementedError", "return 0  #")
+    filled.cells[3].source = filled.cells[3].source.replace(
+        "raise NotImplementedError", "return 0  #"
+    )
     nbformat.write(filled, student / FIXTURE.name)
     assert _make_student(solutions, student) == 2
     assert "changed after make-student wrote it" in capsys.readouterr().err
@@ -401,7 +405,11 @@ def test_make_student_never_overwrites_work_it_did_not_write(tmp_path, capsys):
 def test_make_student_refuses_a_file_as_out_with_one_line(tmp_path, capsys):
     (tmp_path / "out.txt").write_text("not a folder")
     assert _make_student(FIXTURE.parent, tmp_path / "out.txt") == 2
-    assert capsys.readouterr().err.strip().endswith("is a file: give a folder for the student versions")
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith("is a file: give a folder for the student versions")
+    )
     assert (tmp_path / "out.txt").read_text() == "not a folder"
 
 
@@ -411,8 +419,19 @@ def test_grade_out_never_replaces_a_notebook_or_a_file_that_is_not_a_grades_csv(
     notebook = subs / "frank" / FIXTURE.name
 
     def grade(out: Path, *extra: str) -> int:
-        return grading.main(["grade", str(subs), "--out", str(out), "--reference", str(FIXTURE.parent),
-                             "--timeout", "5", *extra])
+        return grading.main(
+            [
+                "grade",
+                str(subs),
+                "--out",
+                str(out),
+                "--reference",
+                str(FIXTURE.parent),
+                "--timeout",
+                "5",
+                *extra,
+            ]
+        )
 
     assert grade(notebook) == 2 and not notebook.exists()  # a notebook's name, in the submissions
     assert grade(tmp_path / "grades.ipynb") == 2
@@ -478,22 +497,38 @@ def student_run_problems(solution, cwd: Path) -> list[str]:
     code = [i for i, c in enumerate(student.cells) if c.cell_type == "code" and c.source.strip()]
     learner = {k for k, i in enumerate(code) if grading.is_solution_cell(student.cells[i])}
     checks = {k for k, i in enumerate(code) if i in graded_cells}
-    kept = [code[k] for k in notebook_slice.cells_to_run([student.cells[i].source for i in code],
-                                                          learner, checks)]
+    kept = [
+        code[k]
+        for k in notebook_slice.cells_to_run(
+            [student.cells[i].source for i in code], learner, checks
+        )
+    ]
     assert set(kept) >= graded_cells and len(learner) == len(checks) > 0
-    reduced = nbformat.v4.new_notebook(metadata=student.metadata, cells=[student.cells[i] for i in kept])
+    reduced = nbformat.v4.new_notebook(
+        metadata=student.metadata, cells=[student.cells[i] for i in kept]
+    )
     run = grading.execute_notebook(reduced, cwd=cwd, timeout=600)
-    if run.startup_error or run.kernel_died_in is not None or run.stuck_after_timeout_in is not None:
-        return [f"kernel: {run.startup_error} died in {run.kernel_died_in} stuck in {run.stuck_after_timeout_in}"]
+    if (
+        run.startup_error
+        or run.kernel_died_in is not None
+        or run.stuck_after_timeout_in is not None
+    ):
+        return [
+            f"kernel: {run.startup_error} died in {run.kernel_died_in} stuck in {run.stuck_after_timeout_in}"
+        ]
     problems = []
     for position, cell in run.cells.items():
         index = kept[position]
         if index in graded_cells and not (
             cell.status == "error" and cell.ename in ("AssertionError", "NotImplementedError")
         ):
-            problems.append(f"graded cell {index + 1}: {cell.status} {cell.ename} {cell.evalue[:80]}")
+            problems.append(
+                f"graded cell {index + 1}: {cell.status} {cell.ename} {cell.evalue[:80]}"
+            )
         if index not in graded_cells and cell.status != "ok":
-            problems.append(f"cell {index + 1} (not graded): {cell.status} {cell.ename} {cell.evalue[:80]}")
+            problems.append(
+                f"cell {index + 1} (not graded): {cell.status} {cell.ename} {cell.evalue[:80]}"
+            )
     return problems
 
 
@@ -536,10 +571,28 @@ def test_a_submission_that_replaces_the_checks_does_not_pass(tmp_path):
     (tmp_path / "cheat").mkdir()
     nbformat.write(nb, tmp_path / "cheat" / FIXTURE.name)
     # the cheat also answers wrongly, so only the real checks can fail it
-    text = (tmp_path / "cheat" / FIXTURE.name).read_text().replace("return 2 * multiply_adds", "return 0")
+    text = (
+        (tmp_path / "cheat" / FIXTURE.name)
+        .read_text()
+        .replace("return 2 * multiply_adds", "return 0")
+    )
     (tmp_path / "cheat" / FIXTURE.name).write_text(text)
     out = tmp_path.parent / f"{tmp_path.name}-grades.csv"  # outside the submissions folder
-    assert grading.main(["grade", str(tmp_path), "--out", str(out), "--reference", str(FIXTURE.parent), "--timeout", "60"]) == 0
+    assert (
+        grading.main(
+            [
+                "grade",
+                str(tmp_path),
+                "--out",
+                str(out),
+                "--reference",
+                str(FIXTURE.parent),
+                "--timeout",
+                "60",
+            ]
+        )
+        == 0
+    )
     rows = {r["grade_id"]: r for r in csv.DictReader(out.open())}
     assert rows["ch00_matmul_flops"]["status"] == "failed"
 
@@ -547,8 +600,12 @@ def test_a_submission_that_replaces_the_checks_does_not_pass(tmp_path):
 def test_the_registry_lists_every_chapter_module_each_of_the_same_shape():
     import pkgutil
 
-    names = sorted(m.name for m in pkgutil.iter_modules(grading.__path__) if re.fullmatch(r"ch\d\d", m.name))
-    assert [m.__name__.rsplit(".", 1)[1] for m in grading.CHAPTERS] == names  # none forgotten, in order
+    names = sorted(
+        m.name for m in pkgutil.iter_modules(grading.__path__) if re.fullmatch(r"ch\d\d", m.name)
+    )
+    assert [
+        m.__name__.rsplit(".", 1)[1] for m in grading.CHAPTERS
+    ] == names  # none forgotten, in order
     for module in grading.CHAPTERS:
         chapter = module.__name__.rsplit(".", 1)[1]
         assert set(module.CHECKS) == set(module.WRONG_ANSWERS) <= set(module.SECTIONS), chapter
@@ -610,7 +667,16 @@ def _solution_cell_with(extra: str) -> "nbformat.NotebookNode":
 
 def _grade(subs: Path, tmp_path: Path) -> dict[str, dict]:
     out = tmp_path / "grades.csv"
-    args = ["grade", str(subs), "--out", str(out), "--reference", str(FIXTURE.parent), "--timeout", "60"]
+    args = [
+        "grade",
+        str(subs),
+        "--out",
+        str(out),
+        "--reference",
+        str(FIXTURE.parent),
+        "--timeout",
+        "60",
+    ]
     assert grading.main(args) == 0
     rows: dict[str, dict] = {}
     for r in csv.DictReader(out.open()):
@@ -618,8 +684,10 @@ def _grade(subs: Path, tmp_path: Path) -> dict[str, dict]:
     return rows
 
 
-needs_sandbox = pytest.mark.skipif(not grading.grader.sandbox_available()[0],
-                                   reason=f"no OS sandbox here: {grading.grader.sandbox_available()[1]}")
+needs_sandbox = pytest.mark.skipif(
+    not grading.grader.sandbox_available()[0],
+    reason=f"no OS sandbox here: {grading.grader.sandbox_available()[1]}",
+)
 
 
 @needs_sandbox
@@ -628,7 +696,9 @@ def test_a_submission_cannot_read_the_reference_solutions(tmp_path):
     blank = nbformat.read(FIXTURE, as_version=4)
     for cell in blank.cells:
         if grading.is_solution_cell(cell):
-            cell.source = grading.student_version(nbformat.v4.new_notebook(cells=[cell])).cells[0].source
+            cell.source = (
+                grading.student_version(nbformat.v4.new_notebook(cells=[cell])).cells[0].source
+            )
     steal = (
         "import json, pathlib, helpers\n"
         f"for p in [pathlib.Path({str(FIXTURE)!r}), *pathlib.Path(helpers.__file__).parents[1].rglob('*.ipynb')]:\n"
@@ -665,8 +735,10 @@ def test_a_submission_cannot_change_another_submission_or_the_checks(tmp_path):
         f"pathlib.Path({str(Path(helpers.__file__).parent / 'grading' / 'ch00.py')!r}).write_text('')\n"
     )
     (subs / "aaa").mkdir(parents=True)
-    nbformat.write(_solution_cell_with(f"try:\n    exec({sabotage!r})\nexcept OSError as e:\n    print(e)"),
-                   subs / "aaa" / FIXTURE.name)
+    nbformat.write(
+        _solution_cell_with(f"try:\n    exec({sabotage!r})\nexcept OSError as e:\n    print(e)"),
+        subs / "aaa" / FIXTURE.name,
+    )
     victim.parent.mkdir()
     victim.write_bytes(FIXTURE.read_bytes())
     before = victim.read_bytes()
@@ -683,8 +755,10 @@ def test_every_submission_is_read_before_any_runs(tmp_path, monkeypatch):
     subs = tmp_path / "subs"
     victim = subs / "zzz" / FIXTURE.name
     (subs / "aaa").mkdir(parents=True)
-    nbformat.write(_solution_cell_with(f"import pathlib\npathlib.Path({str(victim)!r}).write_text('{{}}')"),
-                   subs / "aaa" / FIXTURE.name)
+    nbformat.write(
+        _solution_cell_with(f"import pathlib\npathlib.Path({str(victim)!r}).write_text('{{}}')"),
+        subs / "aaa" / FIXTURE.name,
+    )
     victim.parent.mkdir()
     victim.write_bytes(FIXTURE.read_bytes())
     rows = _grade(subs, tmp_path)

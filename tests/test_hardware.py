@@ -48,7 +48,9 @@ def test_native_bf16_and_tf32_on_cpu(monkeypatch):
     assert hardware.tf32_supported(cpu) is False
 
 
-def _fake_cpu(monkeypatch, vector_unit: str, avx512_bf16: bool, amx: bool, onednn_cap: str | None = None):
+def _fake_cpu(
+    monkeypatch, vector_unit: str, avx512_bf16: bool, amx: bool, onednn_cap: str | None = None
+):
     monkeypatch.delenv(hardware.CPU_BF16_ENV, raising=False)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: vector_unit)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
@@ -107,7 +109,11 @@ def test_recipe_for_a_t4_is_fp16_with_gradscaler_and_no_tf32():
 def test_recipe_for_ampere_and_hopper_uses_bf16_and_tf32():
     for key in ("A100-80GB", "H100-SXM", "H200", "L4"):
         d = _as_dict(hardware.recommend_recipe(hardware.PROFILES[key]))
-        assert (d["autocast"], d["matmul_precision"], d["optimizer"]) == ("bf16", "tf32", "fused"), key
+        assert (d["autocast"], d["matmul_precision"], d["optimizer"]) == (
+            "bf16",
+            "tf32",
+            "fused",
+        ), key
 
 
 def test_recipe_on_this_cpu_builds_a_runconfig_that_runs_here():
@@ -123,7 +129,9 @@ def test_recipe_on_this_cpu_builds_a_runconfig_that_runs_here():
 def _fake_fraction(calls, fraction, device):
     # like torch: an unindexed torch.device("cuda") is refused (found on the H200, 2026-11-29)
     if isinstance(device, torch.device) and device.index is None:
-        raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
+        raise ValueError(
+            f"Expected a torch.device with a specified index or an integer, but got:{device}"
+        )
     calls.setdefault("fraction", []).append(fraction)
 
 
@@ -149,7 +157,11 @@ def test_t4_emulation_on_a_big_gpu_answers_like_a_t4(monkeypatch):
         peak, why = timing.peak_flops(cuda)
         assert peak is None and "emulating" in why  # never claims T4 speed
         with pytest.raises(ValueError, match="bf16 is not native"):
-            train.build(train.RunConfig(autocast="bf16", batch_size=1, seq_len=8), train.small_model_config(), cuda)
+            train.build(
+                train.RunConfig(autocast="bf16", batch_size=1, seq_len=8),
+                train.small_model_config(),
+                cuda,
+            )
     finally:
         hardware.stop_emulation(cuda)
         torch.backends.cuda.matmul.allow_tf32 = old_tf32
@@ -167,8 +179,19 @@ def test_emulation_needs_a_gpu_and_a_known_profile(monkeypatch):
 
 # ---- chapter 08: every profile, the recipe for each, emulation on a real GPU's API, old torch versions ----
 
-EXPECTED_AUTOCAST = {"T4": "fp16", "V100": "fp16", "A10": "bf16", "A10G": "bf16", "L4": "bf16", "A100-40GB": "bf16",
-                     "A100-80GB": "bf16", "H100-PCIe": "bf16", "H100-SXM": "bf16", "H200": "bf16", "CPU": None}
+EXPECTED_AUTOCAST = {
+    "T4": "fp16",
+    "V100": "fp16",
+    "A10": "bf16",
+    "A10G": "bf16",
+    "L4": "bf16",
+    "A100-40GB": "bf16",
+    "A100-80GB": "bf16",
+    "H100-PCIe": "bf16",
+    "H100-SXM": "bf16",
+    "H200": "bf16",
+    "CPU": None,
+}
 
 
 def test_the_course_has_a_profile_for_every_gpu_it_names_and_a_cpu():
@@ -179,8 +202,13 @@ def test_the_course_has_a_profile_for_every_gpu_it_names_and_a_cpu():
             assert p.memory_gb and p.bandwidth_gbs, p.key
         if p.peak_tensor_tflops is None or p.fp32_tflops is None:
             assert p.note, f"{p.key}: a missing figure needs a note saying why"
-    assert hardware.PROFILES["CPU"].capability is None and hardware.PROFILES["CPU"].peak_tensor_tflops is None
-    assert hardware.PROFILES["A10G"].capability == (8, 6) and hardware.PROFILES["A10G"].memory_gb == 24
+    assert (
+        hardware.PROFILES["CPU"].capability is None
+        and hardware.PROFILES["CPU"].peak_tensor_tflops is None
+    )
+    assert (
+        hardware.PROFILES["A10G"].capability == (8, 6) and hardware.PROFILES["A10G"].memory_gb == 24
+    )
 
 
 def test_recipe_for_every_profile_gives_a_reason_for_every_switch():
@@ -192,11 +220,15 @@ def test_recipe_for_every_profile_gives_a_reason_for_every_switch():
         assert d["autocast"] == EXPECTED_AUTOCAST[key], key
         ampere = p.capability is not None and p.capability >= (8, 0)
         assert d["matmul_precision"] == ("tf32" if ampere else "fp32"), key
-        assert d["attention"] == "sdpa" and d["vocab_multiple"] == 64 and d["batch_size"] is None, key
+        assert d["attention"] == "sdpa" and d["vocab_multiple"] == 64 and d["batch_size"] is None, (
+            key
+        )
         assert all(c.reason for c in choices), key
         reasons = {c.switch: c.reason for c in choices}
         if d["autocast"] == "fp16":
-            assert "GradScaler" in reasons["autocast"] and "memory-efficient" in reasons["attention"], key
+            assert (
+                "GradScaler" in reasons["autocast"] and "memory-efficient" in reasons["attention"]
+            ), key
         if ampere:
             assert "FlashAttention-2" in reasons["attention"], key
         # every recipe is a valid RunConfig
@@ -206,7 +238,12 @@ def test_recipe_for_every_profile_gives_a_reason_for_every_switch():
 
 
 def test_recipe_reports_a_measured_batch_size_with_its_reason():
-    d = {c.switch: c for c in hardware.recommend_recipe(hardware.PROFILES["T4"], batch_size=12, batch_reason="probed")}
+    d = {
+        c.switch: c
+        for c in hardware.recommend_recipe(
+            hardware.PROFILES["T4"], batch_size=12, batch_reason="probed"
+        )
+    }
     assert d["batch_size"].value == 12 and d["batch_size"].reason == "probed"
 
 
@@ -220,12 +257,20 @@ def _fake_h200(monkeypatch, calls):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: _FakeProps())
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA H200")
-    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d=None: _fake_fraction(calls, f, d))
+    monkeypatch.setattr(
+        torch.cuda, "set_per_process_memory_fraction", lambda f, d=None: _fake_fraction(calls, f, d)
+    )
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     state = {"flash": True, "cudnn": True}
     for name in ("flash", "cudnn"):
-        monkeypatch.setattr(torch.backends.cuda, f"enable_{name}_sdp", lambda on, name=name: state.__setitem__(name, on))
-        monkeypatch.setattr(torch.backends.cuda, f"{name}_sdp_enabled", lambda name=name: state[name])
+        monkeypatch.setattr(
+            torch.backends.cuda,
+            f"enable_{name}_sdp",
+            lambda on, name=name: state.__setitem__(name, on),
+        )
+        monkeypatch.setattr(
+            torch.backends.cuda, f"{name}_sdp_enabled", lambda name=name: state[name]
+        )
     return state
 
 
@@ -237,10 +282,16 @@ def test_stop_emulation_restores_the_switches_as_they_were(monkeypatch):
     torch.set_float32_matmul_precision("high")
     try:
         hardware.emulate("T4", "cuda")
-        assert state == {"flash": False, "cudnn": False} and torch.get_float32_matmul_precision() == "highest"
+        assert (
+            state == {"flash": False, "cudnn": False}
+            and torch.get_float32_matmul_precision() == "highest"
+        )
         hardware.emulate("T4", "cuda")  # a second call keeps the first saved state
         hardware.stop_emulation("cuda")
-        assert state == {"flash": True, "cudnn": False} and torch.get_float32_matmul_precision() == "high"
+        assert (
+            state == {"flash": True, "cudnn": False}
+            and torch.get_float32_matmul_precision() == "high"
+        )
         assert calls["fraction"] == [0.1, 0.1, 1.0]
     finally:
         hardware.stop_emulation("cuda")
@@ -258,7 +309,11 @@ def test_sdpa_probe_while_emulating_answers_as_the_t4(monkeypatch):
     calls = {}
     _fake_h200(monkeypatch, calls)
     real_randn = torch.randn
-    monkeypatch.setattr(torch, "randn", lambda *shape, device=None, dtype=None: real_randn(*shape, dtype=torch.float32))
+    monkeypatch.setattr(
+        torch,
+        "randn",
+        lambda *shape, device=None, dtype=None: real_randn(*shape, dtype=torch.float32),
+    )
     try:
         hardware.emulate("T4", "cuda")
         probe = hardware.sdpa_backends(torch.device("cuda"))
@@ -285,11 +340,16 @@ def test_sdpa_probe_on_a_torch_without_cudnn_attention(monkeypatch):
     import torch.nn.attention as attn
 
     class OldBackend:  # the members of SDPBackend in torch 2.3
-        FLASH_ATTENTION, EFFICIENT_ATTENTION, MATH = (attn.SDPBackend.FLASH_ATTENTION, attn.SDPBackend.EFFICIENT_ATTENTION,
-                                                      attn.SDPBackend.MATH)
+        FLASH_ATTENTION, EFFICIENT_ATTENTION, MATH = (
+            attn.SDPBackend.FLASH_ATTENTION,
+            attn.SDPBackend.EFFICIENT_ATTENTION,
+            attn.SDPBackend.MATH,
+        )
 
     monkeypatch.setattr(attn, "SDPBackend", OldBackend)
-    monkeypatch.setattr(attn, "sdpa_kernel", lambda backend: contextlib.nullcontext())  # the real one checks the enum
+    monkeypatch.setattr(
+        attn, "sdpa_kernel", lambda backend: contextlib.nullcontext()
+    )  # the real one checks the enum
     probe = hardware.sdpa_backends(torch.device("cpu"))
     assert probe["cudnn_attention"] == "not in this torch version" and probe["math"] == "ok"
 
@@ -298,7 +358,9 @@ def test_what_torch_says_about_bf16_on_old_and_new_versions(monkeypatch):
     assert hardware.torch_says_bf16("cpu") == {"default": False, "without_emulation": False}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     # a T4 on a recent torch: True by default (emulated), False without emulation
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+    monkeypatch.setattr(
+        torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation
+    )
     assert hardware.torch_says_bf16("cuda") == {"default": True, "without_emulation": False}
     # a torch without the including_emulation argument
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
@@ -313,7 +375,10 @@ def test_chapter_08_budget_parts_are_chapter_03s_estimate():
     parts = checks_ch08.step_parts(cfg, 1024, True, False)
     for B in (1, 12, 13):
         want = memory.training_step_estimate(cfg, B, 1024, True, False)
-        assert parts(B) == {k: v for k, v in want.items() if k != "total"} and sum(parts(B).values()) == want["total"]
+        assert (
+            parts(B) == {k: v for k, v in want.items() if k != "total"}
+            and sum(parts(B).values()) == want["total"]
+        )
 
 
 def test_course_emulate_gpu_makes_default_device_emulate_once(monkeypatch):
@@ -338,7 +403,9 @@ def test_default_device_without_the_variable_or_on_a_cpu_does_not_emulate(monkey
     calls = {}
     monkeypatch.setattr(hardware, "_env_emulation_done", False)
     monkeypatch.setenv(hardware.EMULATE_ENV, "T4")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # no GPU (also when the tests run on one)
+    monkeypatch.setattr(
+        torch.cuda, "is_available", lambda: False
+    )  # no GPU (also when the tests run on one)
     assert hardware.default_device() == torch.device("cpu") and hardware.emulated_profile() is None
     _fake_h200(monkeypatch, calls)
     monkeypatch.setattr(hardware, "_env_emulation_done", False)
@@ -393,58 +460,109 @@ def test_emulating_on_a_cpu_with_the_variable_set_says_to_unset_it(monkeypatch):
 
 # --- GPUPowerSampler: nvidia-smi lines in, samples and a summary out (a fake nvidia-smi on the CPU) ---
 
-SMI_LINES = ["2026/11/30 03:39:09.345, 1740, 697.75, 700.00, 0x0000000000000004",
-             "2026/11/30 03:39:09.445, 1980, 124.80, 700.00, 0x0000000000000000",
-             "2026/11/30 03:39:09.545, 1650, 693.88, 700.00, 0x0000000000000004"]
+SMI_LINES = [
+    "2026/11/30 03:39:09.345, 1740, 697.75, 700.00, 0x0000000000000004",
+    "2026/11/30 03:39:09.445, 1980, 124.80, 700.00, 0x0000000000000000",
+    "2026/11/30 03:39:09.545, 1650, 693.88, 700.00, 0x0000000000000004",
+]
 
 
 def test_parse_smi_line_reads_clock_power_limit_and_reasons():
     s = hardware.parse_smi_line(SMI_LINES[0], t=5.0)
-    assert (s.t, s.sm_clock_mhz, s.power_w, s.power_limit_w, s.reasons) == (5.0, 1740, 697.75, 700.0, 4)
+    assert (s.t, s.sm_clock_mhz, s.power_w, s.power_limit_w, s.reasons) == (
+        5.0,
+        1740,
+        697.75,
+        700.0,
+        4,
+    )
     assert s.reasons & hardware.SW_POWER_CAP
-    for bad in ["timestamp, clocks.current.sm [MHz], power.draw [W], power.limit [W], reasons",
-                "Field \"power.draw.instant\" is not a valid field to query.", "No devices were found", "",
-                "2026/11/30 03:39:09.345, [N/A], [N/A], [N/A], [N/A]"]:
+    for bad in [
+        "timestamp, clocks.current.sm [MHz], power.draw [W], power.limit [W], reasons",
+        'Field "power.draw.instant" is not a valid field to query.',
+        "No devices were found",
+        "",
+        "2026/11/30 03:39:09.345, [N/A], [N/A], [N/A], [N/A]",
+    ]:
         assert hardware.parse_smi_line(bad, t=0.0) is None
-    na = hardware.parse_smi_line("2026/11/30 03:39:09.345, 1740, [N/A], [Not Supported], 0x4", t=1.0)
-    assert (na.sm_clock_mhz, na.power_w, na.power_limit_w, na.reasons) == (1740, None, None, 4)  # the clock is kept
+    na = hardware.parse_smi_line(
+        "2026/11/30 03:39:09.345, 1740, [N/A], [Not Supported], 0x4", t=1.0
+    )
+    assert (na.sm_clock_mhz, na.power_w, na.power_limit_w, na.reasons) == (
+        1740,
+        None,
+        None,
+        4,
+    )  # the clock is kept
 
 
 def test_power_summary_keeps_only_the_window():
     samples = [hardware.parse_smi_line(line, t=float(i)) for i, line in enumerate(SMI_LINES)]
     all3 = hardware.power_summary(samples)
-    assert all3["samples"] == 3 and all3["power_w"] == {"min": 124.8, "median": 693.88, "max": 697.75}
-    assert all3["sm_clock_mhz"]["min"] == 1650 and all3["sw_power_cap_fraction"] == pytest.approx(2 / 3)
-    assert hardware.power_summary(samples, 0.5, 1.5)["sm_clock_mhz"] == {"min": 1980, "median": 1980, "max": 1980}
+    assert all3["samples"] == 3 and all3["power_w"] == {
+        "min": 124.8,
+        "median": 693.88,
+        "max": 697.75,
+    }
+    assert all3["sm_clock_mhz"]["min"] == 1650 and all3["sw_power_cap_fraction"] == pytest.approx(
+        2 / 3
+    )
+    assert hardware.power_summary(samples, 0.5, 1.5)["sm_clock_mhz"] == {
+        "min": 1980,
+        "median": 1980,
+        "max": 1980,
+    }
     assert hardware.power_summary(samples, 10.0, 11.0) == {"samples": 0, "window_s": 1.0}
     two = hardware.power_summary(samples[:2])
     assert two["sm_clock_mhz"]["median"] == 1860  # the mean of the middle two, not the upper one
-    samples.append(hardware.PowerSample(t=3.0, sm_clock_mhz=1500, power_w=None, power_limit_w=None, reasons=None))
+    samples.append(
+        hardware.PowerSample(
+            t=3.0, sm_clock_mhz=1500, power_w=None, power_limit_w=None, reasons=None
+        )
+    )
     with_na = hardware.power_summary(samples)
-    assert with_na["samples"] == 4 and with_na["power_w"]["max"] == 697.75 and with_na["sm_clock_mhz"]["min"] == 1500
-    assert with_na["sw_power_cap_fraction"] == pytest.approx(2 / 3)  # over the samples that had reasons
+    assert (
+        with_na["samples"] == 4
+        and with_na["power_w"]["max"] == 697.75
+        and with_na["sm_clock_mhz"]["min"] == 1500
+    )
+    assert with_na["sw_power_cap_fraction"] == pytest.approx(
+        2 / 3
+    )  # over the samples that had reasons
 
 
 def test_format_power_summary_says_what_was_measured():
     samples = [hardware.parse_smi_line(line, t=float(i)) for i, line in enumerate(SMI_LINES)]
     text = hardware.format_power_summary(hardware.power_summary(samples), max_clock_mhz=1980)
     assert "1650 / 1740 / 1980 MHz" in text and "the median is 88% of it" in text
-    assert "up to 698 W of a 700 W limit (a ~1 s average" in text and "in 67% of the samples" in text
-    assert "average" not in hardware.format_power_summary(hardware.power_summary(samples), power_is_average=False)
+    assert (
+        "up to 698 W of a 700 W limit (a ~1 s average" in text and "in 67% of the samples" in text
+    )
+    assert "average" not in hardware.format_power_summary(
+        hardware.power_summary(samples), power_is_average=False
+    )
     assert "no nvidia-smi sample" in hardware.format_power_summary({"samples": 0, "window_s": 0.05})
 
 
 def test_gpu_power_sampler_collects_the_lines_a_command_prints():
     import sys
 
-    script = "import sys, time\n" + "".join(f"print({line!r}, flush=True)\n" for line in SMI_LINES) + "time.sleep(30)\n"
+    script = (
+        "import sys, time\n"
+        + "".join(f"print({line!r}, flush=True)\n" for line in SMI_LINES)
+        + "time.sleep(30)\n"
+    )
     with hardware.GPUPowerSampler("cuda", command=[sys.executable, "-c", script]) as smi:
         import time
 
         deadline = time.time() + 20
         while len(smi.samples) < 3 and time.time() < deadline:
             time.sleep(0.05)
-    assert [s.sm_clock_mhz for s in smi.samples] == [1740, 1980, 1650]  # the sleeping 'nvidia-smi' was stopped
+    assert [s.sm_clock_mhz for s in smi.samples] == [
+        1740,
+        1980,
+        1650,
+    ]  # the sleeping 'nvidia-smi' was stopped
     assert smi._proc.poll() is not None and smi.returncode is None and smi.problem() is None
 
 
@@ -463,14 +581,18 @@ def test_gpu_power_sampler_says_what_is_missing(monkeypatch):
     with pytest.raises(RuntimeError, match="not a CUDA device"):
         hardware.GPUPowerSampler("cpu").__enter__()
     monkeypatch.setattr(hardware.shutil, "which", lambda name: None)
-    with pytest.raises(RuntimeError, match="cannot see a CUDA GPU"):  # a CPU-only torch: the first thing to say
+    with pytest.raises(
+        RuntimeError, match="cannot see a CUDA GPU"
+    ):  # a CPU-only torch: the first thing to say
         hardware.GPUPowerSampler("cuda").__enter__()
     monkeypatch.setattr(hardware.torch.cuda, "is_available", lambda: True)
     with pytest.raises(RuntimeError, match="nvidia-smi is not on PATH"):
         hardware.GPUPowerSampler("cuda").__enter__()
     assert hardware.max_sm_clock_mhz("cuda") is None and hardware.max_sm_clock_mhz("cpu") is None
     monkeypatch.setattr(hardware.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
-    monkeypatch.setattr(hardware.torch.cuda, "is_available", lambda: False)  # a CPU-only torch, nvidia-smi present
+    monkeypatch.setattr(
+        hardware.torch.cuda, "is_available", lambda: False
+    )  # a CPU-only torch, nvidia-smi present
     with pytest.raises(RuntimeError, match="cannot see a CUDA GPU"):
         hardware.GPUPowerSampler("cuda").__enter__()
     assert hardware.max_sm_clock_mhz("cuda") is None
@@ -480,7 +602,11 @@ def test_power_window_and_reading_kind(monkeypatch):
     samples = [hardware.parse_smi_line(line, t=float(i)) for i, line in enumerate(SMI_LINES)]
     assert [s.t for s in hardware.samples_in_window(samples, 0.5, 2.0)] == [1.0, 2.0]
     assert hardware.samples_in_window(samples) == samples
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (7, 5))  # a T4: instantaneous
+    monkeypatch.setattr(
+        torch.cuda, "get_device_capability", lambda d=None: (7, 5)
+    )  # a T4: instantaneous
     assert hardware.power_reading_is_average("cuda") is False
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))  # an H200: ~1 s average
+    monkeypatch.setattr(
+        torch.cuda, "get_device_capability", lambda d=None: (9, 0)
+    )  # an H200: ~1 s average
     assert hardware.power_reading_is_average("cuda") is True

@@ -17,8 +17,10 @@ import torch
 from helpers import kernels, train
 from helpers.model import GPT, GPTConfig
 
-needs_triton = pytest.mark.skipif(kernels.triton is None or kernels.TRITON_OP_MISSING is not None,
-                                  reason="the 'triton' package is not installed, or torch < 2.6")
+needs_triton = pytest.mark.skipif(
+    kernels.triton is None or kernels.TRITON_OP_MISSING is not None,
+    reason="the 'triton' package is not installed, or torch < 2.6",
+)
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 # Compares kernels.cross_entropy with F.cross_entropy(logits.float()) forward and backward, on shapes
@@ -129,7 +131,9 @@ CHECK = textwrap.dedent(
 def run_check(script: str, device: str = "cpu") -> subprocess.CompletedProcess:
     """Run a check script in a fresh interpreter: with Triton's CPU interpreter on "cpu" (chosen at import)."""
     env = {**os.environ, "TRITON_INTERPRET": "1"} if device == "cpu" else None
-    return subprocess.run([sys.executable, "-c", script, device], env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", script, device], env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 @needs_triton
@@ -142,9 +146,11 @@ def test_cross_entropy_matches_pytorch_in_the_triton_interpreter():
 @needs_triton
 def test_a_wrong_kernel_fails_the_check(tmp_path):
     """The check above can fail: a loss that skips the last column (an off-by-one in a block loop) is caught."""
-    broken = CHECK.replace("from helpers import kernels",
-                           "from helpers import kernels\n"
-                           "kernels.cross_entropy = lambda x, t: F.cross_entropy(x.float()[:, :-1], t.clamp(max=x.shape[1] - 2))")
+    broken = CHECK.replace(
+        "from helpers import kernels",
+        "from helpers import kernels\n"
+        "kernels.cross_entropy = lambda x, t: F.cross_entropy(x.float()[:, :-1], t.clamp(max=x.shape[1] - 2))",
+    )
     out = run_check(broken)
     assert out.returncode != 0 and "AssertionError" in out.stderr
 
@@ -153,10 +159,12 @@ def test_a_wrong_kernel_fails_the_check(tmp_path):
 def test_a_wrong_fused_gradient_fails_the_check():
     """The fused LM-head CE's check looks at gradients, not only the loss: a dW off by a factor n / (n + 1)
     (a right loss, a wrong backward scale) is caught."""
-    broken = CHECK.replace("kernels.FUSED_CHUNK_ROWS = 4",
-                           "kernels.FUSED_CHUNK_ROWS = 4\n"
-                           "kernels._LinearCrossEntropy.backward = staticmethod(lambda ctx, g: (lambda dx, dw, n: "
-                           "(dx * g / n, dw * g / (n + 1), None, None))(*ctx.saved_tensors))")
+    broken = CHECK.replace(
+        "kernels.FUSED_CHUNK_ROWS = 4",
+        "kernels.FUSED_CHUNK_ROWS = 4\n"
+        "kernels._LinearCrossEntropy.backward = staticmethod(lambda ctx, g: (lambda dx, dw, n: "
+        "(dx * g / n, dw * g / (n + 1), None, None))(*ctx.saved_tensors))",
+    )
     assert broken != CHECK
     out = run_check(broken)
     assert out.returncode != 0 and "AssertionError" in out.stderr, out.stderr[-2000:]
@@ -253,7 +261,9 @@ def run_fp8_check(code: str):
     probe of needs_cpu_fp8 can pass where a larger shape is still refused, e.g. with AVX2 alone)."""
     out = run_check(code)
     if "could not create a primitive descriptor for the matmul primitive" in out.stderr:
-        pytest.skip("PyTorch's CPU _scaled_mm (oneDNN) has no fp8 kernel for these shapes on this CPU")
+        pytest.skip(
+            "PyTorch's CPU _scaled_mm (oneDNN) has no fp8 kernel for these shapes on this CPU"
+        )
     return out
 
 
@@ -268,10 +278,10 @@ def test_fp8_lm_head_matches_its_emulation_in_the_triton_interpreter():
 FP8_BUGS = {
     # the gradient stored at twice the scale the matmuls undo
     "grad_scale": "_g = kernels._cross_entropy_rows_with_e5m2_grad\n"
-                  "kernels._cross_entropy_rows_with_e5m2_grad = lambda l, t: (lambda r: (r[0], (r[1].float() * 2).to(torch.float8_e5m2)))(_g(l, t))",
+    "kernels._cross_entropy_rows_with_e5m2_grad = lambda l, t: (lambda r: (r[0], (r[1].float() * 2).to(torch.float8_e5m2)))(_g(l, t))",
     # a transpose that loses its last column (the last row of the source)
     "transpose": "_t = kernels.transpose_fp8\n"
-                 "kernels.transpose_fp8 = lambda a: torch.cat([_t(a)[:, :-1], torch.zeros_like(_t(a)[:, :1])], 1)",
+    "kernels.transpose_fp8 = lambda a: torch.cat([_t(a)[:, :-1], torch.zeros_like(_t(a)[:, :1])], 1)",
 }
 
 
@@ -280,7 +290,10 @@ FP8_BUGS = {
 @pytest.mark.parametrize("bug", sorted(FP8_BUGS))
 def test_a_wrong_fp8_lm_head_fails_its_check(bug):
     """The fp8 check can fail: a gradient at twice its scale, or a transpose that drops data, is caught."""
-    broken = FP8_CHECK.replace("\nkernels.FUSED_CHUNK_ROWS = 16\n", "\nkernels.FUSED_CHUNK_ROWS = 16\n" + FP8_BUGS[bug] + "\n")
+    broken = FP8_CHECK.replace(
+        "\nkernels.FUSED_CHUNK_ROWS = 16\n",
+        "\nkernels.FUSED_CHUNK_ROWS = 16\n" + FP8_BUGS[bug] + "\n",
+    )
     assert broken != FP8_CHECK
     out = run_fp8_check(broken)
     assert out.returncode != 0 and "AssertionError" in out.stderr, out.stderr[-2000:]
@@ -328,7 +341,9 @@ SMALL = GPTConfig(block_size=128, n_layer=2, n_head=4, n_embd=128, vocab_multipl
 @needs_triton
 def test_compiled_model_with_the_triton_loss_matches_pytorch_loss():
     """Inside torch.compile (one graph, custom op traced) the step gives the loss and gradients of F.cross_entropy."""
-    results = _compiled_step_results({k: dataclasses.replace(SMALL, loss_kernel=k) for k in ("pytorch", "triton", "fused")})
+    results = _compiled_step_results(
+        {k: dataclasses.replace(SMALL, loss_kernel=k) for k in ("pytorch", "triton", "fused")}
+    )
     lp, gp = results["pytorch"]
     for kernel in ("triton", "fused"):
         lt, gt = results[kernel]
@@ -344,14 +359,18 @@ def test_compiled_model_with_the_fp8_lm_head_trains_like_bf16():
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("fp8 tensor cores need compute capability >= 8.9")
     fused = dataclasses.replace(SMALL, loss_kernel="fused")
-    results = _compiled_step_results({fp8: dataclasses.replace(fused, lm_head_fp8=fp8) for fp8 in (False, True)})
+    results = _compiled_step_results(
+        {fp8: dataclasses.replace(fused, lm_head_fp8=fp8) for fp8 in (False, True)}
+    )
     (lb, gb), (l8, g8) = results[False], results[True]
     assert abs(lb - l8) < 1e-2 * abs(lb), (lb, l8)
     assert ((g8 - gb).norm() / gb.norm()).item() < 0.1
 
 
 def test_cross_entropy_says_why_it_cannot_run_on_a_cpu(monkeypatch):
-    monkeypatch.setattr(kernels, "_INTERPRETED_AT_IMPORT", False)  # the module reads TRITON_INTERPRET at import
+    monkeypatch.setattr(
+        kernels, "_INTERPRETED_AT_IMPORT", False
+    )  # the module reads TRITON_INTERPRET at import
     ok, reason = kernels.available("cpu")
     assert not ok and ("CUDA GPU" in reason or "not installed" in reason)
     with pytest.raises(RuntimeError, match="Use F.cross_entropy"):
@@ -366,7 +385,9 @@ def test_cross_entropy_rejects_bad_shapes_and_dtypes():
 
 
 def test_unsupported_reason_names_the_triton_kernel_on_a_cpu(monkeypatch):
-    monkeypatch.setattr(kernels, "_INTERPRETED_AT_IMPORT", False)  # the module reads TRITON_INTERPRET at import
+    monkeypatch.setattr(
+        kernels, "_INTERPRETED_AT_IMPORT", False
+    )  # the module reads TRITON_INTERPRET at import
     run = train.RunConfig(autocast="bf16", loss_kernel="triton")
     assert "Triton cross-entropy" in train.unsupported_reason(run, "cpu")
     with pytest.raises(ValueError, match="Triton cross-entropy"):
@@ -378,7 +399,9 @@ def test_residual_stream_is_bf16_only_when_asked(tiny_config):
     for dtype in ("fp32", "bf16"):
         torch.manual_seed(0)
         model = GPT(dataclasses.replace(tiny_config, residual_dtype=dtype))
-        model.transformer.h[1].register_forward_pre_hook(lambda mod, args, d=dtype: seen.__setitem__(d, args[0].dtype))
+        model.transformer.h[1].register_forward_pre_hook(
+            lambda mod, args, d=dtype: seen.__setitem__(d, args[0].dtype)
+        )
         idx = torch.randint(0, tiny_config.vocab_size, (2, 16))
         with torch.autocast("cpu", dtype=torch.bfloat16):
             _, loss = model(idx, idx)
@@ -386,17 +409,26 @@ def test_residual_stream_is_bf16_only_when_asked(tiny_config):
         seen[dtype + " loss"] = loss.item()
         assert model.transformer.wte.weight.grad.dtype == torch.float32  # master weights stay fp32
     assert seen["fp32"] == torch.float32 and seen["bf16"] == torch.bfloat16
-    model(idx)  # outside autocast (generation, evaluation) the stream stays fp32: no dtype clash with the weights
+    model(
+        idx
+    )  # outside autocast (generation, evaluation) the stream stays fp32: no dtype clash with the weights
     assert seen["bf16"] == torch.float32
-    with torch.autocast("cpu", dtype=torch.float16):  # fp16 autocast: no bf16 cast (it would only mix dtypes)
+    with torch.autocast(
+        "cpu", dtype=torch.float16
+    ):  # fp16 autocast: no bf16 cast (it would only mix dtypes)
         model(idx)
     assert seen["bf16"] == torch.float32
     assert abs(seen["fp32 loss"] - seen["bf16 loss"]) < 0.02 * seen["fp32 loss"]
 
 
 def test_bf16_residual_needs_bf16_autocast():
-    assert "bf16 autocast" in train.unsupported_reason(train.RunConfig(residual_dtype="bf16"), "cpu")
-    assert train.unsupported_reason(train.RunConfig(residual_dtype="bf16", autocast="bf16"), "cpu") is None
+    assert "bf16 autocast" in train.unsupported_reason(
+        train.RunConfig(residual_dtype="bf16"), "cpu"
+    )
+    assert (
+        train.unsupported_reason(train.RunConfig(residual_dtype="bf16", autocast="bf16"), "cpu")
+        is None
+    )
     with pytest.raises(ValueError, match="residual_dtype"):
         train.RunConfig(residual_dtype="fp8")
     with pytest.raises(ValueError, match="loss_kernel"):
@@ -425,8 +457,12 @@ def test_fused_clip_gives_the_update_of_clip_grad_norm():
     separate = _train_steps(base)
     fused = _train_steps(base.replace(fused_clip=True))
     unclipped = _train_steps(base.replace(grad_clip=None))
-    assert torch.allclose(separate, fused, atol=2e-5, rtol=0)  # Adam amplifies g*c vs g/(1/c) rounding a little
-    assert not torch.allclose(separate, unclipped, atol=1e-4)  # the clip is active: the comparison can fail
+    assert torch.allclose(
+        separate, fused, atol=2e-5, rtol=0
+    )  # Adam amplifies g*c vs g/(1/c) rounding a little
+    assert not torch.allclose(
+        separate, unclipped, atol=1e-4
+    )  # the clip is active: the comparison can fail
 
 
 def test_clip_divisor_is_the_reciprocal_of_the_clip_coefficient():
@@ -437,9 +473,15 @@ def test_clip_divisor_is_the_reciprocal_of_the_clip_coefficient():
 
 
 def test_fused_clip_needs_fused_adamw_and_no_grad_scaler():
-    assert "fused_clip" in train.unsupported_reason(train.RunConfig(fused_clip=True, optimizer="foreach"), "cpu")
-    assert "fused_clip" in train.unsupported_reason(train.RunConfig(fused_clip=True, optimizer="fused", autocast="fp16"), "cpu")
-    assert train.unsupported_reason(train.RunConfig(fused_clip=True, optimizer="fused"), "cpu") is None
+    assert "fused_clip" in train.unsupported_reason(
+        train.RunConfig(fused_clip=True, optimizer="foreach"), "cpu"
+    )
+    assert "fused_clip" in train.unsupported_reason(
+        train.RunConfig(fused_clip=True, optimizer="fused", autocast="fp16"), "cpu"
+    )
+    assert (
+        train.unsupported_reason(train.RunConfig(fused_clip=True, optimizer="fused"), "cpu") is None
+    )
 
 
 def test_detached_logits_keep_values_and_the_loss_gradient(tiny_config):
@@ -453,7 +495,9 @@ def test_detached_logits_keep_values_and_the_loss_gradient(tiny_config):
         out[detach] = (logits, loss, model.lm_head.weight.grad)
         assert logits.requires_grad is (not detach)
         assert model(idx)[0].requires_grad  # without targets the logits are never detached
-    assert torch.equal(out[False][0].detach(), out[True][0]) and torch.equal(out[False][2], out[True][2])
+    assert torch.equal(out[False][0].detach(), out[True][0]) and torch.equal(
+        out[False][2], out[True][2]
+    )
 
 
 def test_a_torch_without_triton_op_imports_the_kernels_and_skips_their_rungs():
@@ -468,8 +512,13 @@ def test_a_torch_without_triton_op_imports_the_kernels_and_skips_their_rungs():
         "assert reasons['fp32'] is None and reasons['+ Triton CE'], reasons\n"
         "print('ok')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         cwd=Path(__file__).resolve().parents[1])
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
@@ -478,7 +527,9 @@ def test_triton_kernel_needs_compute_capability_7(monkeypatch):
         pytest.skip("the 'triton' package is not installed")
     from helpers import hardware
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU, as far as available() asks
+    monkeypatch.setattr(
+        torch.cuda, "is_available", lambda: True
+    )  # a GPU, as far as available() asks
     monkeypatch.setattr(hardware, "capability", lambda d=None: (6, 1))
     ok, reason = kernels.available("cuda")
     assert not ok and "7.0" in reason
@@ -494,7 +545,9 @@ def test_fp8_lm_head_needs_the_fused_loss_and_fp8_tensor_cores(monkeypatch):
     with pytest.raises(ValueError, match="vocab_multiple=64"):
         GPTConfig(lm_head_fp8=True, loss_kernel="fused")  # 50257 LM-head rows
     GPTConfig(lm_head_fp8=True, loss_kernel="fused", vocab_multiple=64)
-    if not torch.cuda.is_available():  # a CPU-only torch: a reason, not torch's "not compiled with CUDA" assertion
+    if (
+        not torch.cuda.is_available()
+    ):  # a CPU-only torch: a reason, not torch's "not compiled with CUDA" assertion
         ok, reason = kernels.fp8_available("cuda")
         assert not ok and "no CUDA GPU" in reason and "8.9" in reason
     monkeypatch.setattr(kernels, "available", lambda device: (True, ""))
@@ -503,10 +556,18 @@ def test_fp8_lm_head_needs_the_fused_loss_and_fp8_tensor_cores(monkeypatch):
         got, reason = kernels.fp8_available("cuda")
         assert got == ok and (ok or "8.9" in reason), (cap, reason)
     run = train.RunConfig(autocast="bf16", vocab_multiple=64, lm_head_fp8=True)
-    assert "loss_kernel='fused'" in train.unsupported_reason(run.replace(loss_kernel="triton"), "cuda")
-    assert "multiple of 16" in train.unsupported_reason(run.replace(loss_kernel="fused", vocab_multiple=1), "cuda")
+    assert "loss_kernel='fused'" in train.unsupported_reason(
+        run.replace(loss_kernel="triton"), "cuda"
+    )
+    assert "multiple of 16" in train.unsupported_reason(
+        run.replace(loss_kernel="fused", vocab_multiple=1), "cuda"
+    )
     assert train.unsupported_reason(run.replace(loss_kernel="fused"), "cuda") is None
     # refused before any work, even for no rows (which would otherwise return nan quietly)
-    monkeypatch.setattr(kernels, "fp8_available", lambda device: (False, "no fp8 tensor cores here"))
+    monkeypatch.setattr(
+        kernels, "fp8_available", lambda device: (False, "no fp8 tensor cores here")
+    )
     with pytest.raises(RuntimeError, match="no fp8 tensor cores here"):
-        kernels.linear_cross_entropy(torch.zeros(0, 16), torch.zeros(32, 16), torch.zeros(0, dtype=torch.int64), fp8=True)
+        kernels.linear_cross_entropy(
+            torch.zeros(0, 16), torch.zeros(32, 16), torch.zeros(0, dtype=torch.int64), fp8=True
+        )

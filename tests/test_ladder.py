@@ -11,29 +11,67 @@ def test_rungs_are_cumulative_and_skip_what_the_cpu_cannot_run(monkeypatch):
     monkeypatch.setenv(hardware.CPU_BF16_ENV, "fast")  # a CPU with AVX-512 BF16 or AMX
     configs = ladder.ladder_configs(4, 64, device="cpu")
     names = [c.name for c, _ in configs]
-    assert names == ["fp32", "+ tf32", "+ bf16 autocast", "+ torch.compile", "+ sdpa attention", "+ vocab 50304",
-                     "+ fused AdamW", "+ bf16 residual", "+ detached logits", "+ Triton CE", "+ clip in AdamW",
-                     "+ fused LM-head CE", "+ fp8 LM head"]
+    assert names == [
+        "fp32",
+        "+ tf32",
+        "+ bf16 autocast",
+        "+ torch.compile",
+        "+ sdpa attention",
+        "+ vocab 50304",
+        "+ fused AdamW",
+        "+ bf16 residual",
+        "+ detached logits",
+        "+ Triton CE",
+        "+ clip in AdamW",
+        "+ fused LM-head CE",
+        "+ fp8 LM head",
+    ]
     reasons = dict((c.name, r) for c, r in configs)
     assert "TF32" in reasons["+ tf32"]
     assert "Triton" in reasons["+ Triton CE"]  # the kernel runs on a CUDA GPU
     assert "Triton" in reasons["+ fused LM-head CE"]
-    assert "fp8 LM head cannot run" in reasons["+ fp8 LM head"] and "CUDA GPU" in reasons["+ fp8 LM head"]
+    assert (
+        "fp8 LM head cannot run" in reasons["+ fp8 LM head"]
+        and "CUDA GPU" in reasons["+ fp8 LM head"]
+    )
     skipped = ("+ tf32", "+ Triton CE", "+ fused LM-head CE", "+ fp8 LM head")
     assert all(r is None for n, r in reasons.items() if n not in skipped)
     last = [c for c, r in configs if r is None][-1]
     # TF32 and the Triton kernels were skipped, so they are not carried into later rungs; everything else is.
-    assert (last.matmul_precision, last.autocast, last.compile, last.attention, last.vocab_multiple, last.optimizer) == (
-        "fp32", "bf16", "default", "sdpa", 64, "fused")
-    assert (last.residual_dtype, last.detach_logits, last.loss_kernel, last.fused_clip) == ("bf16", True, "pytorch", True)
+    assert (
+        last.matmul_precision,
+        last.autocast,
+        last.compile,
+        last.attention,
+        last.vocab_multiple,
+        last.optimizer,
+    ) == ("fp32", "bf16", "default", "sdpa", 64, "fused")
+    assert (last.residual_dtype, last.detach_logits, last.loss_kernel, last.fused_clip) == (
+        "bf16",
+        True,
+        "pytorch",
+        True,
+    )
 
 
 def test_gpu_ladder_carries_every_switch():
     configs = ladder.ladder_configs(16, 1024)
-    assert configs[-1][0] == RunConfig(name="+ fp8 LM head", matmul_precision="tf32", autocast="bf16", compile="default",
-                                       attention="sdpa", vocab_multiple=64, optimizer="fused", batch_size=16, seq_len=1024,
-                                       residual_dtype="bf16", detach_logits=True, loss_kernel="fused", fused_clip=True,
-                                       lm_head_fp8=True)
+    assert configs[-1][0] == RunConfig(
+        name="+ fp8 LM head",
+        matmul_precision="tf32",
+        autocast="bf16",
+        compile="default",
+        attention="sdpa",
+        vocab_multiple=64,
+        optimizer="fused",
+        batch_size=16,
+        seq_len=1024,
+        residual_dtype="bf16",
+        detach_logits=True,
+        loss_kernel="fused",
+        fused_clip=True,
+        lm_head_fp8=True,
+    )
 
 
 def test_fp8_rung_is_skipped_below_compute_capability_8_9(monkeypatch):
@@ -51,15 +89,45 @@ def test_fp8_rung_is_skipped_below_compute_capability_8_9(monkeypatch):
 
 def test_cli_writes_results_json_and_plot(tmp_path, capsys):
     out, plot = tmp_path / "r.json", tmp_path / "r.png"
-    rc = ladder.main(["--device", "cpu", "--batch-size", "2", "--seq-len", "32", "--warmup", "1", "--iters", "2",
-                      "--rungs", "fp32", "tf32", "sdpa attention", "--out", str(out), "--plot", str(plot), "--no-progress"])
+    rc = ladder.main(
+        [
+            "--device",
+            "cpu",
+            "--batch-size",
+            "2",
+            "--seq-len",
+            "32",
+            "--warmup",
+            "1",
+            "--iters",
+            "2",
+            "--rungs",
+            "fp32",
+            "tf32",
+            "sdpa attention",
+            "--out",
+            str(out),
+            "--plot",
+            str(plot),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     res = json.loads(out.read_text())
     assert set(res) >= {"device", "torch", "date", "config", "rungs"}
     assert res["config"]["batch_size"] == 2 and res["config"]["seq_len"] == 32
     rows = {r["name"]: r for r in res["rungs"]}
     for r in rows.values():
-        assert set(r) >= {"name", "status", "ms_per_step", "tokens_per_s", "speedup", "mfu", "peak_mem_bytes", "reason"}
+        assert set(r) >= {
+            "name",
+            "status",
+            "ms_per_step",
+            "tokens_per_s",
+            "speedup",
+            "mfu",
+            "peak_mem_bytes",
+            "reason",
+        }
     assert rows["fp32"]["status"] == "measured" and rows["fp32"]["speedup"] == 1.0
     assert rows["fp32"]["tokens_per_s"] > 0 and rows["fp32"]["mfu"] is None
     assert rows["+ tf32"]["status"] == "skipped" and "TF32" in rows["+ tf32"]["reason"]
@@ -84,7 +152,13 @@ def test_an_out_or_plot_path_that_cannot_be_written_is_refused_before_the_run(ca
 
 
 def test_bad_arguments_are_refused_not_replaced(capsys):
-    for argv in (["--batch-size", "0"], ["--seq-len", "0"], ["--iters", "0"], ["--warmup", "-1"], ["--device", "tpu"]):
+    for argv in (
+        ["--batch-size", "0"],
+        ["--seq-len", "0"],
+        ["--iters", "0"],
+        ["--warmup", "-1"],
+        ["--device", "tpu"],
+    ):
         assert ladder.main(["--device", "cpu", *argv] if argv[0] != "--device" else argv) == 2, argv
     err = capsys.readouterr().err
     assert "--batch-size >= 1" in err and "unknown device 'tpu'" in err
@@ -97,19 +171,50 @@ def test_cuda_asked_without_cuda_is_a_clear_error(capsys, monkeypatch):
 
 
 def test_table_shows_spread_and_the_speedup_baseline():
-    res = {"device": "cpu", "torch": "x", "date": "d", "config": {"batch_size": 1, "seq_len": 8}, "rungs": [
-        {"name": "fp32", "status": "measured", "ms_per_step": 10.0, "spread_pct": 40.0, "tokens_per_s": 800.0,
-         "speedup": 1.0, "mfu": None, "peak_mem_bytes": None, "reason": "ok"}]}
+    res = {
+        "device": "cpu",
+        "torch": "x",
+        "date": "d",
+        "config": {"batch_size": 1, "seq_len": 8},
+        "rungs": [
+            {
+                "name": "fp32",
+                "status": "measured",
+                "ms_per_step": 10.0,
+                "spread_pct": 40.0,
+                "tokens_per_s": 800.0,
+                "speedup": 1.0,
+                "mfu": None,
+                "peak_mem_bytes": None,
+                "reason": "ok",
+            }
+        ],
+    }
     text = ladder.format_table(res)
-    assert "relative to the first measured rung (fp32)" in text and "40%" in text and "warning" in text
+    assert (
+        "relative to the first measured rung (fp32)" in text and "40%" in text and "warning" in text
+    )
     assert "the CPU was shared" in text
 
 
 def test_table_says_a_shared_note_once_and_handles_no_measured_rung():
-    row = {"status": "measured", "ms_per_step": 10.0, "spread_pct": 1.0, "tokens_per_s": 800.0, "speedup": 1.0,
-           "mfu": None, "peak_mem_bytes": None, "reason": "MFU not reported: peak FLOP/s unknown for this device"}
-    res = {"device": "cpu", "torch": "x", "date": "d", "config": {"batch_size": 1, "seq_len": 8},
-           "rungs": [{**row, "name": "fp32"}, {**row, "name": "+ sdpa attention"}]}
+    row = {
+        "status": "measured",
+        "ms_per_step": 10.0,
+        "spread_pct": 1.0,
+        "tokens_per_s": 800.0,
+        "speedup": 1.0,
+        "mfu": None,
+        "peak_mem_bytes": None,
+        "reason": "MFU not reported: peak FLOP/s unknown for this device",
+    }
+    res = {
+        "device": "cpu",
+        "torch": "x",
+        "date": "d",
+        "config": {"batch_size": 1, "seq_len": 8},
+        "rungs": [{**row, "name": "fp32"}, {**row, "name": "+ sdpa attention"}],
+    }
     text = ladder.format_table(res)
     assert text.count("MFU not reported") == 1 and "note for every measured rung" in text
     res["rungs"] = [{"name": "+ Triton CE", "status": "skipped", "reason": "needs a CUDA GPU"}]
@@ -123,6 +228,7 @@ def test_emulation_without_a_gpu_is_a_clear_error(capsys):
 
 
 # ---- chapter 08: the autocast rung in the device's recipe dtype ----
+
 
 def _fake_cuda(monkeypatch, cap):
     import torch
@@ -139,13 +245,21 @@ def test_autocast_rung_is_fp16_with_gradscaler_where_bf16_is_not_native(monkeypa
     reasons = dict((c.name, r) for c, r in configs)
     assert reasons["+ fp16 autocast + GradScaler"] is None  # it runs, it is not skipped
     assert "TF32" in reasons["+ tf32"]
-    assert "bf16 autocast" in reasons["+ bf16 residual"]  # a bf16 residual stream needs bf16 matmul inputs
+    assert (
+        "bf16 autocast" in reasons["+ bf16 residual"]
+    )  # a bf16 residual stream needs bf16 matmul inputs
     assert "GradScaler" in reasons["+ clip in AdamW"]
-    assert "GradScaler" in reasons["+ fused LM-head CE"]  # its gradient is rounded before the loss scale reaches it
+    assert (
+        "GradScaler" in reasons["+ fused LM-head CE"]
+    )  # its gradient is rounded before the loss scale reaches it
     assert "8.9" in reasons["+ fp8 LM head"]  # no fp8 tensor cores on a T4
     runnable = [c for c, r in configs if r is None]
     assert runnable[-1].autocast == "fp16" and runnable[-1].matmul_precision == "fp32"
-    assert runnable[-1].residual_dtype == "fp32" and not runnable[-1].fused_clip and runnable[-1].loss_kernel == "triton"
+    assert (
+        runnable[-1].residual_dtype == "fp32"
+        and not runnable[-1].fused_clip
+        and runnable[-1].loss_kernel == "triton"
+    )
     assert all(c.autocast == "fp16" for c in runnable[2:])
 
 
@@ -153,9 +267,15 @@ def test_last_runnable_rung_is_what_a_t4_can_build(monkeypatch):
     from helpers import profiling, train
 
     _fake_cuda(monkeypatch, (7, 5))
-    assert ladder.ladder_configs(16, 1024, device="cuda")[-1][1] is not None  # "+ clip in AdamW" is refused here
+    assert (
+        ladder.ladder_configs(16, 1024, device="cuda")[-1][1] is not None
+    )  # "+ clip in AdamW" is refused here
     run = ladder.last_runnable(16, 1024, "cuda")
-    assert train.unsupported_reason(run, "cuda") is None and run.autocast == "fp16" and not run.fused_clip
+    assert (
+        train.unsupported_reason(run, "cuda") is None
+        and run.autocast == "fp16"
+        and not run.fused_clip
+    )
     final = profiling.final_rung(16, 1024, "cuda", eager=True)
     assert train.unsupported_reason(final, "cuda") is None and final.compile is None
 
@@ -174,15 +294,21 @@ def test_bf16_rungs_are_skipped_on_a_slow_bf16_cpu_unless_asked(monkeypatch, tin
     configs = ladder.ladder_configs(4, 64, device="cpu")
     reasons = {run.name: reason for run, reason in configs}
     assert "uses fp32" in reasons["+ bf16 autocast"]
-    assert "needs bf16 autocast" in reasons["+ bf16 residual"]  # not carried: it needs the rung above
+    assert (
+        "needs bf16 autocast" in reasons["+ bf16 residual"]
+    )  # not carried: it needs the rung above
     assert all(run.autocast is None for run, reason in configs if reason is None)
     asked = ladder.ladder_configs(2, 32, device="cpu", run_slow=True)
     assert asked[2][1] is None and asked[2][0].autocast == "bf16"
-    assert ladder.names_autocast_rung(["fp32", "bf16 autocast"]) and not ladder.names_autocast_rung(["fp32"])
+    assert ladder.names_autocast_rung(["fp32", "bf16 autocast"]) and not ladder.names_autocast_rung(
+        ["fp32"]
+    )
     tokens = torch.randint(0, tiny_config.vocab_size, (4096,))
     row = ladder.run_rung(asked[2][0], tiny_config, torch.device("cpu"), tokens, 0, 1)
     assert row["status"] == "skipped" and "uses fp32" in row["reason"]
-    row = ladder.run_rung(asked[2][0], tiny_config, torch.device("cpu"), tokens, 0, 1, run_slow=True)
+    row = ladder.run_rung(
+        asked[2][0], tiny_config, torch.device("cpu"), tokens, 0, 1, run_slow=True
+    )
     assert row["status"] == "measured"
 
 
@@ -200,24 +326,40 @@ def test_rung_names_select_the_autocast_rung_in_either_dtype(monkeypatch):
     bf16 = [c for c, _ in ladder.ladder_configs(16, 1024, device="cpu")]
     for configs, want in ((fp16, "+ fp16 autocast + GradScaler"), (bf16, "+ bf16 autocast")):
         for alias in ("autocast", "bf16 autocast", "fp16 autocast", want):
-            assert [c.name for c in ladder.select_rungs(configs, ["fp32", alias])] == ["fp32", want], alias
+            assert [c.name for c in ladder.select_rungs(configs, ["fp32", alias])] == [
+                "fp32",
+                want,
+            ], alias
     with pytest.raises(ValueError, match="unknown rung"):
         ladder.select_rungs(fp16, ["fp64"])
-    assert [c.name for c in ladder.select_rungs(fp16, ["FP32", "Vocab 50304"])] == ["fp32", "+ vocab 50304"]  # any case
+    assert [c.name for c in ladder.select_rungs(fp16, ["FP32", "Vocab 50304"])] == [
+        "fp32",
+        "+ vocab 50304",
+    ]  # any case
 
 
 def test_out_of_memory_rung_is_failed_with_a_short_reason(monkeypatch, tiny_config):
     import torch
 
     def oom(*args, **kwargs):
-        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 768.00 MiB. GPU 0 has 125 GiB free")
+        raise torch.cuda.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 768.00 MiB. GPU 0 has 125 GiB free"
+        )
 
     monkeypatch.setattr(ladder, "build", oom)
-    row = ladder.run_rung(RunConfig(batch_size=2, seq_len=16), tiny_config, torch.device("cpu"),
-                          torch.zeros(1000, dtype=torch.long), warmup=0, iters=1)
+    row = ladder.run_rung(
+        RunConfig(batch_size=2, seq_len=16),
+        tiny_config,
+        torch.device("cpu"),
+        torch.zeros(1000, dtype=torch.long),
+        warmup=0,
+        iters=1,
+    )
     assert row["status"] == "failed" and row["ms_per_step"] is None
     assert row["reason"].startswith("out of memory at B=2 on this device")
-    assert "GiB free" not in row["reason"]  # torch's text names the real GPU's free memory: misleading under emulation
+    assert (
+        "GiB free" not in row["reason"]
+    )  # torch's text names the real GPU's free memory: misleading under emulation
 
 
 def test_rungs_flag_without_names_is_an_error_not_all_rungs(capsys):
@@ -239,6 +381,24 @@ def test_ladder_refuses_a_folder_for_out_or_plot_before_running(tmp_path, capsys
 
 def test_ladder_plot_without_a_suffix_is_written_and_reported_as_png(tmp_path, capsys):
     plot = tmp_path / "ladder"
-    assert ladder.main(["--device", "cpu", "--rungs", "fp32", "--warmup", "0", "--iters", "1",
-                        "--plot", str(plot), "--no-progress"]) == 0
-    assert (tmp_path / "ladder.png").is_file() and f"wrote {tmp_path / 'ladder.png'}" in capsys.readouterr().out
+    assert (
+        ladder.main(
+            [
+                "--device",
+                "cpu",
+                "--rungs",
+                "fp32",
+                "--warmup",
+                "0",
+                "--iters",
+                "1",
+                "--plot",
+                str(plot),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    assert (
+        tmp_path / "ladder.png"
+    ).is_file() and f"wrote {tmp_path / 'ladder.png'}" in capsys.readouterr().out

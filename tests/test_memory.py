@@ -28,7 +28,9 @@ def test_probe_finds_the_exact_largest_batch_by_doubling_then_bisecting():
 def test_probe_retries_outside_the_except_block():
     def step(B):
         if sys.exc_info()[0] is not None:  # called while an exception is being handled
-            raise AssertionError("retried inside `except`: the failed step's tensors are still referenced")
+            raise AssertionError(
+                "retried inside `except`: the failed step's tensors are still referenced"
+            )
         if B > 5:
             raise _oom()
 
@@ -57,26 +59,39 @@ def test_margin_and_limit():
 
 
 def test_estimate_parts_for_gpt2_124m():
-    est = memory.training_step_estimate(GPTConfig(), 16, 1024, autocast=True, manual_attention=False)
+    est = memory.training_step_estimate(
+        GPTConfig(), 16, 1024, autocast=True, manual_attention=False
+    )
     n = 124_439_808
     assert est["parameters"] == est["gradients"] == 4 * n
     assert est["adamw_state"] == 8 * n
     assert est["total"] == sum(v for k, v in est.items() if k != "total")
-    manual = memory.training_step_estimate(GPTConfig(), 16, 1024, autocast=True, manual_attention=True)
-    assert manual["activations"] - est["activations"] == 12 * 2 * 12 * 1024 * 1024 * 16 * 2  # the (T, T) tensors
+    manual = memory.training_step_estimate(
+        GPTConfig(), 16, 1024, autocast=True, manual_attention=True
+    )
+    assert (
+        manual["activations"] - est["activations"] == 12 * 2 * 12 * 1024 * 1024 * 16 * 2
+    )  # the (T, T) tensors
 
 
 def test_logits_term_counts_the_fp32_cross_entropy_tensors():
     # compute-dtype logits + fp32 log-softmax output + fp32 grads of it and of its input in backward
     n_logits = 16 * 1024 * 50257
-    assert memory.training_step_estimate(GPTConfig(), 16, 1024, autocast=True)["logits"] == n_logits * (2 + 4 + 8)
-    assert memory.training_step_estimate(GPTConfig(), 16, 1024, autocast=False)["logits"] == n_logits * (4 + 4 + 8)
+    assert memory.training_step_estimate(GPTConfig(), 16, 1024, autocast=True)[
+        "logits"
+    ] == n_logits * (2 + 4 + 8)
+    assert memory.training_step_estimate(GPTConfig(), 16, 1024, autocast=False)[
+        "logits"
+    ] == n_logits * (4 + 4 + 8)
 
 
 def test_simulated_limit_exercises_the_real_probe_on_cpu():
     cfg = GPTConfig(block_size=32, n_layer=1, n_head=2, n_embd=32)
     trainer = train.build(train.RunConfig(batch_size=1, seq_len=32), cfg, "cpu")
-    per_b = memory.training_step_estimate(cfg, 2, 32, False)["total"] - memory.training_step_estimate(cfg, 1, 32, False)["total"]
+    per_b = (
+        memory.training_step_estimate(cfg, 2, 32, False)["total"]
+        - memory.training_step_estimate(cfg, 1, 32, False)["total"]
+    )
     fixed = memory.training_step_estimate(cfg, 1, 32, False)["total"] - per_b
     limit = memory.SimulatedMemoryLimit(fixed + 11 * per_b + per_b // 2)  # room for B = 11
     res = memory.find_max_batch_size(memory.make_step_probe(trainer, 32, limit), "cpu")

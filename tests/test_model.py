@@ -98,7 +98,9 @@ def test_padding_does_not_change_the_initial_weights_of_real_rows(tiny_config):
     V = tiny_config.vocab_size
     torch.testing.assert_close(plain.transformer.wte.weight, padded.transformer.wte.weight[:V])
     assert padded.transformer.wte.weight[V:].abs().max().item() == 0.0
-    torch.testing.assert_close(plain.transformer.h[1].mlp.c_fc.weight, padded.transformer.h[1].mlp.c_fc.weight)
+    torch.testing.assert_close(
+        plain.transformer.h[1].mlp.c_fc.weight, padded.transformer.h[1].mlp.c_fc.weight
+    )
 
 
 def test_generate_never_samples_padded_ids(tiny_config):
@@ -112,10 +114,14 @@ def test_generate_never_samples_padded_ids(tiny_config):
     logits, _ = model(torch.zeros(1, 1, dtype=torch.long))
     assert logits[0, -1].argmax().item() >= 100  # unmasked, a padded id would win
     g = torch.Generator().manual_seed(0)
-    out = model.generate(torch.zeros(4, 1, dtype=torch.long), max_new_tokens=20, top_k=None, generator=g)
+    out = model.generate(
+        torch.zeros(4, 1, dtype=torch.long), max_new_tokens=20, top_k=None, generator=g
+    )
     assert out.shape == (4, 21)
     assert out.max().item() < 100
-    out_k = model.generate(torch.zeros(4, 1, dtype=torch.long), max_new_tokens=5, top_k=5, generator=g)
+    out_k = model.generate(
+        torch.zeros(4, 1, dtype=torch.long), max_new_tokens=5, top_k=5, generator=g
+    )
     assert out_k.max().item() < 100
 
 
@@ -127,7 +133,9 @@ def test_flops_per_token_matches_the_palm_formula():
     assert flops_per_token(GPTConfig(vocab_multiple=64)) == flops_per_token(cfg)
 
 
-@pytest.mark.parametrize("n,m,expected", [(50257, 64, 50304), (50257, 128, 50304), (50304, 64, 50304), (1, 8, 8)])
+@pytest.mark.parametrize(
+    "n,m,expected", [(50257, 64, 50304), (50257, 128, 50304), (50304, 64, 50304), (1, 8, 8)]
+)
 def test_pad_to_multiple(n, m, expected):
     assert pad_to_multiple(n, m) == expected
 
@@ -189,7 +197,9 @@ def test_checkpointed_blocks_get_gradients_when_the_input_needs_none(tiny_config
     import dataclasses
 
     idx = torch.randint(0, 100, (2, 16))
-    model, _, grads = _loss_and_grads(dataclasses.replace(tiny_config, checkpoint_every=1), idx, freeze_embeddings=True)
+    model, _, grads = _loss_and_grads(
+        dataclasses.replace(tiny_config, checkpoint_every=1), idx, freeze_embeddings=True
+    )
     missing = [n for n, g in grads.items() if g is None]
     assert not missing, f"no gradient for {missing}"
     assert model.transformer.wte.weight.grad is None  # frozen: really no input gradient upstream
@@ -198,4 +208,3 @@ def test_checkpointed_blocks_get_gradients_when_the_input_needs_none(tiny_config
 def test_negative_checkpoint_every_is_rejected():
     with pytest.raises(ValueError, match="checkpoint_every must be >= 0"):
         GPTConfig(checkpoint_every=-1)
-

@@ -9,8 +9,12 @@ def test_refresh_replaces_compared_outputs_and_keeps_ignored_ones(tmp_path):
     nb = nbformat.v4.new_notebook()
     compared = nbformat.v4.new_code_cell("print(6 * 7)")
     compared.outputs = [nbformat.v4.new_output("stream", name="stdout", text="41\n")]  # stale
-    hardware = nbformat.v4.new_code_cell("print('this machine')", metadata={"tags": [notebooks.IGNORE_TAG]})
-    hardware.outputs = [nbformat.v4.new_output("stream", name="stdout", text="NVIDIA H200\n")]  # the committed GPU's
+    hardware = nbformat.v4.new_code_cell(
+        "print('this machine')", metadata={"tags": [notebooks.IGNORE_TAG]}
+    )
+    hardware.outputs = [
+        nbformat.v4.new_output("stream", name="stdout", text="NVIDIA H200\n")
+    ]  # the committed GPU's
     nb.cells = [nbformat.v4.new_markdown_cell("# t"), compared, hardware]
     path = tmp_path / "t.ipynb"
     nbformat.write(nb, path)

@@ -23,9 +23,14 @@ def _pyproject():
 
 def test_environment_yml_installs_the_pyproject_dependencies():
     project = _pyproject()
-    wanted = {r.replace(" ", "") for r in project["dependencies"] + project["optional-dependencies"]["test"]}
+    wanted = {
+        r.replace(" ", "")
+        for r in project["dependencies"] + project["optional-dependencies"]["test"]
+    }
     lines = (ROOT / "environment.yml").read_text().splitlines()
-    pip_reqs = {line.strip()[2:].strip().replace(" ", "") for line in lines if line.startswith("      - ")}
+    pip_reqs = {
+        line.strip()[2:].strip().replace(" ", "") for line in lines if line.startswith("      - ")
+    }
     assert "-e." in pip_reqs
     assert pip_reqs - {"-e."} == wanted
 
@@ -63,7 +68,17 @@ def test_dockerfile_entry_point_starts_jupyterlab():
 
 def test_dependencies_name_no_cuda_only_package():
     names = {_name(r) for r in _pyproject()["dependencies"]}
-    assert names == {"torch", "tiktoken", "jupyterlab", "nbval", "matplotlib", "ipywidgets", "tqdm", "nbformat", "nbclient"}
+    assert names == {
+        "torch",
+        "tiktoken",
+        "jupyterlab",
+        "nbval",
+        "matplotlib",
+        "ipywidgets",
+        "tqdm",
+        "nbformat",
+        "nbclient",
+    }
 
 
 def test_code_comments_say_what_and_why_not_the_history_of_the_work():
@@ -75,6 +90,8 @@ def test_code_comments_say_what_and_why_not_the_history_of_the_work():
             if path.name == "test_packaging.py":
                 continue
             for n, line in enumerate(path.read_text().splitlines(), 1):
-                if history.search(line) and '"session-3-final"' not in line:  # a committed variant name
+                if (
+                    history.search(line) and '"session-3-final"' not in line
+                ):  # a committed variant name
                     found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()[:80]}")
     assert not found, "\n".join(found)

@@ -63,8 +63,11 @@ def test_state_dtypes_sees_fp32_master_weights_and_a_wrong_cast(tiny_config):
     run = train.RunConfig(autocast="bf16", batch_size=2, seq_len=16)
     trainer = train.build(run, tiny_config, "cpu")
     trainer.step(data.BatchLoader(data.load_tokens()[:1000], 2, 16))
-    assert precision.state_dtypes(trainer) == {"parameters": ["float32"], "gradients": ["float32"],
-                                               "optimizer state": ["float32"]}
+    assert precision.state_dtypes(trainer) == {
+        "parameters": ["float32"],
+        "gradients": ["float32"],
+        "optimizer state": ["float32"],
+    }
     trainer.model.to(torch.bfloat16)
     assert precision.state_dtypes(trainer)["parameters"] == ["bfloat16"]
 
@@ -80,7 +83,9 @@ def test_precision_run_and_skip_reasons():
     fp16 = precision.precision_run("fp16", 2, 16)
     assert precision.skip_reason(fp16, "cpu") == precision.CPU_FP16_REASON
     assert precision.skip_reason(fp16, "cpu", cpu_fp16=True) is None
-    assert "compute capability >= 8.0" in precision.skip_reason(precision.precision_run("tf32", 2, 16), "cpu")
+    assert "compute capability >= 8.0" in precision.skip_reason(
+        precision.precision_run("tf32", 2, 16), "cpu"
+    )
 
 
 def test_bf16_is_skipped_on_a_cpu_without_fast_bf16_unless_asked(monkeypatch, tiny_config):
@@ -90,15 +95,17 @@ def test_bf16_is_skipped_on_a_cpu_without_fast_bf16_unless_asked(monkeypatch, ti
     bf16 = precision.precision_run("bf16", 2, 16)
     assert "uses fp32" in precision.skip_reason(bf16, "cpu")
     assert precision.skip_reason(bf16, "cpu", cpu_bf16=True) is None
-    rows = precision.compare_precisions("cpu", 1, tiny_config, 2, 16, warmup=0, iters=1, names=("fp32", "bf16"),
-                                        progress=False)
+    rows = precision.compare_precisions(
+        "cpu", 1, tiny_config, 2, 16, warmup=0, iters=1, names=("fp32", "bf16"), progress=False
+    )
     assert [r["status"] for r in rows] == ["measured", "skipped"]
 
 
 def test_compare_precisions_on_cpu_measures_fp32_bf16_and_skips_tf32_fp16(tiny_config):
     before = torch.get_float32_matmul_precision()
-    rows = precision.compare_precisions("cpu", 4, tiny_config, 2, 16, warmup=0, iters=1, progress=False,
-                                        cpu_bf16=True)  # a tiny model: cheap even where bf16 is slow
+    rows = precision.compare_precisions(
+        "cpu", 4, tiny_config, 2, 16, warmup=0, iters=1, progress=False, cpu_bf16=True
+    )  # a tiny model: cheap even where bf16 is slow
     by = {r["name"]: r for r in rows}
     assert [r["name"] for r in rows] == ["fp32", "tf32", "bf16", "fp16"]
     assert by["fp32"]["status"] == by["bf16"]["status"] == "measured"
@@ -111,17 +118,33 @@ def test_compare_precisions_on_cpu_measures_fp32_bf16_and_skips_tf32_fp16(tiny_c
         assert r["grad_scale"] == [] and r["skipped_steps"] == []
     assert by["fp32"]["losses"][-1] < by["fp32"]["losses"][0]  # it really trains
     assert by["fp32"]["max_loss_gap_vs_fp32"] == 0.0
-    assert 0 < by["bf16"]["max_loss_gap_vs_fp32"] < 0.01 * by["fp32"]["losses"][0]  # same seed and data: close
+    assert (
+        0 < by["bf16"]["max_loss_gap_vs_fp32"] < 0.01 * by["fp32"]["losses"][0]
+    )  # same seed and data: close
     assert torch.get_float32_matmul_precision() == before
     text = precision.format_comparison(rows)
     assert "skipped" in text and "fp32" in text
 
 
 def test_compare_precisions_fp16_on_cpu_records_the_grad_scale(tiny_config):
-    rows = precision.compare_precisions("cpu", 3, tiny_config, 2, 16, warmup=0, iters=1, names=("fp32", "fp16"),
-                                        cpu_fp16=True, progress=False)
+    rows = precision.compare_precisions(
+        "cpu",
+        3,
+        tiny_config,
+        2,
+        16,
+        warmup=0,
+        iters=1,
+        names=("fp32", "fp16"),
+        cpu_fp16=True,
+        progress=False,
+    )
     fp16 = rows[1]
-    assert fp16["status"] == "measured" and len(fp16["grad_scale"]) == 4 and fp16["grad_scale"][0] == 2.0**16
+    assert (
+        fp16["status"] == "measured"
+        and len(fp16["grad_scale"]) == 4
+        and fp16["grad_scale"][0] == 2.0**16
+    )
     assert abs(fp16["losses"][0] - rows[0]["losses"][0]) < 0.01 * rows[0]["losses"][0]
     assert "GradScaler: scale 65536" in precision.format_comparison(rows)
 
@@ -136,7 +159,9 @@ def test_compare_precisions_rejects_bad_arguments():
 def test_train_recording_counts_a_step_skipped_for_an_inf_gradient(tiny_config):
     from helpers import data, train
 
-    trainer = train.build(train.RunConfig(autocast="fp16", batch_size=2, seq_len=16), tiny_config, "cpu")
+    trainer = train.build(
+        train.RunConfig(autocast="fp16", batch_size=2, seq_len=16), tiny_config, "cpu"
+    )
     loader = data.BatchLoader(data.load_tokens()[:2000], 2, 16)
     first = precision.train_recording(trainer, loader, 1)
     assert first["skipped_steps"] == [] and first["grad_scale"] == [2.0**16, 2.0**16]
@@ -161,9 +186,21 @@ def test_train_recording_without_scaler_has_no_scale(tiny_config):
 
 def test_plots_show_measured_precisions_and_the_device():
     rows = [
-        {"name": "fp32", "status": "measured", "losses": [3.0, 2.5], "grad_scale": [], "skipped_steps": []},
+        {
+            "name": "fp32",
+            "status": "measured",
+            "losses": [3.0, 2.5],
+            "grad_scale": [],
+            "skipped_steps": [],
+        },
         {"name": "tf32", "status": "skipped", "losses": [], "grad_scale": [], "skipped_steps": []},
-        {"name": "fp16", "status": "measured", "losses": [3.0, 2.6], "grad_scale": [4.0, 2.0, 2.0], "skipped_steps": [1]},
+        {
+            "name": "fp16",
+            "status": "measured",
+            "losses": [3.0, 2.6],
+            "grad_scale": [4.0, 2.0, 2.0],
+            "skipped_steps": [1],
+        },
     ]
     fig = precision.plot_losses(rows, "Test GPU")
     ax = fig.axes[0]
@@ -182,11 +219,35 @@ def test_cli_writes_json_with_provenance(tiny_config, tmp_path, monkeypatch):
 
     monkeypatch.setattr(train, "default_shapes", lambda device: (tiny_config, 2, 16))
     out = tmp_path / "res" / "cpu-precision.json"
-    rc = precision.main(["compare", "--steps", "2", "--warmup", "0", "--iters", "1", "--device", "cpu",
-                         "--precisions", "fp32", "tf32", "--out", str(out), "--no-progress"])
+    rc = precision.main(
+        [
+            "compare",
+            "--steps",
+            "2",
+            "--warmup",
+            "0",
+            "--iters",
+            "1",
+            "--device",
+            "cpu",
+            "--precisions",
+            "fp32",
+            "tf32",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     rec = json.loads(out.read_text())
-    assert rec["device"].startswith("cpu") and rec["torch"] == torch.__version__ and len(rec["date"]) == 10
+    assert (
+        rec["device"].startswith("cpu")
+        and rec["torch"] == torch.__version__
+        and len(rec["date"]) == 10
+    )
     assert rec["config"]["batch_size"] == 2 and rec["config"]["recorded_steps"] == 2
-    assert [(r["name"], r["status"]) for r in rec["precisions"]] == [("fp32", "measured"), ("tf32", "skipped")]
+    assert [(r["name"], r["status"]) for r in rec["precisions"]] == [
+        ("fp32", "measured"),
+        ("tf32", "skipped"),
+    ]
     assert len(rec["precisions"][0]["losses"]) == 2

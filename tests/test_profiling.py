@@ -21,34 +21,73 @@ TINY = GPTConfig(block_size=16, n_layer=1, n_head=2, n_embd=32)
     [
         ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", "matmul"),
         ("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_tn", "matmul"),
-        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1", "matmul"),
+        (
+            "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1",
+            "matmul",
+        ),
         ("triton_tem_fused_mm_0", "matmul"),
         ("aten::addmm", "matmul"),
         ("aten::mm", "matmul"),
-        ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64_1x4x1_cga1x1x1_kernel0_0", "attention"),
-        ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, cutlass::bfloat16_t>>", "attention"),
+        (
+            "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64_1x4x1_cga1x1x1_kernel0_0",
+            "attention",
+        ),
+        (
+            "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, cutlass::bfloat16_t>>",
+            "attention",
+        ),
         ("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "attention"),
-        ("triton_red_fused__log_softmax__log_softmax_backward_data__to_copy_add_arange_eq_expand_nll_loss_backward", "triton fused"),
+        (
+            "triton_red_fused__log_softmax__log_softmax_backward_data__to_copy_add_arange_eq_expand_nll_loss_backward",
+            "triton fused",
+        ),
         ("triton_poi_fused_gelu_view_9", "triton fused"),
-        ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&)>", "elementwise"),
-        ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>", "elementwise"),
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&)>",
+            "elementwise",
+        ),
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>",
+            "elementwise",
+        ),
         ("aten::add_", "elementwise"),
         ("aten::gelu_backward", "elementwise"),
-        ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float>", "reduction"),
-        ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float>", "reduction"),
-        ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t<float>>>", "reduction"),
+        (
+            "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float>",
+            "reduction",
+        ),
+        (
+            "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float>",
+            "reduction",
+        ),
+        (
+            "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t<float>>>",
+            "reduction",
+        ),
         ("aten::native_layer_norm", "reduction"),
         ("aten::nll_loss_forward", "reduction"),
-        ("void at::native::elementwise_kernel<128, 4, at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)>", "copy / cast"),
-        ("void at::native::vectorized_elementwise_kernel<4, at::native::bfloat16_copy_kernel_cuda(at::TensorIteratorBase&)>", "copy / cast"),
+        (
+            "void at::native::elementwise_kernel<128, 4, at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)>",
+            "copy / cast",
+        ),
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::bfloat16_copy_kernel_cuda(at::TensorIteratorBase&)>",
+            "copy / cast",
+        ),
         ("Memcpy HtoD (Pinned -> Device)", "copy / cast"),
         ("Memset (Device)", "copy / cast"),
         ("aten::copy_", "copy / cast"),
         ("aten::embedding_dense_backward", "copy / cast"),
-        ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor<float, 4>>", "optimizer"),
+        (
+            "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor<float, 4>>",
+            "optimizer",
+        ),
         ("aten::_fused_adamw_", "optimizer"),
         ("aten::_foreach_norm", "optimizer"),
-        ("void at::native::amp_update_scale_cuda_kernel(float*, int*, float const*, double, double, int)", "optimizer"),
+        (
+            "void at::native::amp_update_scale_cuda_kernel(float*, int*, float const*, double, double, int)",
+            "optimizer",
+        ),
         ("aten::view", "other"),
     ],
 )
@@ -62,14 +101,22 @@ def test_kernel_family_rejects_non_strings():
 
 
 def test_family_totals_sum_per_family_largest_first():
-    rows = [{"family": "matmul", "ms": 3.0}, {"family": "elementwise", "ms": 2.0}, {"family": "elementwise", "ms": 2.5}]
+    rows = [
+        {"family": "matmul", "ms": 3.0},
+        {"family": "elementwise", "ms": 2.0},
+        {"family": "elementwise", "ms": 2.5},
+    ]
     assert list(profiling.family_totals(rows).items()) == [("elementwise", 4.5), ("matmul", 3.0)]
 
 
 @pytest.mark.parametrize(
     "switches",
-    [dict(), dict(grad_accum_steps=2, attention="sdpa", optimizer="fused"), dict(autocast="bf16", grad_clip=None),
-     dict(autocast="fp16")],
+    [
+        dict(),
+        dict(grad_accum_steps=2, attention="sdpa", optimizer="fused"),
+        dict(autocast="bf16", grad_clip=None),
+        dict(autocast="fp16"),
+    ],
     ids=["fp32", "accum2-sdpa-fused", "bf16-noclip", "fp16-scaler"],
 )
 def test_step_with_ranges_matches_trainer_step(switches):
@@ -101,8 +148,10 @@ def test_profile_steps_hides_torchs_one_cycle_warning():
     cycle: nothing to warn about). The filter must match that exact text, which starts with "Warning: "."""
     import warnings
 
-    msg = ("Warning: Profiler clears events at the end of each cycle. Only events from the current cycle will be "
-           "reported. To keep events across cycles, set acc_events=True.")
+    msg = (
+        "Warning: Profiler clears events at the end of each cycle. Only events from the current cycle will be "
+        "reported. To keep events across cycles, set acc_events=True."
+    )
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         with profiling.quiet_one_cycle_warning():
@@ -130,8 +179,15 @@ def test_cpu_profile_has_operators_phases_and_a_trace(cpu_profile):
 
 
 def _evt(name, device, start, end, id=0, linked=0, annotation=False):
-    return SimpleNamespace(name=name, device_type=f"DeviceType.{device}", time_range=SimpleNamespace(start=start, end=end),
-                           id=id, linked_correlation_id=linked, is_user_annotation=annotation, self_cpu_time_total=0)
+    return SimpleNamespace(
+        name=name,
+        device_type=f"DeviceType.{device}",
+        time_range=SimpleNamespace(start=start, end=end),
+        id=id,
+        linked_correlation_id=linked,
+        is_user_annotation=annotation,
+        self_cpu_time_total=0,
+    )
 
 
 def test_summarize_events_puts_gpu_kernels_in_the_phase_of_their_launch():
@@ -148,8 +204,12 @@ def test_summarize_events_puts_gpu_kernels_in_the_phase_of_their_launch():
         _evt("cudaLaunchKernel", "CPU", 12, 13, id=102),
         _evt("triton_poi_fused_gelu_backward", "CUDA", 15, 20, id=102),  # launched in backward
         _evt("cudaLaunchKernel", "CPU", 21, 22, id=103),
-        _evt("multi_tensor_apply_kernel<FusedAdam>", "CUDA", 30, 40, id=103),  # optimizer, after a gap
-        _evt("Memcpy HtoD (Pinned -> Device)", "CUDA", 0, 1, id=999),  # no launch event: unattributed
+        _evt(
+            "multi_tensor_apply_kernel<FusedAdam>", "CUDA", 30, 40, id=103
+        ),  # optimizer, after a gap
+        _evt(
+            "Memcpy HtoD (Pinned -> Device)", "CUDA", 0, 1, id=999
+        ),  # no launch event: unattributed
     ]
     prof = profiling.summarize_events(events, steps=1, device_type="cuda", device_name="fake")
     assert prof.phases_ms["forward"] == pytest.approx(0.010)
@@ -157,8 +217,12 @@ def test_summarize_events_puts_gpu_kernels_in_the_phase_of_their_launch():
     assert prof.phases_ms["optimizer"] == pytest.approx(0.010)
     assert prof.phases_ms[profiling.UNATTRIBUTED] == pytest.approx(0.001)
     assert not prof.notes  # 1 us of 26 unattributed: under the 5% that earns a note
-    assert {r["name"] for r in prof.kernels} == {"nvjet_sm90_gemm", "triton_poi_fused_gelu_backward",
-                                                  "multi_tensor_apply_kernel<FusedAdam>", "Memcpy HtoD (Pinned -> Device)"}
+    assert {r["name"] for r in prof.kernels} == {
+        "nvjet_sm90_gemm",
+        "triton_poi_fused_gelu_backward",
+        "multi_tensor_apply_kernel<FusedAdam>",
+        "Memcpy HtoD (Pinned -> Device)",
+    }
     assert prof.busy_ms == pytest.approx(0.026)  # 0-1, 5-20, 30-40
     assert prof.span_ms == pytest.approx(0.040)
     assert prof.idle_ms == pytest.approx(0.014)
@@ -180,8 +244,12 @@ def perf():
 def test_table_from_perf_json_keeps_the_measured_family_totals_and_kernels(perf):
     table = profiling.table_from_perf_json(perf, source="x", date="2026-11-29", cuda="13.0")
     by_b = {t["batch_size"]: t for t in table["tables"]}
-    assert sorted(by_b) == [16, 64] and len(table["tables"]) == 2  # the "final" rows only, one per B
-    assert any(r["variant"] != "final" for r in perf["rows"])  # the file has other variants, left out
+    assert (
+        sorted(by_b) == [16, 64] and len(table["tables"]) == 2
+    )  # the "final" rows only, one per B
+    assert any(
+        r["variant"] != "final" for r in perf["rows"]
+    )  # the file has other variants, left out
     for row in perf["rows"]:
         if "profile" not in row or row["variant"] != "final":
             continue
@@ -190,7 +258,11 @@ def test_table_from_perf_json_keeps_the_measured_family_totals_and_kernels(perf)
         assert profiling.family_totals(t["kernels"]) == pytest.approx(want)
         listed = [(r["ms"], r["name"]) for r in t["kernels"] if not r["remainder"]]
         assert sorted(listed) == sorted(tuple(k) for k in row["profile"]["top_kernels_ms"])
-        assert all(r["calls"] is None and r["name"].startswith("(rest of") for r in t["kernels"] if r["remainder"])
+        assert all(
+            r["calls"] is None and r["name"].startswith("(rest of")
+            for r in t["kernels"]
+            if r["remainder"]
+        )
         assert t["step_ms"] == row["ms_per_step"]
 
 
@@ -204,8 +276,13 @@ def test_table_from_perf_json_adds_perf_families_that_map_to_one_family(perf):
     table = profiling.table_from_perf_json(perf, source="x", date="2026-11-30")
     t = next(t for t in table["tables"] if t["batch_size"] == row["batch_size"])
     assert t["families_ms"]["matmul"] == pytest.approx(fams["matmul"] + 2.5)
-    assert next(k for k in t["kernels"] if k["name"] == "triton_tem_fused_addmm_gelu_0")["family"] == "matmul"
-    assert f"{len(row['profile']['top_kernels_ms'])} at B={row['batch_size']}" in table["derived"]  # 16 here, 15 at the other B
+    assert (
+        next(k for k in t["kernels"] if k["name"] == "triton_tem_fused_addmm_gelu_0")["family"]
+        == "matmul"
+    )
+    assert (
+        f"{len(row['profile']['top_kernels_ms'])} at B={row['batch_size']}" in table["derived"]
+    )  # 16 here, 15 at the other B
     fams["a family perf.py never had"] = 1.0
     with pytest.raises(ValueError, match="add it to PERF_FAMILIES"):
         profiling.table_from_perf_json(perf, source="x", date="2026-11-30")
@@ -213,8 +290,12 @@ def test_table_from_perf_json_adds_perf_families_that_map_to_one_family(perf):
 
 def test_shipped_table_is_exactly_the_derived_one(perf):
     shipped = json.loads((RESULTS / profiling.SHIPPED_TABLE).read_text())
-    derived = profiling.table_from_perf_json(perf, source="results/h200-perf-final-2026-11-30.json (benchmarks/perf.py --profile)",
-                                             date="2026-11-30", cuda="13.0")
+    derived = profiling.table_from_perf_json(
+        perf,
+        source="results/h200-perf-final-2026-11-30.json (benchmarks/perf.py --profile)",
+        date="2026-11-30",
+        cuda="13.0",
+    )
     assert shipped == json.loads(json.dumps(derived))
     assert shipped["device"] == "NVIDIA H200" and shipped["torch"].startswith("2.11")
 
@@ -230,13 +311,17 @@ def test_table_from_perf_json_refuses_inconsistent_input(perf):
     with pytest.raises(ValueError, match="listed kernels sum"):
         profiling.table_from_perf_json(too_small, "s", "d")
     with pytest.raises(ValueError, match="--profile"):
-        profiling.table_from_perf_json({"device": "x", "torch": "y", "rows": [{"variant": "v"}]}, "s", "d")
+        profiling.table_from_perf_json(
+            {"device": "x", "torch": "y", "rows": [{"variant": "v"}]}, "s", "d"
+        )
 
 
 def test_load_table_and_provenance_line():
     prov, table = profiling.load_table(profiling.SHIPPED_TABLE, 16)
     line = profiling.provenance_line(prov, table)
-    assert "NVIDIA H200" in line and "torch 2.11" in line and "2026-11-30" in line and "B=16" in line
+    assert (
+        "NVIDIA H200" in line and "torch 2.11" in line and "2026-11-30" in line and "B=16" in line
+    )
     with pytest.raises(KeyError, match="B=3"):
         profiling.load_table(profiling.SHIPPED_TABLE, 3)
 
@@ -245,10 +330,29 @@ def test_load_table_and_provenance_line():
     "rows,step_ms,low,want",
     [
         ([{"family": "matmul", "ms": 5.0}], 10.0, True, "ch05"),  # idle 50%
-        ([{"family": "matmul", "ms": 9.0}, {"family": "attention", "ms": 0.5}], 10.0, False, "ch04"),
+        (
+            [{"family": "matmul", "ms": 9.0}, {"family": "attention", "ms": 0.5}],
+            10.0,
+            False,
+            "ch04",
+        ),
         ([{"family": "matmul", "ms": 9.0}, {"family": "attention", "ms": 0.5}], 10.0, True, "ch03"),
-        ([{"family": "matmul", "ms": 4.0}, {"family": "attention", "ms": 2.5}, {"family": "attention", "ms": 2.5}], 10.0, True, "ch06"),
-        ([{"family": "matmul", "ms": 4.0}] + [{"family": "elementwise", "ms": 0.5}] * 10, 10.0, True, "ch05"),
+        (
+            [
+                {"family": "matmul", "ms": 4.0},
+                {"family": "attention", "ms": 2.5},
+                {"family": "attention", "ms": 2.5},
+            ],
+            10.0,
+            True,
+            "ch06",
+        ),
+        (
+            [{"family": "matmul", "ms": 4.0}] + [{"family": "elementwise", "ms": 0.5}] * 10,
+            10.0,
+            True,
+            "ch05",
+        ),
         ([{"family": "optimizer", "ms": 9.0}], 10.0, True, "ch09"),
     ],
 )
@@ -264,12 +368,37 @@ def test_suggest_chapter_on_the_h200_tables_points_to_a_larger_batch():
 
 def test_cli_table_and_run_on_cpu(tmp_path, capsys):
     out = tmp_path / "table.json"
-    assert profiling.main(["table", "--out", str(out), "--eager", "--batch-size", "1", "--steps", "1",
-                           "--warmup", "0", "--iters", "1"]) == 0
+    assert (
+        profiling.main(
+            [
+                "table",
+                "--out",
+                str(out),
+                "--eager",
+                "--batch-size",
+                "1",
+                "--steps",
+                "1",
+                "--warmup",
+                "0",
+                "--iters",
+                "1",
+            ]
+        )
+        == 0
+    )
     table = json.loads(out.read_text())
     assert table["device"] == "CPU" and table["torch"] == torch.__version__ and table["date"]
     (entry,) = table["tables"]
-    assert entry["batch_size"] == 1 and entry["kernels"] and entry["step_ms"] > 0 and "autocast" in entry["config"]
+    assert (
+        entry["batch_size"] == 1
+        and entry["kernels"]
+        and entry["step_ms"] > 0
+        and "autocast" in entry["config"]
+    )
     assert profiling.family_totals(entry["kernels"]) == pytest.approx(entry["families_ms"])
-    assert profiling.main(["run", "--steps", "1", "--warmup", "0", "--batch-size", "1", "--eager"]) == 0
+    assert (
+        profiling.main(["run", "--steps", "1", "--warmup", "0", "--batch-size", "1", "--eager"])
+        == 0
+    )
     assert "ms/step over 1 steps" in capsys.readouterr().out

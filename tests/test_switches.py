@@ -28,8 +28,14 @@ def test_the_ladder_is_read_from_the_registry_and_unchanged_by_it():
     assert ladder.RUNGS == switches.ladder_rungs()
     assert ladder.RUNGS[0][0] == "fp32" and ladder.RUNGS[1:] == LADDER_BEFORE_THE_REGISTRY
     first = RunConfig().replace(**ladder.RUNGS[0][1])
-    assert first == RunConfig().replace(matmul_precision="fp32", autocast=None, compile=None,
-                                        attention="manual", vocab_multiple=1, optimizer="foreach")
+    assert first == RunConfig().replace(
+        matmul_precision="fp32",
+        autocast=None,
+        compile=None,
+        attention="manual",
+        vocab_multiple=1,
+        optimizer="foreach",
+    )
 
 
 def test_every_switch_is_a_run_config_field_whose_default_is_its_baseline():
@@ -51,7 +57,9 @@ def test_the_capstone_advice_and_the_profilers_description_come_from_the_registr
 
 
 def test_a_new_record_shows_up_in_the_rungs_the_advice_and_the_description():
-    fake = switches.Switch("fake_switch", False, (("+ fake", True),), "12", {True: "use it when faked"})
+    fake = switches.Switch(
+        "fake_switch", False, (("+ fake", True),), "12", {True: "use it when faked"}
+    )
     registry = (*switches.SWITCHES, fake)
     rungs = switches.ladder_rungs(registry, (*switches.RUNG_ORDER, "+ fake"))
     assert rungs[-1] == ("+ fake", {"fake_switch": True}) and rungs[0][1]["fake_switch"] is False

@@ -13,7 +13,16 @@ def _fresh_encoding():
 
 
 def test_hello_encodes_to_the_gpt2_ids():
-    assert tokenizer.encode("Hello, I'm a language model,") == [15496, 11, 314, 1101, 257, 3303, 2746, 11]
+    assert tokenizer.encode("Hello, I'm a language model,") == [
+        15496,
+        11,
+        314,
+        1101,
+        257,
+        3303,
+        2746,
+        11,
+    ]
 
 
 def test_literal_endoftext_in_text_encodes_without_raising():

@@ -25,7 +25,9 @@ def test_accumulated_gradients_equal_one_big_batch_and_the_logged_loss_is_the_me
     tradeoffs.accumulate(undivided, list(zip(x.chunk(4), y.chunk(4), strict=True)), divide=False)
     ref = tradeoffs.gradients(big)
     assert tradeoffs.max_relative_difference(tradeoffs.gradients(acc), ref) < 1e-5
-    assert tradeoffs.grad_norm(tradeoffs.gradients(undivided)) / tradeoffs.grad_norm(ref) == pytest.approx(4, rel=1e-4)
+    assert tradeoffs.grad_norm(tradeoffs.gradients(undivided)) / tradeoffs.grad_norm(
+        ref
+    ) == pytest.approx(4, rel=1e-4)
     assert logged.item() == pytest.approx(loss.item(), rel=1e-6) and not logged.requires_grad
 
 
@@ -55,7 +57,9 @@ def test_saved_activation_bytes_fall_as_more_blocks_are_checkpointed():
     saved = {}
     for k in (0, 2, 1):
         m = _model(dataclasses.replace(CFG, n_layer=4, checkpoint_every=k))
-        (_, loss), saved[k] = tradeoffs.saved_activation_bytes(lambda m=m: m(idx, idx), list(m.parameters()))
+        (_, loss), saved[k] = tradeoffs.saved_activation_bytes(
+            lambda m=m: m(idx, idx), list(m.parameters())
+        )
         loss.backward()
     assert saved[0] > saved[2] > saved[1] > 0
     # the parameters themselves are never counted as activations
@@ -68,7 +72,9 @@ def test_saved_activation_bytes_fall_as_more_blocks_are_checkpointed():
 def test_checkpointing_sweep_rows():
     rows = tradeoffs.checkpointing_sweep(RUN, CFG, "cpu", [0, 1], warmup=0, iters=1)
     assert [r["checkpointed_blocks"] for r in rows] == [0, 2]
-    assert rows[0]["saved_bytes"] > rows[1]["saved_bytes"] and all(r["peak_bytes"] is None for r in rows)
+    assert rows[0]["saved_bytes"] > rows[1]["saved_bytes"] and all(
+        r["peak_bytes"] is None for r in rows
+    )
     fig = tradeoffs.plot_checkpointing(rows, "test")
     assert fig.axes[0].get_xlabel() == "memory (GiB)"
 

@@ -72,7 +72,9 @@ def test_default_shapes_use_the_real_model_on_cuda_and_small_on_cpu():
     assert (cfg.n_layer, B, T) == (2, 4, 128)
 
 
-@pytest.mark.parametrize("gb, expected_b", [(150, 16), (80, 16), (40, 8), (24, 8), (16, 4), (15, 4), (8, 2), (3, 1)])
+@pytest.mark.parametrize(
+    "gb, expected_b", [(150, 16), (80, 16), (40, 8), (24, 8), (16, 4), (15, 4), (8, 2), (3, 1)]
+)
 def test_default_batch_size_on_a_gpu_fits_its_memory(monkeypatch, gb, expected_b):
     """B=16 where the fp32 baseline fits (H200, A100 80GB), smaller on a T4 (15 GB): chapter 01 must
     not run out of memory on Colab."""
@@ -91,7 +93,9 @@ def test_usable_memory_is_the_emulated_cap_while_emulating(monkeypatch):
 def test_every_compiled_build_starts_from_a_fresh_dynamo_state(monkeypatch):
     calls = []
     monkeypatch.setattr(torch._dynamo, "reset", lambda: calls.append(1))
-    monkeypatch.setattr(torch, "compile", lambda model, mode=None: model)  # no real compile needed here
+    monkeypatch.setattr(
+        torch, "compile", lambda model, mode=None: model
+    )  # no real compile needed here
     run = train.RunConfig(batch_size=1, seq_len=8, compile="default")
     train.build(run, CFG, "cpu")
     train.build(run.replace(attention="sdpa"), CFG, "cpu")
@@ -121,12 +125,16 @@ def test_a_failing_compile_falls_back_to_eager_and_says_so():
 
     tokens = data.load_tokens()[:5000]
     loader = data.BatchLoader(tokens, 2, 32, "cpu")
-    trainer = train.build(train.RunConfig(batch_size=2, seq_len=32), CFG, "cpu", compile_fallback=True)
+    trainer = train.build(
+        train.RunConfig(batch_size=2, seq_len=32), CFG, "cpu", compile_fallback=True
+    )
     trainer.forward = broken
     loss = trainer.step(loader)
     assert torch.isfinite(loss) and trainer.forward is trainer.model
     assert "fell back to eager" in trainer.notes[0]
-    strict = train.build(train.RunConfig(batch_size=2, seq_len=32), CFG, "cpu", compile_fallback=False)
+    strict = train.build(
+        train.RunConfig(batch_size=2, seq_len=32), CFG, "cpu", compile_fallback=False
+    )
     strict.forward = broken
     with pytest.raises(BackendCompilerFailed):
         strict.step(loader)  # the ladder never substitutes eager for a compiled rung

@@ -106,8 +106,21 @@ def sandbox_prefix(read_only: Iterable[Path], hidden: Iterable[Path]) -> tuple[s
     user = () if os.geteuid() == 0 else ("--user", "--map-root-user")
     ro = [str(p) for p in read_only if p.exists()]
     hide = [str(p) for p in hidden if p.is_dir()]
-    return ("unshare", "--mount", "--propagation", "private", *user,
-            "sh", "-c", _SANDBOX_SCRIPT, "sh", *ro, "--hide", *hide, "--")
+    return (
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        *user,
+        "sh",
+        "-c",
+        _SANDBOX_SCRIPT,
+        "sh",
+        *ro,
+        "--hide",
+        *hide,
+        "--",
+    )
 
 
 _sandbox_checked: tuple[bool, str] | None = None
@@ -130,7 +143,13 @@ def sandbox_available() -> tuple[bool, str]:
         else:
             with tempfile.TemporaryDirectory() as tmp:
                 (Path(tmp) / "secret").write_text("x")
-                cmd = [*sandbox_prefix([Path(tmp)], [Path(tmp)]), "sh", "-c", "test ! -e $0/secret", tmp]
+                cmd = [
+                    *sandbox_prefix([Path(tmp)], [Path(tmp)]),
+                    "sh",
+                    "-c",
+                    "test ! -e $0/secret",
+                    tmp,
+                ]
                 try:
                     done = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
                     ok = done.returncode == 0
@@ -152,7 +171,9 @@ def kernel_env() -> dict[str, str]:
     return env
 
 
-def execute_notebook(nb: Any, cwd: Path, timeout: int = 600, sandbox: tuple[str, ...] = ()) -> NotebookRun:
+def execute_notebook(
+    nb: Any, cwd: Path, timeout: int = 600, sandbox: tuple[str, ...] = ()
+) -> NotebookRun:
     """Run every code cell of ``nb`` (in place) in a fresh kernel; never raises for the notebook's faults.
 
     Errors are allowed (later cells still run). A cell running longer than ``timeout`` seconds is
@@ -495,14 +516,19 @@ def grade(submissions: Path, reference: Path, timeout: int = 600) -> list[dict[s
                 texts[path] = None  # grade_notebook reports it unreadable
     sandbox: tuple[str, ...] = ()
     ok, why = sandbox_available()
-    if ok:  # the repository and the environment read-only; solutions, answers and submissions hidden
+    if (
+        ok
+    ):  # the repository and the environment read-only; solutions, answers and submissions hidden
         sandbox = sandbox_prefix(
             read_only=[REPO_ROOT, Path(sys.prefix)],
             hidden=[reference, REPO_ROOT / "notebooks", REPO_ROOT / "tests", submissions],
         )
     else:
-        print(f"warning: no OS sandbox ({why}): submissions run with this account's rights and can "
-              "read and change its files; grade in a container (docs/grading.md)", file=sys.stderr)
+        print(
+            f"warning: no OS sandbox ({why}): submissions run with this account's rights and can "
+            "read and change its files; grade in a container (docs/grading.md)",
+            file=sys.stderr,
+        )
 
     for folder in students:
         for name in assignment:
@@ -517,8 +543,18 @@ def grade(submissions: Path, reference: Path, timeout: int = 600) -> list[dict[s
             print(f"grading {path} against {ref.path} ...", file=sys.stderr, flush=True)
             text = texts[path]
             if text is None:
-                rows.extend(_row(folder.name, name, g, 0, p, "error", "notebook unreadable: cannot read the file")
-                            for g, p in ref.points.items())
+                rows.extend(
+                    _row(
+                        folder.name,
+                        name,
+                        g,
+                        0,
+                        p,
+                        "error",
+                        "notebook unreadable: cannot read the file",
+                    )
+                    for g, p in ref.points.items()
+                )
                 continue
             rows.extend(grade_notebook(path, ref, folder.name, timeout, text=text, sandbox=sandbox))
     return rows
@@ -598,7 +634,9 @@ def main(argv: list[str] | None = None) -> int:
         "--out", default="student", help="folder for the student versions (default: student)"
     )
     ms.add_argument(
-        "--force", action="store_true", help="replace files in --out that make-student did not write"
+        "--force",
+        action="store_true",
+        help="replace files in --out that make-student did not write",
     )
     gr = sub.add_parser("grade", help="execute and grade submissions/<student>/<notebook>.ipynb")
     gr.add_argument("submissions", help="folder with one sub-folder per student id")
@@ -617,7 +655,11 @@ def main(argv: list[str] | None = None) -> int:
             written = make_student(Path(args.notebooks), Path(args.out), force=args.force)
             print(f"{len(written)} student notebook(s) in {args.out}/")
         else:
-            out, submissions, reference = Path(args.out), Path(args.submissions), Path(args.reference)
+            out, submissions, reference = (
+                Path(args.out),
+                Path(args.submissions),
+                Path(args.reference),
+            )
             problem = csv_out_problem(out, submissions, reference)
             if problem and not (args.force and "--force" in problem):
                 raise ValueError(problem)
