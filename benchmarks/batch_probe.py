@@ -2,7 +2,7 @@
 
     python benchmarks/batch_probe.py --out results/h200-batch-probe.json
 
-GPU: the real GPT-2 124M and ``helpers.memory.find_max_batch_size`` (full training steps, OOM
+GPU: the real GPT-2 124M and ``helpers.measure.memory.find_max_batch_size`` (full training steps, OOM
 caught, retried outside ``except``). CPU: the small configuration against a simulated 1 GiB budget.
 """
 
@@ -14,7 +14,8 @@ import json
 
 import torch
 
-from helpers import hardware, memory, train
+from helpers.core import train
+from helpers.measure import hardware, memory
 
 CONFIGS = {
     "fp32, manual attention": dict(),

@@ -3,7 +3,7 @@
     python benchmarks/compile_modes.py --modes eager default reduce-overhead --out results/h200-compile-modes.json
     python benchmarks/compile_modes.py --modes max-autotune-no-cudagraphs --out results/h200-compile-modes.json
 
-The step is ``helpers.compilation.chapter_run`` (GPT-2 124M, B=16, T=1024, TF32 + bf16 autocast, manual
+The step is ``helpers.chapters.ch05_compile.chapter_run`` (GPT-2 124M, B=16, T=1024, TF32 + bf16 autocast, manual
 attention on a GPU; the small CPU configuration on a CPU). Each mode is built afresh
 (``train.build`` resets Dynamo) and compiled with an empty inductor cache
 (``compilation.cold_compile_cache``), so its compile time is a cold one. A file already at ``--out``
@@ -21,7 +21,9 @@ from pathlib import Path
 
 import torch
 
-from helpers import compilation, data, hardware, train
+from helpers.chapters import ch05_compile as compilation
+from helpers.core import data, train
+from helpers.measure import hardware
 
 MODES = ("eager", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
 

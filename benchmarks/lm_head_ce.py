@@ -9,8 +9,8 @@ their gradient) and the fused one (``kernels.linear_cross_entropy``: one kernel 
 gradient, the backward matmuls run in the forward), the two-kernel CE for 4, 8 and 16 warps per
 row and the fused one for several chunk sizes. Then the fused kernel alone for a few launch
 settings (warps per row, columns per iteration), with its effective bandwidth, and the LM head's
-matmuls (two layouts of the weight gradient). Timing: ``helpers.timing.measure`` (CUDA events,
-median). The module settings of ``helpers.kernels`` are restored afterwards.
+matmuls (two layouts of the weight gradient). Timing: ``helpers.measure.timing.measure`` (CUDA events,
+median). The module settings of ``helpers.core.kernels`` are restored afterwards.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from helpers import kernels, timing
+from helpers.core import kernels
+from helpers.measure import timing
 
 
 def fwd_bwd(kind: str, x: torch.Tensor, w: torch.Tensor, t: torch.Tensor):

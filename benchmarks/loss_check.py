@@ -19,10 +19,10 @@ import sys
 
 import torch
 
-from helpers import data
+from helpers.core import data
+from helpers.core.model import GPTConfig
+from helpers.core.train import build
 from helpers.ladder import ladder_configs, last_runnable
-from helpers.model import GPTConfig
-from helpers.train import build
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from perf import VARIANTS, experiment  # noqa: E402

@@ -3,11 +3,11 @@
     python benchmarks/perf.py --batch-size 16 64 --variants final reduce-overhead --profile
 
 Each variant is the ladder's last rung plus one change; every variant is built and compiled afresh
-(``helpers.train.build`` resets dynamo). Timing is ``helpers.timing.measure`` (3 warm-up steps,
+(``helpers.core.train.build`` resets dynamo). Timing is ``helpers.measure.timing.measure`` (3 warm-up steps,
 median of 10 CUDA-event-timed steps), the same method as the ladder and the reference.
 ``--profile`` runs torch.profiler over 3 steps and sums device time per kernel family.
 ``--power`` samples the GPU's power draw and SM clock with nvidia-smi every 100 ms
-(``helpers.hardware.GPUPowerSampler``) and stores, per row, what it read during the timed steps; the
+(``helpers.measure.hardware.GPUPowerSampler``) and stores, per row, what it read during the timed steps; the
 step first runs (compiled) for ``--power-settle`` seconds, so that the timed steps, and the power
 reading (a ~1 s average on Ampere and newer), are those of a GPU that has been under this load
 for a while rather than one just back from the idle compile.
@@ -26,10 +26,11 @@ from collections import defaultdict
 
 import torch
 
-from helpers import data, hardware, memory, timing
+from helpers.core import data
+from helpers.core.model import GPTConfig, flops_per_token
+from helpers.core.train import build
 from helpers.ladder import last_runnable
-from helpers.model import GPTConfig, flops_per_token
-from helpers.train import build
+from helpers.measure import hardware, memory, timing
 
 VARIANTS = {
     "final": {},
@@ -79,7 +80,7 @@ FUSED_CHUNKS = {
 
 def experiment(name: str):
     """Context for variants that are not RunConfig switches: inductor settings (coord-descent, max-autotune-gemm), the SDPA
-    backends (no-cudnn-attention), ``helpers.kernels.FUSED_CHUNK_ROWS`` (fused-*); restores them afterwards."""
+    backends (no-cudnn-attention), ``helpers.core.kernels.FUSED_CHUNK_ROWS`` (fused-*); restores them afterwards."""
     import contextlib
 
     import torch._inductor.config as inductor_config
@@ -93,7 +94,7 @@ def experiment(name: str):
     if name in FUSED_CHUNKS:
         from unittest import mock
 
-        from helpers import kernels
+        from helpers.core import kernels
 
         return mock.patch.object(kernels, "FUSED_CHUNK_ROWS", FUSED_CHUNKS[name])
     if name == "no-cudnn-attention":
@@ -157,7 +158,7 @@ def profile(trainer, loader, steps: int = 3) -> dict[str, float]:
         "families_ms": dict(sorted(totals.items(), key=lambda kv: -kv[1])),
         "top_kernels_ms": top[:15],
         "kernels_ms": top[:40],
-    }  # top_kernels_ms feeds helpers.profiling.table_from_perf_json; kernels_ms: to read
+    }  # top_kernels_ms feeds helpers.chapters.ch10_profiling.table_from_perf_json; kernels_ms: to read
 
 
 def main(argv=None) -> int:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from helpers import attention, hardware
+from helpers.chapters import ch06_attention as attention
+from helpers.measure import hardware
 
 
 def main(argv=None) -> int:

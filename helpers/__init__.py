@@ -1,7 +1,23 @@
-"""Fast GPT-2 training, chapter by chapter: the importable core of the course.
+"""Fast GPT-2 training, chapter by chapter: the importable package of the course.
 
-Modules (import them by name: ``from helpers import model, train``):
-model, tokenizer, data, paths, timing, memory, hardware, train, ladder, plots.
+Layers, each a folder; a layer imports only the layers above it in this list:
+
+- ``helpers.measure``: the device (capabilities, GPU datasheets, T4 emulation), timing, memory,
+  committed results and plots. It knows nothing of the model, so the step below can ask it.
+- ``helpers.switches``: the switch registry, every speed switch declared once (no imports).
+- ``helpers.core``: the model (``model``), the training step and ``RunConfig`` (``train``), the
+  hand-written kernels (``kernels``), the data and the tokenizer.
+- ``helpers.ladder``: the speed-up ladder, the course's main job (``python -m helpers.ladder``).
+- ``helpers.chapters``: one module per chapter that needs its own code, named by the chapter's
+  number (``ch04_precision`` for ``notebooks/04_mixed_precision.ipynb``).
+- ``helpers.grading``: the graded checks (``ch00`` ... ``ch12``), the student versions, the grader.
+- ``helpers.tools``: the command-line checks and the notebook recorder.
+
+Notebooks import modules by name: ``from helpers.core import model, train``.
 """
 
+from pathlib import Path
+
 __version__ = "0.1.0"
+# The checkout that holds helpers/ (results/, notebooks/, tests/ beside it in a source install).
+REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -2,7 +2,7 @@
 
 Each rung adds one switch to the rung before it and times the same full training step on real
 Tiny Shakespeare batches. On a GPU the model is GPT-2 124M at T=1024; on a CPU it is the small
-configuration of :func:`helpers.train.small_model_config`. A rung this hardware cannot run is
+configuration of :func:`helpers.core.train.small_model_config`. A rung this hardware cannot run is
 reported as ``skipped`` with the reason, never run in another mode.
 """
 
@@ -18,9 +18,12 @@ from pathlib import Path
 
 import torch
 
-from helpers import cli, data, hardware, memory, switches, timing
-from helpers.model import GPTConfig, flops_per_token
-from helpers.train import RunConfig, build, default_shapes, slow_reason, unsupported_reason
+from helpers import switches
+from helpers.core import data
+from helpers.core.model import GPTConfig, flops_per_token
+from helpers.core.train import RunConfig, build, default_shapes, slow_reason, unsupported_reason
+from helpers.measure import hardware, memory, timing
+from helpers.tools import cli
 
 # (name, switches added on top of the previous rung), read from the switch registry
 RUNGS: list[tuple[str, dict]] = switches.ladder_rungs()
@@ -439,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(results, indent=2) + "\n")
         print(f"wrote {args.out}")
     if args.plot:
-        from helpers import plots
+        from helpers.measure import plots
 
         args.plot.parent.mkdir(parents=True, exist_ok=True)
         plots.ladder_bars(results, args.plot)

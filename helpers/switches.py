@@ -1,10 +1,10 @@
 """The switch registry: every speed switch of the course, declared once.
 
-Each :class:`Switch` names a :class:`helpers.train.RunConfig` field, its baseline value, the ladder
+Each :class:`Switch` names a :class:`helpers.core.train.RunConfig` field, its baseline value, the ladder
 rung(s) that turn it on, the chapter that teaches it and the capstone's one-line advice. The ladder's
 rungs (:func:`ladder_rungs`), the capstone's advice (:func:`advice_table`) and the profiler's one-line
 description of a configuration (:func:`rung_fields`) are all read from :data:`SWITCHES`. What a switch
-needs from the hardware is checked by :func:`helpers.train.unsupported_reason`; what it does lives in
+needs from the hardware is checked by :func:`helpers.core.train.unsupported_reason`; what it does lives in
 its mechanism (the model, the step or a kernel module).
 
 Adding a rung: one record here, its field on ``RunConfig`` and its mechanism.

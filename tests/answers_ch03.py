@@ -7,7 +7,7 @@ def adamw_state_bytes(n_params):
 
 
 def find_max_batch(try_step, start=1):
-    from helpers import memory
+    from helpers.measure import memory
 
     return memory.find_max_batch_size(try_step, "cpu", start=start)["max_batch_size"]
 

@@ -5,6 +5,6 @@ import pytest
 
 @pytest.fixture
 def tiny_config():
-    from helpers.model import GPTConfig
+    from helpers.core.model import GPTConfig
 
     return GPTConfig(block_size=32, n_layer=2, n_head=2, n_embd=32)

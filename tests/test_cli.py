@@ -1,4 +1,4 @@
-"""Tests for helpers/cli.py: user errors of the command-line tools end in one line and exit 2."""
+"""Tests for helpers/tools/cli.py: user errors of the command-line tools end in one line and exit 2."""
 
 import json
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import cli
+from helpers.tools import cli
 
 
 def test_device_refuses_cuda_without_a_gpu_and_unknown_names(monkeypatch):
@@ -61,19 +61,19 @@ def test_guarded_main_turns_user_errors_into_exit_2(capsys, tmp_path):
 @pytest.mark.parametrize(
     "tool,args",
     [
-        ("precision", ["compare", "--batch-size", "0"]),
-        ("precision", ["compare", "--steps", "1", "--out", "{tmp}"]),
-        ("tradeoffs", ["accumulation", "--out", "{tmp}", "--iters", "1"]),
-        ("profiling", ["run", "--steps", "0"]),
+        ("chapters.ch04_precision", ["compare", "--batch-size", "0"]),
+        ("chapters.ch04_precision", ["compare", "--steps", "1", "--out", "{tmp}"]),
+        ("chapters.ch09_tradeoffs", ["accumulation", "--out", "{tmp}", "--iters", "1"]),
+        ("chapters.ch10_profiling", ["run", "--steps", "0"]),
         (
-            "profiling",
+            "chapters.ch10_profiling",
             ["from-perf", "{tmp}/missing.json", "--out", "{tmp}/p.json", "--date", "2026-11-29"],
         ),
         (
-            "distributed",
+            "chapters.ch11_multi_gpu",
             ["train", "--steps", "1", "--batch-size", "0", "--model", "tiny", "--device", "cpu"],
         ),
-        ("distributed", ["scaling", "--out", "{tmp}/s.json", "--nproc", "0"]),
+        ("chapters.ch11_multi_gpu", ["scaling", "--out", "{tmp}/s.json", "--nproc", "0"]),
     ],
 )
 def test_tools_refuse_bad_input_before_running(tool, args, tmp_path, capsys):

@@ -79,7 +79,7 @@ def test_in_colab_the_cell_clones_installs_fetches_and_checks_the_gpu(
     assert calls[2][1:4] == ["-m", "pip", "install"] and any(
         a.startswith("tiktoken") for a in calls[2]
     )
-    assert calls[3][1:] == ["-m", "helpers.data", "fetch"]
+    assert calls[3][1:] == ["-m", "helpers.core.data", "fetch"]
     assert course in sys.path
     out = capsys.readouterr().out
     assert ("Runtime > Change runtime type > T4 GPU" in out) is (not gpu)

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from helpers import data, paths
+from helpers.core import data, paths
 
 
 def test_whole_text_is_338_025_tokens():

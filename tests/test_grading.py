@@ -68,7 +68,7 @@ def test_check_rejects_wrong_answer_with_a_hint(grade_id, wrong, capsys):
 
 
 def test_block_params_check_measures_the_real_block():
-    from helpers.model import Block, GPTConfig
+    from helpers.core.model import Block, GPTConfig
 
     block = Block(GPTConfig(n_embd=64, n_head=4, block_size=8))
     assert grading.ch01.measured_block_parameters(64, 4) == sum(

@@ -3,7 +3,7 @@ import contextlib
 import pytest
 import torch
 
-from helpers import hardware
+from helpers.measure import hardware
 
 
 def test_cpu_summary_is_complete_and_honest():
@@ -117,7 +117,7 @@ def test_recipe_for_ampere_and_hopper_uses_bf16_and_tf32():
 
 
 def test_recipe_on_this_cpu_builds_a_runconfig_that_runs_here():
-    from helpers import train
+    from helpers.core import train
 
     choices = hardware.recommend_recipe("cpu")
     assert _as_dict(choices)["autocast"] is None
@@ -152,7 +152,8 @@ def test_t4_emulation_on_a_big_gpu_answers_like_a_t4(monkeypatch):
         assert not hardware.native_bf16(cuda) and not hardware.tf32_supported(cuda)
         d = {c.switch: c.value for c in hardware.recommend_recipe(cuda)}
         assert (d["autocast"], d["matmul_precision"]) == ("fp16", "fp32")
-        from helpers import timing, train
+        from helpers.core import train
+        from helpers.measure import timing
 
         peak, why = timing.peak_flops(cuda)
         assert peak is None and "emulating" in why  # never claims T4 speed
@@ -212,7 +213,7 @@ def test_the_course_has_a_profile_for_every_gpu_it_names_and_a_cpu():
 
 
 def test_recipe_for_every_profile_gives_a_reason_for_every_switch():
-    from helpers import train
+    from helpers.core import train
 
     for key, p in hardware.PROFILES.items():
         choices = hardware.recommend_recipe(p)
@@ -368,8 +369,9 @@ def test_what_torch_says_about_bf16_on_old_and_new_versions(monkeypatch):
 
 
 def test_chapter_08_budget_parts_are_chapter_03s_estimate():
-    from helpers import memory, model
+    from helpers.core import model
     from helpers.grading import ch08 as checks_ch08
+    from helpers.measure import memory
 
     cfg = model.GPTConfig(vocab_multiple=64)
     parts = checks_ch08.step_parts(cfg, 1024, True, False)
@@ -430,7 +432,7 @@ def test_a_failed_env_emulation_raises_again_instead_of_running_unemulated(monke
 
 
 def test_explicit_emulate_supersedes_the_variable_and_cli_device_applies_it(monkeypatch):
-    from helpers import cli
+    from helpers.tools import cli
 
     calls = {}
     _fake_h200(monkeypatch, calls)

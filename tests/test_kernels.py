@@ -1,4 +1,4 @@
-"""The hand-written Triton cross-entropy (helpers/kernels.py) and the switches that use it.
+"""The hand-written Triton cross-entropy (helpers/core/kernels.py) and the switches that use it.
 
 On a machine without a GPU the kernels run in Triton's CPU interpreter, in a subprocess (the
 interpreter is chosen when Triton is imported). On a GPU they run for real, also under torch.compile.
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import kernels, train
-from helpers.model import GPT, GPTConfig
+from helpers.core import kernels, train
+from helpers.core.model import GPT, GPTConfig
 
 needs_triton = pytest.mark.skipif(
     kernels.triton is None or kernels.TRITON_OP_MISSING is not None,
@@ -29,7 +29,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 CHECK = textwrap.dedent(
     """
     import sys, torch, torch.nn.functional as F
-    from helpers import kernels
+    from helpers.core import kernels
     device = sys.argv[1]
     torch.manual_seed(0)
     cases = [(5, 7, torch.float32, 1.0), (9, 4097, torch.bfloat16, 3.0), (4, 50304, torch.bfloat16, 4.0),
@@ -117,7 +117,7 @@ CHECK = textwrap.dedent(
             assert "fp16" in str(e)
     with torch.no_grad():  # no gradient wanted: the loss alone (3 chunks), no backward matmuls
         assert abs(kernels.linear_cross_entropy(x0, w0, t).item() - F.cross_entropy(x0 @ w0.t(), t).item()) < 1e-4
-    from helpers import train
+    from helpers.core import train
     compiled = train.RunConfig(autocast="bf16", loss_kernel="triton", compile="default")
     if device == "cpu":  # the interpreter runs the kernels eagerly only: a compiled rung is refused, not failed
         assert "compiled only" in train.unsupported_reason(compiled, "cpu")
@@ -147,8 +147,8 @@ def test_cross_entropy_matches_pytorch_in_the_triton_interpreter():
 def test_a_wrong_kernel_fails_the_check(tmp_path):
     """The check above can fail: a loss that skips the last column (an off-by-one in a block loop) is caught."""
     broken = CHECK.replace(
-        "from helpers import kernels",
-        "from helpers import kernels\n"
+        "from helpers.core import kernels",
+        "from helpers.core import kernels\n"
         "kernels.cross_entropy = lambda x, t: F.cross_entropy(x.float()[:, :-1], t.clamp(max=x.shape[1] - 2))",
     )
     out = run_check(broken)
@@ -177,7 +177,7 @@ def test_a_wrong_fused_gradient_fails_the_check():
 FP8_CHECK = textwrap.dedent(
     """
     import sys, torch, torch.nn.functional as F
-    from helpers import kernels
+    from helpers.core import kernels
     device = sys.argv[1]
     torch.manual_seed(0)
     # 1. the kernel's gradient bits: (softmax - onehot) * 2**15 rounded to e5m2 as torch rounds it
@@ -505,7 +505,8 @@ def test_a_torch_without_triton_op_imports_the_kernels_and_skips_their_rungs():
     code = (
         "import torch, torch.library\n"
         "del torch.library.triton_op\n"
-        "from helpers import kernels, ladder\n"
+        "from helpers import ladder\n"
+        "from helpers.core import kernels\n"
         "ok, why = kernels.available('cuda')\n"
         "assert not ok and ('triton_op' in why or 'triton' in why), why\n"
         "reasons = dict((r.name, why) for r, why in ladder.ladder_configs(4, 64, device='cpu'))\n"
@@ -525,7 +526,7 @@ def test_a_torch_without_triton_op_imports_the_kernels_and_skips_their_rungs():
 def test_triton_kernel_needs_compute_capability_7(monkeypatch):
     if kernels.triton is None:
         pytest.skip("the 'triton' package is not installed")
-    from helpers import hardware
+    from helpers.measure import hardware
 
     monkeypatch.setattr(
         torch.cuda, "is_available", lambda: True
@@ -538,7 +539,7 @@ def test_triton_kernel_needs_compute_capability_7(monkeypatch):
 
 
 def test_fp8_lm_head_needs_the_fused_loss_and_fp8_tensor_cores(monkeypatch):
-    from helpers import hardware
+    from helpers.measure import hardware
 
     with pytest.raises(ValueError, match="loss_kernel='fused'"):
         GPTConfig(lm_head_fp8=True)

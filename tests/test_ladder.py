@@ -3,8 +3,9 @@ import json
 import pytest
 import torch
 
-from helpers import hardware, ladder
-from helpers.train import RunConfig
+from helpers import ladder
+from helpers.core.train import RunConfig
+from helpers.measure import hardware
 
 
 def test_rungs_are_cumulative_and_skip_what_the_cpu_cannot_run(monkeypatch):
@@ -264,7 +265,8 @@ def test_autocast_rung_is_fp16_with_gradscaler_where_bf16_is_not_native(monkeypa
 
 
 def test_last_runnable_rung_is_what_a_t4_can_build(monkeypatch):
-    from helpers import profiling, train
+    from helpers.chapters import ch10_profiling as profiling
+    from helpers.core import train
 
     _fake_cuda(monkeypatch, (7, 5))
     assert (
@@ -313,7 +315,7 @@ def test_bf16_rungs_are_skipped_on_a_slow_bf16_cpu_unless_asked(monkeypatch, tin
 
 
 def test_autocast_rung_follows_t4_emulation(monkeypatch):
-    from helpers import hardware
+    from helpers.measure import hardware
 
     _fake_cuda(monkeypatch, (9, 0))
     monkeypatch.setattr(hardware, "_emulated", hardware.PROFILES["T4"])

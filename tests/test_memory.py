@@ -3,8 +3,9 @@ import sys
 import pytest
 import torch
 
-from helpers import memory, train
-from helpers.model import GPTConfig
+from helpers.core import train
+from helpers.core.model import GPTConfig
+from helpers.measure import memory
 
 
 def _oom():

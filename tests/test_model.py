@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from helpers.model import (
+from helpers.core.model import (
     GPT,
     GPTConfig,
     count_parameters,

@@ -1,8 +1,8 @@
-"""helpers.notebooks: the authoring tools that re-record notebook outputs."""
+"""helpers.tools.notebooks: the authoring tools that re-record notebook outputs."""
 
 import nbformat
 
-from helpers import notebooks
+from helpers.tools import notebooks
 
 
 def test_refresh_replaces_compared_outputs_and_keeps_ignored_ones(tmp_path):

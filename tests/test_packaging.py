@@ -54,7 +54,7 @@ def test_dockerfile_runs_only_commands_that_ci_or_tests_run():
         if "pip install" in cmd:
             assert '-e ".[test]"' in cmd and '-e ".[test]"' in ci  # .ci/run installs the same way
         else:  # the data fetch: tests/test_data.py runs the same CLI
-            assert cmd.startswith("python -m helpers.data fetch --into"), cmd
+            assert cmd.startswith("python -m helpers.core.data fetch --into"), cmd
 
 
 def test_dockerfile_entry_point_starts_jupyterlab():

@@ -1,4 +1,5 @@
-from helpers import ladder, results
+from helpers import ladder
+from helpers.measure import results
 
 
 def test_committed_results_are_found_from_any_working_directory(tmp_path, monkeypatch):

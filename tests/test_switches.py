@@ -4,8 +4,10 @@ import dataclasses
 
 import pytest
 
-from helpers import capstone, ladder, profiling, switches
-from helpers.train import RunConfig
+from helpers import ladder, switches
+from helpers.chapters import ch10_profiling as profiling
+from helpers.chapters import ch12_capstone as capstone
+from helpers.core.train import RunConfig
 
 # The ladder as it was written by hand before the registry: the registry must give the same.
 LADDER_BEFORE_THE_REGISTRY = [

@@ -3,7 +3,7 @@ import time
 import pytest
 import torch
 
-from helpers import timing
+from helpers.measure import timing
 
 
 def test_warmup_steps_are_excluded_from_the_median():

@@ -2,7 +2,7 @@ import shutil
 
 import pytest
 
-from helpers import paths, tokenizer
+from helpers.core import paths, tokenizer
 
 
 @pytest.fixture(autouse=True)

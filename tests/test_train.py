@@ -3,8 +3,9 @@ import math
 import pytest
 import torch
 
-from helpers import data, hardware, train
-from helpers.model import GPTConfig
+from helpers.core import data, train
+from helpers.core.model import GPTConfig
+from helpers.measure import hardware
 
 CFG = GPTConfig(block_size=64, n_layer=2, n_head=2, n_embd=64)
 

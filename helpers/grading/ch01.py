@@ -63,15 +63,15 @@ BLOCK_WIDTHS = [(64, 4), (96, 3), (128, 8), (768, 12)]  # (n_embd, n_head), n_he
 
 
 def measured_block_parameters(n_embd: int, n_head: int) -> int:
-    """Parameters of one ``helpers.model.Block``, counted on the real module (sum of numel)."""
-    from helpers.model import Block, GPTConfig  # torch is imported only when this check runs
+    """Parameters of one ``helpers.core.model.Block``, counted on the real module (sum of numel)."""
+    from helpers.core.model import Block, GPTConfig  # torch is imported only when this check runs
 
     block = Block(GPTConfig(n_embd=n_embd, n_head=n_head, block_size=8))
     return sum(p.numel() for p in block.parameters())
 
 
 def check_block_params(fn: Callable[[int], int]) -> None:
-    """Check ``block_parameters(n_embd) -> int`` against a real ``helpers.model.Block``.
+    """Check ``block_parameters(n_embd) -> int`` against a real ``helpers.core.model.Block``.
 
     The expected count is measured, not written down: each width builds a Block and sums
     ``p.numel()`` over its parameters (buffers such as the causal mask are not parameters).
@@ -106,11 +106,11 @@ def check_block_params(fn: Callable[[int], int]) -> None:
             )
         else:
             why = (
-                f"{call} returned {got:,.0f}, expected {want:,} (measured on helpers.model.Block)."
+                f"{call} returned {got:,.0f}, expected {want:,} (measured on helpers.core.model.Block)."
             )
         raise AssertionError(f"{why} {_reread(gid)}")
     widths = [C for C, _ in BLOCK_WIDTHS]
-    print(f"PASS {gid}: block_parameters(C) matches helpers.model.Block for C in {widths}")
+    print(f"PASS {gid}: block_parameters(C) matches helpers.core.model.Block for C in {widths}")
 
 
 def _loss_log10(vocab_size: int) -> float:

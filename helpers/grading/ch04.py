@@ -45,7 +45,7 @@ class _SpyScaler:
 def _tiny_gpt():
     import torch
 
-    from helpers.model import GPT, GPTConfig
+    from helpers.core.model import GPT, GPTConfig
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=16, vocab_size=128, n_layer=1, n_head=2, n_embd=32))

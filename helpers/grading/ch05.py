@@ -39,7 +39,7 @@ def _reference_chain(
     exact: bool = False,
     with_residual: bool = True,
 ) -> torch.Tensor:
-    """residual + GELU(x + bias) in float64, computed here independently of helpers.compilation."""
+    """residual + GELU(x + bias) in float64, computed here independently of helpers.chapters.ch05_compile."""
     u = (x + bias).double()
     if exact:  # the erf GELU, not GPT-2's
         g = u * 0.5 * (1.0 + torch.erf(u / math.sqrt(2.0)))
@@ -55,7 +55,7 @@ def check_fused_chain(make_fused_chain: Callable[[], Callable]) -> None:
     On fp32 CPU tensors (CUDA where the CPU has no C++ compiler) x, residual (64, 96) and bias (96,): the output must match a float64
     reference (relative error < 1e-5), Dynamo must have compiled exactly one graph for the call
     (``torch._dynamo.utils.counters["stats"]["unique_graphs"]``), and the profiler must see at most one
-    kernel (:func:`helpers.compilation.count_kernels`; where this torch version records inductor's
+    kernel (:func:`helpers.chapters.ch05_compile.count_kernels`; where this torch version records inductor's
     C++ kernels).
 
     Raises:
@@ -63,7 +63,8 @@ def check_fused_chain(make_fused_chain: Callable[[], Callable]) -> None:
     """
     from torch._dynamo.utils import counters
 
-    from helpers import compilation, hardware
+    from helpers.chapters import ch05_compile as compilation
+    from helpers.measure import hardware
 
     gid = "ch05_fused_chain"
     device, why = torch.device("cpu"), hardware.compile_support(torch.device("cpu"))[1]

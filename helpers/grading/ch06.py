@@ -33,7 +33,8 @@ def check_sdpa_attention(fn: Callable[..., Any]) -> None:
     """
     import torch
 
-    from helpers import attention, hardware
+    from helpers.chapters import ch06_attention as attention
+    from helpers.measure import hardware
 
     gid = "ch06_sdpa_attention"
     torch.manual_seed(0)
@@ -85,7 +86,7 @@ def check_online_softmax(fn: Callable[..., Any]) -> None:
     """
     import torch
 
-    from helpers import attention
+    from helpers.chapters import ch06_attention as attention
 
     gid = "ch06_online_softmax"
     g = torch.Generator().manual_seed(0)
@@ -120,7 +121,7 @@ def check_online_softmax(fn: Callable[..., Any]) -> None:
 
 
 def _attention_manual(q, k, v):
-    from helpers import attention
+    from helpers.chapters import ch06_attention as attention
 
     return attention.manual_attention(q, k, v)
 

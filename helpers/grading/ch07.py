@@ -69,7 +69,7 @@ def check_masked_sampling(fn: Callable[..., Any]) -> None:
     """
     import torch
 
-    from helpers.model import GPT, GPTConfig
+    from helpers.core.model import GPT, GPTConfig
 
     gid = "ch07_masked_sampling"
     torch.manual_seed(0)

@@ -159,10 +159,10 @@ def _recipe_tf32_on_every_gpu(device):
 def step_parts(
     config, T: int, autocast: bool, manual_attention: bool
 ) -> Callable[[int], dict[str, int]]:
-    """``parts_for_batch(B)``: the parts of ``helpers.memory.training_step_estimate(config, B, T, ...)``
+    """``parts_for_batch(B)``: the parts of ``helpers.measure.memory.training_step_estimate(config, B, T, ...)``
     in bytes (parameters, gradients, adamw_state, activations, logits; no "total"), computed from one
     call: the first three do not depend on B, the last two grow linearly with it."""
-    from helpers import memory
+    from helpers.measure import memory
 
     one = memory.training_step_estimate(config, 1, T, autocast, manual_attention)
     fixed = {k: one[k] for k in ("parameters", "gradients", "adamw_state")}
@@ -183,7 +183,7 @@ def _reference_max_batch(parts_for_batch, budget_gb: float) -> int:
 
 
 def _cases():
-    from helpers.model import GPTConfig
+    from helpers.core.model import GPTConfig
 
     gpt2 = GPTConfig(vocab_multiple=64)
     return [

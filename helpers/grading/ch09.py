@@ -27,7 +27,7 @@ def _reread(grade_id: str) -> str:
 def _tiny_gpt():
     import torch
 
-    from helpers.model import GPT, GPTConfig
+    from helpers.core.model import GPT, GPTConfig
 
     torch.manual_seed(0)
     return GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32))
@@ -201,7 +201,7 @@ def check_checkpointed_block(fn: Callable[..., Any]) -> None:
     """
     import torch
 
-    from helpers.model import Block, GPTConfig
+    from helpers.core.model import Block, GPTConfig
 
     gid = "ch09_checkpointed_block"
     torch.manual_seed(0)

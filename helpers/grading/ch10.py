@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from helpers import profiling
+from helpers.chapters import ch10_profiling as profiling
 from helpers.grading.common import reread
 
 SECTIONS = {
@@ -198,7 +198,7 @@ def _synthetic_chapter_cases() -> list[tuple[str, list[dict], float, bool]]:
 def check_which_chapter(fn: Callable[[list[dict], float, bool], str]) -> None:
     """Check ``which_chapter(table, step_ms, low_precision) -> str`` ("ch03" ... "ch10").
 
-    The rules (chapter 10, section 9; reference: :func:`helpers.profiling.suggest_chapter`):
+    The rules (chapter 10, section 9; reference: :func:`helpers.chapters.ch10_profiling.suggest_chapter`):
     GPU idle > 25% of ``step_ms`` -> "ch05"; else by the family with the largest total ms: matmul
     -> "ch04" (fp32) or "ch03" (already low precision), attention -> "ch06", elementwise /
     reduction / copy / cast / triton fused -> "ch05", optimizer -> "ch09", other -> "ch10".

@@ -36,7 +36,7 @@ def check_shard_batches(fn: Callable[[torch.Tensor, int, int], torch.Tensor]) ->
     batch ``x`` of shape (N, T): the rank-th contiguous block ``x[rank*N/W : (rank+1)*N/W]``.
 
     For each (N, W) the shards of all ranks must have N/W rows each, never share a row, together
-    hold every row, and keep the rows in order (what :class:`helpers.distributed.ShardedBatchLoader`
+    hold every row, and keep the rows in order (what :class:`helpers.chapters.ch11_multi_gpu.ShardedBatchLoader`
     does, so the ranks together train on exactly the single-process batch).
 
     Raises:

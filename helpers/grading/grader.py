@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import helpers
 from helpers.grading.student import (
     _notebooks_in,
     check_cells,
@@ -34,7 +35,7 @@ FRESH_CHECKS_PRELUDE = (
 )
 
 TIMEOUT_ENAME = "CellTimeoutError"
-REPO_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds helpers/
+REPO_ROOT = helpers.REPO_ROOT
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Tests for helpers/compilation.py (CPU only; no timing is asserted)."""
+"""Tests for helpers/chapters/ch05_compile.py (CPU only; no timing is asserted)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import os
 import pytest
 import torch
 
-from helpers import compilation, hardware, train
-from helpers.model import GPTConfig
+from helpers.chapters import ch05_compile as compilation
+from helpers.core import train
+from helpers.core.model import GPTConfig
+from helpers.measure import hardware
 
 TINY = GPTConfig(block_size=16, vocab_size=256, n_layer=1, n_head=2, n_embd=32)
 needs_compile = pytest.mark.skipif(

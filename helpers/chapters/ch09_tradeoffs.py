@@ -11,8 +11,8 @@ data loading and the optimizer step, each measured on the course's real model an
 - AdamW implementations (for-loop / foreach / fused), weight-decay groups and gradient clipping.
 
 Command line (writes the committed H200 results):
-``python -m helpers.tradeoffs checkpointing --out results/h200-checkpointing.json`` and
-``python -m helpers.tradeoffs accumulation --out results/h200-accumulation.json``.
+``python -m helpers.chapters.ch09_tradeoffs checkpointing --out results/h200-checkpointing.json`` and
+``python -m helpers.chapters.ch09_tradeoffs accumulation --out results/h200-accumulation.json``.
 """
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ import torch
 import torch.nn as nn
 import torch.utils.checkpoint
 
-from helpers import cli, data, memory, timing, tokenizer, train
-from helpers.model import GPT, GPTConfig
+from helpers.core import data, tokenizer, train
+from helpers.core.model import GPT, GPTConfig
+from helpers.measure import memory, timing
+from helpers.tools import cli
 
 # --------------------------------------------------------------------------------------------
 # Gradient accumulation
@@ -340,7 +342,7 @@ def max_batch_under_limit(
     for each ``checkpoint_every`` setting (CUDA only: the peak is ``torch.cuda.max_memory_allocated``).
 
     A step whose peak exceeds the limit counts as out of memory (the real GPU may be larger), so
-    :func:`helpers.memory.find_max_batch_size` doubles and bisects exactly as on a smaller GPU.
+    :func:`helpers.measure.memory.find_max_batch_size` doubles and bisects exactly as on a smaller GPU.
     The peak counts from the memory already allocated before the model is built (``baseline_bytes``,
     e.g. tensors an earlier notebook cell still holds), so only this step's own memory is budgeted.
     Returns rows {"checkpoint_every", "max_batch_size", "peak_bytes", "baseline_bytes"}.
@@ -757,13 +759,13 @@ def run_benchmark(
 
 @cli.guarded
 def main(argv: list[str] | None = None) -> int:
-    """``python -m helpers.tradeoffs {checkpointing,accumulation} --out FILE.json [--iters N]``."""
+    """``python -m helpers.chapters.ch09_tradeoffs {checkpointing,accumulation} --out FILE.json [--iters N]``."""
     import argparse
     import json
     from pathlib import Path
 
     p = argparse.ArgumentParser(
-        prog="python -m helpers.tradeoffs", description="Chapter 09 measurements (JSON)."
+        prog="python -m helpers.chapters.ch09_tradeoffs", description="Chapter 09 measurements (JSON)."
     )
     p.add_argument("kind", choices=["checkpointing", "accumulation"])
     p.add_argument(

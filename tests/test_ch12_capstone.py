@@ -1,4 +1,4 @@
-"""Tests for helpers/capstone.py (chapter 12): checklist, comparison, budget, published figures, explorer."""
+"""Tests for helpers/chapters/ch12_capstone.py (chapter 12): checklist, comparison, budget, published figures, explorer."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import capstone, results
-from helpers.model import GPT, GPTConfig
+from helpers.chapters import ch12_capstone as capstone
+from helpers.core.model import GPT, GPTConfig
+from helpers.measure import results
 
 SEEDS = Path(__file__).resolve().parents[2] / "shared" / "seeds"
 BASE = dict(

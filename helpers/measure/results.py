@@ -11,6 +11,8 @@ import json
 import os
 from pathlib import Path
 
+import helpers
+
 RESULTS_DIR_ENV = "COURSE_RESULTS_DIR"
 
 
@@ -18,7 +20,7 @@ def results_dir() -> Path | None:
     """The first existing folder of: ``$COURSE_RESULTS_DIR``, the repository's ``results/`` next to
     this package (a clone or an editable install), ``./results``, ``../results``. None if none exists."""
     candidates = [os.environ.get(RESULTS_DIR_ENV, "").strip()]
-    candidates += [str(Path(__file__).resolve().parents[1] / "results"), "results", "../results"]
+    candidates += [str(helpers.REPO_ROOT / "results"), "results", "../results"]
     for c in candidates:
         if c and Path(c).is_dir():
             return Path(c)

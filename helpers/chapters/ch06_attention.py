@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from helpers import hardware, memory, timing
+from helpers.measure import hardware, memory, timing
 
 
 def manual_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

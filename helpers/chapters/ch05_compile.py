@@ -30,7 +30,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from helpers import hardware, timing, train
+from helpers.core import train
+from helpers.measure import hardware, timing
 
 # ----------------------------------------------------------------------------------------------
 # 1. Fusion, counted
@@ -206,7 +207,7 @@ def _graphs_compiled() -> int:
 def chapter_run(device: torch.device | str, compile: str | None = None) -> train.RunConfig:
     """The step this chapter compiles: the ladder's rung before torch.compile (TF32 matmuls and bf16
     autocast where the device has them, fp32 otherwise; manual attention; vocab 50257), with B and T
-    from :func:`helpers.train.default_shapes`, and ``compile`` as given (None = eager)."""
+    from :func:`helpers.core.train.default_shapes`, and ``compile`` as given (None = eager)."""
     device = torch.device(device)
     _, B, T = train.default_shapes(device)
     bf16 = device.type == "cuda" and hardware.native_bf16(device)
@@ -230,7 +231,7 @@ def measure_step(
     backend: Callable | None = None,
 ) -> dict:
     """Build ``run`` and time its training step: the first step on its own, then ``warmup`` untimed
-    and ``iters`` timed steps (:func:`helpers.timing.measure`, median), all in a cold compile cache.
+    and ``iters`` timed steps (:func:`helpers.measure.timing.measure`, median), all in a cold compile cache.
 
     A compile that fails falls back to eager (``train.build(..., compile_fallback=True)``), and a
     compile that is unavailable here (no C++ compiler, GPU too old) is replaced by eager up front:
@@ -270,7 +271,7 @@ def measure_step(
             return row
         row["reason"] = f"compile unavailable ({why}); measured eager"
         run = run.replace(compile=None)
-    from helpers import data
+    from helpers.core import data
 
     with cold_compile_cache():
         trainer = train.build(run, model_config, device, compile_fallback=True)

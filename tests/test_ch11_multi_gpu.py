@@ -1,4 +1,4 @@
-"""Tests for helpers/distributed.py: sharding, the distributed step, and real 2-process runs (gloo, CPU).
+"""Tests for helpers/chapters/ch11_multi_gpu.py: sharding, the distributed step, and real 2-process runs (gloo, CPU).
 
 The multi-process tests start ``torchrun --standalone --nproc_per_node=2`` (``--standalone`` picks a
 free port, so concurrent runs never clash) on the tests' tiny model (2 layers of width 32), T=32, fp32, 2 optimizer steps,
@@ -8,7 +8,8 @@ and compare with one process trained in this test process over the same global b
 import pytest
 import torch
 
-from helpers import data, distributed, train
+from helpers.chapters import ch11_multi_gpu as distributed
+from helpers.core import data, train
 
 # DDP's all-reduce averages in another order than one process's mean over the batch: after 2 AdamW
 # steps parameters differ by ~5e-6. A missing all-reduce, a shard that repeats or skips rows, or

@@ -58,8 +58,8 @@ class GPTConfig:
         0  # activation checkpointing: 0 = off, k = recompute every k-th block in backward
     )
     residual_dtype: str = "fp32"  # dtype of the residual stream x: "fp32", or "bf16" (applied under bf16 autocast only)
-    loss_kernel: str = "pytorch"  # cross-entropy: "pytorch" (F.cross_entropy), "triton" (helpers.kernels.cross_entropy)
-    # or "fused" (helpers.kernels.linear_cross_entropy: LM head + loss, logits' gradient computed in the forward)
+    loss_kernel: str = "pytorch"  # cross-entropy: "pytorch" (F.cross_entropy), "triton" (helpers.core.kernels.cross_entropy)
+    # or "fused" (helpers.core.kernels.linear_cross_entropy: LM head + loss, logits' gradient computed in the forward)
     detach_logits: bool = (
         False  # with targets, return logits.detach(): no logits-sized gradient input to backward
     )
@@ -272,7 +272,7 @@ class GPT(nn.Module):
                 x = block(x)  # (B, T, C)
         x = self.transformer.ln_f(x)  # (B, T, C)
         if targets is not None and self.config.loss_kernel == "fused":
-            from helpers import kernels
+            from helpers.core import kernels
 
             # the LM head runs inside, in chunks of rows, with its backward matmuls (see the function's docstring)
             return None, kernels.linear_cross_entropy(
@@ -285,7 +285,7 @@ class GPT(nn.Module):
         loss = None
         if targets is not None:
             if self.config.loss_kernel == "triton":
-                from helpers import kernels  # imports Triton: only when asked for
+                from helpers.core import kernels  # imports Triton: only when asked for
 
                 loss = kernels.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
             else:

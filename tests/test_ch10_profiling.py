@@ -1,4 +1,4 @@
-"""Tests for helpers/profiling.py: kernel families, the step with ranges, profiles and tables."""
+"""Tests for helpers/chapters/ch10_profiling.py: kernel families, the step with ranges, profiles and tables."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from helpers import data, profiling, train
-from helpers.model import GPTConfig
+from helpers.chapters import ch10_profiling as profiling
+from helpers.core import data, train
+from helpers.core.model import GPTConfig
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 TINY = GPTConfig(block_size=16, n_layer=1, n_head=2, n_embd=32)

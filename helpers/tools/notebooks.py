@@ -1,11 +1,11 @@
 """Authoring tools for the chapter notebooks.
 
-``python -m helpers.notebooks record notebooks/01_fp32_baseline.ipynb ...`` executes notebooks in
+``python -m helpers.tools.notebooks record notebooks/01_fp32_baseline.ipynb ...`` executes notebooks in
 place (each in a fresh kernel of this Python, started in the notebook's folder) and saves their
 outputs: the one command to re-record a notebook after changing it. Run it on the GPU whose
 outputs should be committed (the course commits H200 outputs).
 
-``python -m helpers.notebooks refresh notebooks/07_vocab_padding.ipynb ...`` executes them on this
+``python -m helpers.tools.notebooks refresh notebooks/07_vocab_padding.ipynb ...`` executes them on this
 machine but replaces only the outputs nbval compares (cells *not* tagged ``nbval-ignore-output``):
 for when a committed result file changed and the cells that print it must follow, while the cells
 that show the committed GPU's own measurements keep them. The compared cells are device-independent
@@ -79,7 +79,7 @@ def refresh(path: str | Path, timeout_s: int = 1800) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m helpers.notebooks", description=__doc__.splitlines()[0]
+        prog="python -m helpers.tools.notebooks", description=__doc__.splitlines()[0]
     )
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("record", help="execute notebooks in place and keep their outputs")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from helpers import hardware
+from helpers.measure import hardware
 
 
 @dataclass
@@ -101,7 +101,7 @@ def tokens_per_second(tokens_per_step: int, step_ms: float) -> float:
 def peak_flops(device: torch.device | str) -> tuple[float | None, str]:
     """Dense 16-bit tensor-core peak of ``device`` in FLOP/s, and where the number comes from.
 
-    Returns (None, reason) for a CPU or a GPU with no datasheet profile in :mod:`helpers.hardware`.
+    Returns (None, reason) for a CPU or a GPU with no datasheet profile in :mod:`helpers.measure.hardware`.
     """
     device = torch.device(device)
     if device.type != "cuda":
@@ -114,7 +114,7 @@ def peak_flops(device: torch.device | str) -> tuple[float | None, str]:
     name = torch.cuda.get_device_name(device)
     prof = hardware.match_profile(name, torch.cuda.get_device_properties(device).total_memory)
     if prof is None or prof.peak_tensor_tflops is None:
-        return None, f"'{name}' has no datasheet profile in helpers.hardware.PROFILES"
+        return None, f"'{name}' has no datasheet profile in helpers.measure.hardware.PROFILES"
     return prof.peak_tensor_tflops * 1e12, f"{prof.name} dense 16-bit tensor peak, {prof.source}"
 
 

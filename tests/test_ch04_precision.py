@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from helpers import precision
+from helpers.chapters import ch04_precision as precision
 
 
 def test_format_table_matches_the_ieee_and_bf16_layouts():
@@ -58,7 +58,7 @@ def test_autocast_runs_matmul_in_bf16_and_cross_entropy_in_fp32():
 
 
 def test_state_dtypes_sees_fp32_master_weights_and_a_wrong_cast(tiny_config):
-    from helpers import data, train
+    from helpers.core import data, train
 
     run = train.RunConfig(autocast="bf16", batch_size=2, seq_len=16)
     trainer = train.build(run, tiny_config, "cpu")
@@ -89,7 +89,7 @@ def test_precision_run_and_skip_reasons():
 
 
 def test_bf16_is_skipped_on_a_cpu_without_fast_bf16_unless_asked(monkeypatch, tiny_config):
-    from helpers import hardware
+    from helpers.measure import hardware
 
     monkeypatch.setenv(hardware.CPU_BF16_ENV, "slow")
     bf16 = precision.precision_run("bf16", 2, 16)
@@ -157,7 +157,7 @@ def test_compare_precisions_rejects_bad_arguments():
 
 
 def test_train_recording_counts_a_step_skipped_for_an_inf_gradient(tiny_config):
-    from helpers import data, train
+    from helpers.core import data, train
 
     trainer = train.build(
         train.RunConfig(autocast="fp16", batch_size=2, seq_len=16), tiny_config, "cpu"
@@ -177,7 +177,7 @@ def test_train_recording_counts_a_step_skipped_for_an_inf_gradient(tiny_config):
 
 
 def test_train_recording_without_scaler_has_no_scale(tiny_config):
-    from helpers import data, train
+    from helpers.core import data, train
 
     trainer = train.build(train.RunConfig(batch_size=2, seq_len=16), tiny_config, "cpu")
     rec = precision.train_recording(trainer, data.BatchLoader(data.load_tokens()[:2000], 2, 16), 2)
@@ -215,7 +215,7 @@ def test_plots_show_measured_precisions_and_the_device():
 def test_cli_writes_json_with_provenance(tiny_config, tmp_path, monkeypatch):
     import json
 
-    from helpers import train
+    from helpers.core import train
 
     monkeypatch.setattr(train, "default_shapes", lambda device: (tiny_config, 2, 16))
     out = tmp_path / "res" / "cpu-precision.json"

@@ -11,7 +11,7 @@ import functools
 
 import tiktoken
 
-from helpers import paths
+from helpers.core import paths
 
 RANKS_FILE = "gpt2.tiktoken"
 RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
@@ -34,7 +34,7 @@ def _pat_str() -> str:
 
 def _offline_encoding() -> tiktoken.Encoding | None:
     """The encoding from a local rank file: ``$COURSE_DATA_DIR`` first, then the course cache
-    (where ``python -m helpers.data fetch`` puts it). None when neither folder has the file."""
+    (where ``python -m helpers.core.data fetch`` puts it). None when neither folder has the file."""
     folder = paths.data_dir()
     if folder is not None and (folder / RANKS_FILE).exists():
         fix = f"Replace it with a fresh copy of {RANKS_URL}, or unset {paths.DATA_DIR_ENV} to let tiktoken download it."
@@ -43,7 +43,7 @@ def _offline_encoding() -> tiktoken.Encoding | None:
         path = paths.verify(
             paths.cache_dir() / RANKS_FILE,
             RANKS_SHA256,
-            "Delete it and run: python -m helpers.data fetch",
+            "Delete it and run: python -m helpers.core.data fetch",
         )
     else:
         return None

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from helpers import hardware
-from helpers.model import GPT, LOSS_KERNELS, RESIDUAL_DTYPES, GPTConfig
+from helpers.core.model import GPT, LOSS_KERNELS, RESIDUAL_DTYPES, GPTConfig
+from helpers.measure import hardware
 
 PRECISIONS = ("fp32", "tf32")
 AUTOCASTS = (None, "bf16", "fp16")
@@ -33,7 +33,7 @@ class RunConfig:
     matmul_precision: str = "fp32"  # "fp32": TF32 off ('highest'); "tf32": TF32 matmuls ('high')
     autocast: str | None = None  # None, "bf16", or "fp16" (fp16 adds a GradScaler)
     compile: str | None = None  # None = eager, else a torch.compile mode ("default", ...)
-    attention: str = "manual"  # "manual" or "sdpa" (see helpers.model)
+    attention: str = "manual"  # "manual" or "sdpa" (see helpers.core.model)
     vocab_multiple: int = 1  # 1 = 50257 rows; 64 -> 50304
     optimizer: str = "foreach"  # AdamW implementation: "for-loop", "foreach" or "fused"
     batch_size: int = 16  # B: sequences per micro-step
@@ -45,8 +45,8 @@ class RunConfig:
     residual_dtype: str = (
         "fp32"  # "bf16": the residual stream in bf16 (needs autocast="bf16"; see GPTConfig)
     )
-    loss_kernel: str = "pytorch"  # "triton": the hand-written cross-entropy of helpers.kernels (CUDA); "fused": LM head
-    # + cross-entropy with the logits' gradient computed in the forward (helpers.kernels.linear_cross_entropy)
+    loss_kernel: str = "pytorch"  # "triton": the hand-written cross-entropy of helpers.core.kernels (CUDA); "fused": LM head
+    # + cross-entropy with the logits' gradient computed in the forward (helpers.core.kernels.linear_cross_entropy)
     detach_logits: bool = (
         False  # the model returns detached logits when it computes the loss (see GPTConfig)
     )
@@ -124,7 +124,7 @@ def default_shapes(device: torch.device | str) -> tuple[GPTConfig, int, int]:
     """
     device = torch.device(device)
     if device.type == "cuda":
-        from helpers import memory
+        from helpers.measure import memory
 
         cfg, usable = GPTConfig(), hardware.usable_memory_bytes(device)
         B = next(
@@ -147,7 +147,7 @@ def recipe_autocast(device: torch.device | str) -> str | None:
     is native (CUDA compute capability >= 8.0; a CPU with AVX-512 BF16 or AMX), ``"fp16"`` on older
     GPUs (a T4, a V100, an emulated T4), where ``RunConfig(autocast="fp16")`` adds the GradScaler, and
     None (fp32) on a CPU without fast bf16, where bf16 would run ~30x slower than fp32
-    (:func:`helpers.hardware.cpu_bf16`). Every chapter's "bf16" configuration takes its dtype from
+    (:func:`helpers.measure.hardware.cpu_bf16`). Every chapter's "bf16" configuration takes its dtype from
     here, so it runs on a Colab T4 and on any CPU too (chapter 04 explains why)."""
     device = torch.device(device)
     if hardware.native_bf16(device):
@@ -162,7 +162,7 @@ def autocast_label(autocast: str | None) -> str:
 
 def slow_reason(run: RunConfig, device: torch.device | str) -> str | None:
     """Why ``run`` can run on ``device`` but the course does not time it by default (None if it
-    does): bf16 autocast on a CPU without fast bf16 (:func:`helpers.hardware.no_native_bf16_reason`).
+    does): bf16 autocast on a CPU without fast bf16 (:func:`helpers.measure.hardware.no_native_bf16_reason`).
     Callers that are asked for such a run explicitly still run it."""
     device = torch.device(device)
     if run.autocast == "bf16" and device.type == "cpu":
@@ -199,7 +199,7 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
             f"GradScaler (this run: optimizer={run.optimizer!r}, grad_clip={run.grad_clip}, autocast={run.autocast!r})"
         )
     if run.loss_kernel in ("triton", "fused"):
-        from helpers import kernels
+        from helpers.core import kernels
 
         ok, why = kernels.available(device)
         if not ok:
@@ -217,7 +217,7 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
                 "reaches it (small values would round to 0): keep loss_kernel='triton' with fp16"
             )
     if run.lm_head_fp8:
-        from helpers import kernels
+        from helpers.core import kernels
 
         ok, why = kernels.fp8_available(device)
         if not ok:
@@ -288,7 +288,7 @@ class Trainer:
     def step(self, batches) -> torch.Tensor:
         """One optimizer step over ``grad_accum_steps`` micro-batches.
 
-        ``batches``: a :class:`helpers.data.BatchLoader` (or anything with ``next_batch()``)
+        ``batches``: a :class:`helpers.core.data.BatchLoader` (or anything with ``next_batch()``)
         yielding (x, y) of shape (B, T) int64 on this device. Returns the mean loss as a detached
         0-d fp32 tensor on the device (reading it with ``.item()`` is the caller's choice: a sync).
         """
@@ -431,13 +431,13 @@ def train(
 ) -> TrainResult:
     """A short real training run on Tiny Shakespeare; returns the loss of every step.
 
-    ``loader`` defaults to a :class:`helpers.data.BatchLoader` over the whole text with the run's
+    ``loader`` defaults to a :class:`helpers.core.data.BatchLoader` over the whole text with the run's
     B and T. A tqdm.auto progress bar shows the loss (disable with ``progress=False``). A failing
     torch.compile falls back to eager, and says so in ``trainer.notes`` and on the bar.
     """
     from tqdm.auto import tqdm
 
-    from helpers import data
+    from helpers.core import data
 
     trainer = build(run, model_config, device, compile_fallback=compile_fallback)
     if loader is None:

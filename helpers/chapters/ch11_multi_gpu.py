@@ -2,18 +2,18 @@
 
 One script runs the course's training step on one process or on N, without a code change:
 
-    python -m helpers.distributed train --steps 20                         # one process
-    torchrun --standalone --nproc_per_node=2 -m helpers.distributed train --steps 20   # 2 GPUs (or 2 CPU processes)
-    python -m helpers.distributed scaling --nproc 1 2 --out results/FILE.json ...     # tokens/s per world size
+    python -m helpers.chapters.ch11_multi_gpu train --steps 20                         # one process
+    torchrun --standalone --nproc_per_node=2 -m helpers.chapters.ch11_multi_gpu train --steps 20   # 2 GPUs (or 2 CPU processes)
+    python -m helpers.chapters.ch11_multi_gpu scaling --nproc 1 2 --out results/FILE.json ...     # tokens/s per world size
 
-(``train`` is the default command: ``python -m helpers.distributed --steps 20`` is the same run.)
+(``train`` is the default command: ``python -m helpers.chapters.ch11_multi_gpu --steps 20`` is the same run.)
 
 ``torchrun`` starts N copies and gives each one ``WORLD_SIZE``, ``RANK`` and ``LOCAL_RANK``;
 :func:`init` reads them. On CUDA each process drives ``cuda:LOCAL_RANK`` and talks over NCCL; on a
 CPU it uses gloo. Several machines (nodes) take the same command on every node, plus where to meet:
 
     torchrun --nnodes=2 --node_rank=<0 or 1> --nproc_per_node=8 \\
-             --rdzv_backend=c10d --rdzv_endpoint=<host of node 0>:29500 -m helpers.distributed train ...
+             --rdzv_backend=c10d --rdzv_endpoint=<host of node 0>:29500 -m helpers.chapters.ch11_multi_gpu train ...
 
 What each process does (data parallelism): it holds a full copy of the model, reads its own
 ``B`` rows of each global batch of ``B * WORLD_SIZE`` rows (:class:`ShardedBatchLoader`), and runs
@@ -51,9 +51,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from helpers import cli, data, timing, train
+import helpers
+from helpers.core import data, train
+from helpers.measure import timing
+from helpers.tools import cli
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = helpers.REPO_ROOT
 
 
 # --------------------------------------------------------------------------------------------
@@ -164,7 +167,7 @@ class ShardedBatchLoader:
     """This rank's (x, y) rows of each global batch of ``batch_size * world_size`` rows.
 
     Every rank reads the same global batch from the token stream (the same positions as a single
-    :class:`helpers.data.BatchLoader` with B = batch_size * world_size) and keeps its
+    :class:`helpers.core.data.BatchLoader` with B = batch_size * world_size) and keeps its
     :func:`shard_rows` block: (B, T) int64 on ``env.device``. Over the ranks the rows are exactly
     the single-process global batch, which is what makes DDP's result equal a single-process step.
     """
@@ -354,7 +357,7 @@ def distributed_step(
 ) -> torch.Tensor:
     """One optimizer step of ``trainer`` with its forward wrapped by DDP or FSDP (or not at all).
 
-    The same work as :meth:`helpers.train.Trainer.step`, in the same order: zero_grad ->
+    The same work as :meth:`helpers.core.train.Trainer.step`, in the same order: zero_grad ->
     for each of ``grad_accum_steps`` micro-batches: autocast forward + loss / grad_accum_steps,
     backward (scaled for fp16) -> unscale -> clip (``Trainer.clip``) -> optimizer step (``Trainer.optimizer_step``). The gradients are
     averaged over the ranks only during the LAST micro-step's backward (``no_sync`` before it),
@@ -425,11 +428,11 @@ def run_config_from(
     elif (
         args.model == "tiny"
     ):  # the unit tests' size (tests/conftest.py): seconds even under torchrun
-        from helpers.model import GPTConfig
+        from helpers.core.model import GPTConfig
 
         cfg = GPTConfig(block_size=32, n_layer=2, n_head=2, n_embd=32)
     elif args.model == "gpt2":
-        from helpers.model import GPTConfig
+        from helpers.core.model import GPTConfig
 
         cfg = GPTConfig()
     run = train.RunConfig(
@@ -569,15 +572,15 @@ def _train_parser(p: argparse.ArgumentParser) -> None:
 
 
 def parse_train_args(argv: list[str]) -> argparse.Namespace:
-    """The ``train`` command's options from a list of strings (see ``python -m helpers.distributed train -h``)."""
-    p = argparse.ArgumentParser(prog="python -m helpers.distributed train")
+    """The ``train`` command's options from a list of strings (see ``python -m helpers.chapters.ch11_multi_gpu train -h``)."""
+    p = argparse.ArgumentParser(prog="python -m helpers.chapters.ch11_multi_gpu train")
     _train_parser(p)
     return p.parse_args(argv)
 
 
 def run_here(argv: list[str]) -> dict:
     """The ``train`` command in THIS process as a single process (world size 1, no process group):
-    what ``python -m helpers.distributed train ARGV`` computes, returned instead of written.
+    what ``python -m helpers.chapters.ch11_multi_gpu train ARGV`` computes, returned instead of written.
 
     Raises:
         ValueError: when this process was started by torchrun (use :func:`launch` or the CLI).
@@ -637,7 +640,7 @@ def main_train(args: argparse.Namespace) -> int:
 
 
 def launch(nproc: int, args: list[str], timeout_s: float = 600) -> dict:
-    """Run ``torchrun --standalone --nproc_per_node=nproc -m helpers.distributed train ARGS
+    """Run ``torchrun --standalone --nproc_per_node=nproc -m helpers.chapters.ch11_multi_gpu train ARGS
     --json TMP`` (or plain ``python -m`` for nproc=0) from the repository root, and return the
     summary rank 0 wrote. ``--standalone`` picks a free port, so runs never clash.
 
@@ -647,7 +650,7 @@ def launch(nproc: int, args: list[str], timeout_s: float = 600) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "summary.json"
         if nproc == 0:
-            cmd = [sys.executable, "-m", "helpers.distributed", "train", *args, "--json", str(out)]
+            cmd = [sys.executable, "-m", "helpers.chapters.ch11_multi_gpu", "train", *args, "--json", str(out)]
         else:
             cmd = [
                 sys.executable,
@@ -656,7 +659,7 @@ def launch(nproc: int, args: list[str], timeout_s: float = 600) -> dict:
                 "--standalone",
                 f"--nproc_per_node={nproc}",
                 "-m",
-                "helpers.distributed",
+                "helpers.chapters.ch11_multi_gpu",
                 "train",
                 *args,
                 "--json",
@@ -706,7 +709,7 @@ def scaling(nprocs: list[int], modes: list[str], train_args: list[str], command:
 @cli.guarded
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m helpers.distributed",
+        prog="python -m helpers.chapters.ch11_multi_gpu",
         description=__doc__.splitlines()[0],
         allow_abbrev=False,
     )
@@ -727,7 +730,7 @@ def main(argv: list[str] | None = None) -> int:
         argv = [
             "train",
             *argv,
-        ]  # `python -m helpers.distributed --steps 20` means the train command
+        ]  # `python -m helpers.chapters.ch11_multi_gpu --steps 20` means the train command
     args, rest = p.parse_known_args(argv)
     if args.command == "train":
         if rest:
@@ -746,7 +749,7 @@ def main(argv: list[str] | None = None) -> int:
     cli.out_path(args.out)
     nprocs = args.nproc or list(range(1, max(1, torch.cuda.device_count()) + 1))
     result = scaling(
-        nprocs, args.modes, rest, command="python -m helpers.distributed " + " ".join(argv)
+        nprocs, args.modes, rest, command="python -m helpers.chapters.ch11_multi_gpu " + " ".join(argv)
     )
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import torch
 
-from helpers import paths, tokenizer
+from helpers.core import paths, tokenizer
 
 SHAKESPEARE_FILE = "tinyshakespeare.txt"
 SHAKESPEARE_URL = (
@@ -103,7 +103,7 @@ def fetch(into: "str | paths.Path | None" = None) -> dict[str, "paths.Path"]:
     """
     import shutil
 
-    from helpers import tokenizer
+    from helpers.core import tokenizer
 
     found = {
         SHAKESPEARE_FILE: shakespeare_path(),
@@ -126,12 +126,12 @@ def fetch(into: "str | paths.Path | None" = None) -> dict[str, "paths.Path"]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m helpers.data fetch [--into DIR]``: download (or find offline) and verify the data."""
+    """``python -m helpers.core.data fetch [--into DIR]``: download (or find offline) and verify the data."""
     import argparse
     import sys
 
     p = argparse.ArgumentParser(
-        prog="python -m helpers.data", description="Fetch and verify the course data files."
+        prog="python -m helpers.core.data", description="Fetch and verify the course data files."
     )
     sub = p.add_subparsers(dest="command", required=True)
     f = sub.add_parser(

@@ -64,18 +64,12 @@ def activation_bytes_per_layer(
     return per_layer
 
 
-_PARAM_COUNTS: dict[str, int] = {}
-
-
 def _param_count(config) -> int:
-    """Parameters of ``GPT(config)``, counted once per config on the meta device (no memory used)."""
-    from helpers.model import GPT, count_parameters
-
-    key = repr(config)  # a dataclass repr names every field
-    if key not in _PARAM_COUNTS:
-        with torch.device("meta"):
-            _PARAM_COUNTS[key] = count_parameters(GPT(config))
-    return _PARAM_COUNTS[key]
+    """Parameters of ``GPT(config)`` (a tied LM head counted once), from the shapes alone: token
+    embedding ``V_padded * C``, position embedding ``block_size * C``, per block ``12 C^2 + 13 C``
+    (attention 4C^2 + 4C, MLP 8C^2 + 5C, two LayerNorms 4C) and the final LayerNorm ``2 C``."""
+    C, L = config.n_embd, config.n_layer
+    return (config.padded_vocab_size + config.block_size) * C + L * (12 * C * C + 13 * C) + 2 * C
 
 
 def training_step_estimate(
@@ -221,7 +215,7 @@ class _RandomBatches:
 
 def make_step_probe(trainer, T: int, limit: SimulatedMemoryLimit | None = None):
     """A ``try_step(B)`` for :func:`find_max_batch_size`: one full training step of ``trainer``
-    (a :class:`helpers.train.Trainer`) on random (B, T) ids. With ``limit`` (for CPUs), the step
+    (a :class:`helpers.core.train.Trainer`) on random (B, T) ids. With ``limit`` (for CPUs), the step
     first checks :func:`training_step_estimate` against the simulated budget, raising OOM above it.
     """
     cfg = trainer.model_config

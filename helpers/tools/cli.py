@@ -1,4 +1,4 @@
-"""Small checks shared by the course's command-line tools (``python -m helpers.precision`` ...).
+"""Small checks shared by the course's command-line tools (``python -m helpers.chapters.ch04_precision`` ...).
 
 A user error (a GPU asked for where there is none, an output path that is a folder, a count of 0,
 a file that is not what it should be) ends in one line ``error: ...`` and exit status 2, checked
@@ -24,7 +24,7 @@ def device(value: str | torch.device | None) -> torch.device:
         ValueError: an unknown device string, a device type other than cpu/cuda, or CUDA asked for
             where PyTorch sees no CUDA GPU.
     """
-    from helpers import hardware
+    from helpers.measure import hardware
 
     if value is None:
         return hardware.default_device()

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from helpers import attention as A
-from helpers import hardware
+from helpers.chapters import ch06_attention as A
+from helpers.measure import hardware
 
 
 @pytest.fixture

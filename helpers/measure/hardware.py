@@ -593,7 +593,7 @@ def default_device() -> torch.device:
 
 def apply_env_emulation_once(device: torch.device | str) -> dict | None:
     """Apply ``$COURSE_EMULATE_GPU`` (see :func:`apply_env_emulation`) the first time a CUDA device is
-    chosen in this process (:func:`default_device`, ``helpers.cli.device``); later calls, calls for a
+    chosen in this process (:func:`default_device`, ``helpers.tools.cli.device``); later calls, calls for a
     CPU and calls after an explicit :func:`emulate` do nothing. A failing first call (an unknown
     profile) raises again on the next call instead of silently running without emulation.
 
@@ -695,7 +695,7 @@ def recommend_recipe(
 
     The batch size is never guessed: pass the one ``memory.find_max_batch_size`` measured as
     ``batch_size`` (with ``batch_reason`` saying how), else the choice says to measure it. Turn the
-    choices into a RunConfig with ``helpers.train.recipe_run_config``.
+    choices into a RunConfig with ``helpers.core.train.recipe_run_config``.
 
     Rules: bf16 autocast only with native bf16 (compute capability >= 8.0; never trust
     ``torch.cuda.is_bf16_supported()``, True on a T4), else fp16 + GradScaler; TF32 only from 8.0;

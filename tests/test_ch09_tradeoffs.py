@@ -4,8 +4,9 @@ import pickle
 import pytest
 import torch
 
-from helpers import data, tokenizer, tradeoffs, train
-from helpers.model import GPT, GPTConfig
+from helpers.chapters import ch09_tradeoffs as tradeoffs
+from helpers.core import data, tokenizer, train
+from helpers.core.model import GPT, GPTConfig
 
 CFG = GPTConfig(block_size=32, n_layer=2, n_head=2, n_embd=32)
 RUN = train.RunConfig(attention="sdpa", batch_size=4, seq_len=32)

@@ -14,9 +14,10 @@ from collections.abc import Sequence
 
 import torch
 
-from helpers import memory, switches
-from helpers.model import GPT, GPTConfig
-from helpers.train import RunConfig
+from helpers import switches
+from helpers.core.model import GPT, GPTConfig
+from helpers.core.train import RunConfig
+from helpers.measure import memory
 
 PUBLISHED_FILE = "published-seed-figures.json"
 
@@ -149,8 +150,8 @@ def sample_text(
 ) -> str:
     """Generate ``max_new_tokens`` GPT-2 tokens after ``prompt`` with a seeded generator on the
     model's device and return the decoded text (prompt included). Padded ids are never sampled
-    (:meth:`helpers.model.GPT.generate` masks them)."""
-    from helpers import tokenizer
+    (:meth:`helpers.core.model.GPT.generate` masks them)."""
+    from helpers.core import tokenizer
 
     device = next(model.parameters()).device
     idx = torch.tensor([tokenizer.encode(prompt)], dtype=torch.long, device=device)  # (1, T0)

@@ -97,7 +97,7 @@ def available(device: torch.device | str) -> tuple[bool, str]:
     if device.type == "cuda" and not torch.cuda.is_available():
         return False, "no CUDA GPU is available here (torch.cuda.is_available() is False)"
     if device.type == "cuda":
-        from helpers import hardware
+        from helpers.measure import hardware
 
         cap = hardware.capability(device)
         if cap < (7, 0):
@@ -467,8 +467,8 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     ok, reason = available(logits.device)
     if not ok:
         raise RuntimeError(
-            f"helpers.kernels.cross_entropy cannot run: {reason}. Use F.cross_entropy instead "
-            "(or, for tests on a CPU, set TRITON_INTERPRET=1 before helpers.kernels is imported)."
+            f"helpers.core.kernels.cross_entropy cannot run: {reason}. Use F.cross_entropy instead "
+            "(or, for tests on a CPU, set TRITON_INTERPRET=1 before helpers.core.kernels is imported)."
         )
     if logits.stride(1) != 1:
         logits = logits.contiguous()
@@ -604,7 +604,7 @@ def fp8_available(device: torch.device | str) -> tuple[bool, str]:
         )
     device = torch.device(device)
     if device.type == "cuda":
-        from helpers import hardware
+        from helpers.measure import hardware
 
         cap = hardware.capability(device)
         if cap < (8, 9):
@@ -695,8 +695,8 @@ def linear_cross_entropy(
     ok, reason = available(x.device)
     if not ok:
         raise RuntimeError(
-            f"helpers.kernels.linear_cross_entropy cannot run: {reason}. Use loss_kernel='pytorch' "
-            "(or, for tests on a CPU, set TRITON_INTERPRET=1 before helpers.kernels is imported)."
+            f"helpers.core.kernels.linear_cross_entropy cannot run: {reason}. Use loss_kernel='pytorch' "
+            "(or, for tests on a CPU, set TRITON_INTERPRET=1 before helpers.core.kernels is imported)."
         )
     dev = x.device.type
     dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype

@@ -7,7 +7,7 @@ Three jobs, one idea each:
    optimizer, other), by the regular expressions of :data:`FAMILY_RULES` (first match wins).
 2. **Profiling a step** (:func:`profile_steps`): torch.profiler over a few real training steps
    (schedule wait / warmup / active), the step run by :func:`step_with_ranges`, which mirrors
-   :meth:`helpers.train.Trainer.step` exactly and wraps each phase in a
+   :meth:`helpers.core.train.Trainer.step` exactly and wraps each phase in a
    ``torch.profiler.record_function`` range ("zero_grad", "data", "forward", "backward", "clip",
    "optimizer"). Returns a :class:`StepProfile`: per-kernel device time per step (CUDA time on a
    GPU, operator CPU time on a CPU), time per phase, busy time vs span (idle gaps), and a
@@ -16,9 +16,9 @@ Three jobs, one idea each:
    :func:`table_from_perf_json` (derived from ``benchmarks/perf.py --profile`` output), and
    :func:`load_table`. Command line::
 
-       python -m helpers.profiling table --out results/h200-profile-table-new.json   # on the GPU
-       python -m helpers.profiling from-perf results/h200-perf-final-2026-11-30.json --out results/h200-profile-table.json
-       python -m helpers.profiling run --steps 5      # the step alone, for Nsight Systems (see chapter 10)
+       python -m helpers.chapters.ch10_profiling table --out results/h200-profile-table-new.json   # on the GPU
+       python -m helpers.chapters.ch10_profiling from-perf results/h200-perf-final-2026-11-30.json --out results/h200-profile-table.json
+       python -m helpers.chapters.ch10_profiling run --steps 5      # the step alone, for Nsight Systems (see chapter 10)
 
 torch.profiler: https://pytorch.org/docs/stable/profiler.html ;
 trace viewer: https://ui.perfetto.dev (or chrome://tracing).
@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from helpers import cli
+from helpers.tools import cli
 
 # Kineto (the profiler's C++ back end) prints "USDT ... profiler_start" / "STAGE ..." lines to the
 # process's stderr on every profile, which would land in notebook outputs. Level 6 silences them;
@@ -180,7 +180,7 @@ UNATTRIBUTED = "outside the phases"
 def step_with_ranges(
     trainer, batches, ranges: Callable[[str], contextlib.AbstractContextManager] | None = None
 ) -> torch.Tensor:
-    """One optimizer step, exactly :meth:`helpers.train.Trainer.step`, each phase in a named range.
+    """One optimizer step, exactly :meth:`helpers.core.train.Trainer.step`, each phase in a named range.
 
     Phases: "zero_grad" -> "data" (``batches.next_batch()``) -> "forward" (autocast forward + loss)
     -> "backward" (GradScaler-scaled for fp16) -> "clip" (unscale + clip_grad_norm_, or the fused clip's
@@ -613,7 +613,7 @@ def table_from_profile(
         "seq_len": seq_len,
         "steps_profiled": prof.steps,
         "step_ms": step_ms,
-        "step_ms_how": "median of 10 timed steps after 3 warm-up steps (helpers.timing.measure, not profiled)",
+        "step_ms_how": "median of 10 timed steps after 3 warm-up steps (helpers.measure.timing.measure, not profiled)",
         "kernels": [{**r, "remainder": False} for r in prof.kernels],
         "families_ms": prof.families_ms(),
         "phases_ms": prof.phases_ms,
@@ -626,12 +626,12 @@ def table_from_profile(
 
 def load_table(name: str = SHIPPED_TABLE, batch_size: int = 16) -> tuple[dict, dict] | None:
     """(provenance, table) of the committed profile table ``name`` for ``batch_size``, or None when
-    the file is not found (see :func:`helpers.results.load`).
+    the file is not found (see :func:`helpers.measure.results.load`).
 
     Raises:
         KeyError: if the file has no table for ``batch_size``.
     """
-    from helpers import results
+    from helpers.measure import results
 
     data = results.load(name)
     if data is None:
@@ -681,11 +681,12 @@ def describe(run) -> str:
 
 @cli.guarded
 def main(argv: list[str] | None = None) -> int:
-    from helpers import data, hardware, timing
-    from helpers.train import build, default_shapes
+    from helpers.core import data
+    from helpers.core.train import build, default_shapes
+    from helpers.measure import hardware, timing
 
     p = argparse.ArgumentParser(
-        prog="python -m helpers.profiling", description=__doc__.splitlines()[0]
+        prog="python -m helpers.chapters.ch10_profiling", description=__doc__.splitlines()[0]
     )
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser(
@@ -793,7 +794,7 @@ def main(argv: list[str] | None = None) -> int:
         else ([16, 64] if device.type == "cuda" else [B0])
     )
     tables = []
-    command = "python -m helpers.profiling " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m helpers.chapters.ch10_profiling " + " ".join(argv if argv is not None else sys.argv[1:])
     for i, B in enumerate(sizes):
         run = final_rung(B, T, device, args.eager)
         trainer = build(run, cfg, device)
@@ -805,7 +806,7 @@ def main(argv: list[str] | None = None) -> int:
         entry = table_from_profile(prof, describe(run), B, T, step_ms, command)
         entry["step_ms_how"] = (
             f"median of {args.iters} timed steps after {args.warmup} warm-up steps "
-            "(helpers.timing.measure, not profiled)"
+            "(helpers.measure.timing.measure, not profiled)"
         )
         tables.append(entry)
         fams = ", ".join(f"{k} {v:.2f}" for k, v in prof.families_ms().items())

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from helpers import cli
+from helpers.tools import cli
 
 if TYPE_CHECKING:
-    from helpers import train
+    from helpers.core import train
 
 # (name, torch dtype or None for TF32, minimum compute capability with native tensor-core support)
 FORMATS = [
@@ -217,7 +217,7 @@ def _name(dtype: torch.dtype) -> str:
 
 
 def state_dtypes(trainer) -> dict[str, list[str]]:
-    """The dtypes a :class:`helpers.train.Trainer` keeps between steps: its parameters, their
+    """The dtypes a :class:`helpers.core.train.Trainer` keeps between steps: its parameters, their
     gradients (after a step; zero_grad sets them to None only at the start of the next step) and
     AdamW's exp_avg / exp_avg_sq. Returns {"parameters", "gradients", "optimizer state"} -> sorted
     dtype names. Correct mixed precision keeps all three in float32."""
@@ -244,7 +244,7 @@ PRECISIONS = {
     "fp32": dict(matmul_precision="fp32", autocast=None),
     "tf32": dict(matmul_precision="tf32", autocast=None),
     "bf16": dict(matmul_precision="fp32", autocast="bf16"),
-    "fp16": dict(matmul_precision="fp32", autocast="fp16"),  # + GradScaler (helpers.train.build)
+    "fp16": dict(matmul_precision="fp32", autocast="fp16"),  # + GradScaler (helpers.core.train.build)
 }
 
 CPU_FP16_REASON = (
@@ -254,13 +254,13 @@ CPU_FP16_REASON = (
 
 
 def precision_run(name: str, batch_size: int, seq_len: int) -> "train.RunConfig":
-    """The :class:`helpers.train.RunConfig` of precision ``name`` (a key of :data:`PRECISIONS`), eager,
+    """The :class:`helpers.core.train.RunConfig` of precision ``name`` (a key of :data:`PRECISIONS`), eager,
     manual attention, vocab 50257, foreach AdamW, grad clipping at 1.0, seed 1337.
 
     Raises:
         ValueError: for an unknown name.
     """
-    from helpers import train
+    from helpers.core import train
 
     if name not in PRECISIONS:
         raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {name!r}")
@@ -273,10 +273,10 @@ def skip_reason(
     cpu_fp16: bool = False,
     cpu_bf16: bool = False,
 ) -> str | None:
-    """Why ``run`` is not measured on ``device`` (None if it is): :func:`helpers.train.unsupported_reason`,
+    """Why ``run`` is not measured on ``device`` (None if it is): :func:`helpers.core.train.unsupported_reason`,
     plus fp16 on a CPU unless ``cpu_fp16`` (see :data:`CPU_FP16_REASON`), plus bf16 on a CPU without
-    fast bf16 unless ``cpu_bf16`` (:func:`helpers.train.slow_reason`)."""
-    from helpers import train
+    fast bf16 unless ``cpu_bf16`` (:func:`helpers.core.train.slow_reason`)."""
+    from helpers.core import train
 
     reason = train.unsupported_reason(run, device)
     if (
@@ -329,11 +329,11 @@ def compare_precisions(
     """Train the same model (same seed, same Tiny Shakespeare batches) in each precision of ``names``
     on ``device``, and measure it.
 
-    Per precision: build with :func:`helpers.train.build`; train ``steps`` steps recording the loss
+    Per precision: build with :func:`helpers.core.train.build`; train ``steps`` steps recording the loss
     and the GradScaler's scale (:func:`train_recording`); then time ``iters`` more steps after
-    ``warmup`` untimed ones with :func:`helpers.timing.measure` (CUDA events on a GPU). Peak memory
+    ``warmup`` untimed ones with :func:`helpers.measure.timing.measure` (CUDA events on a GPU). Peak memory
     covers build, training and timing (CUDA only). ``model_config``, ``batch_size`` and ``seq_len``
-    default to :func:`helpers.train.default_shapes`. A precision this device cannot run is returned
+    default to :func:`helpers.core.train.default_shapes`. A precision this device cannot run is returned
     as ``"skipped"`` with the reason (:func:`skip_reason`), never run in another mode; so are fp16 on
     a CPU (unless ``cpu_fp16``) and bf16 on a CPU without fast bf16 (unless ``cpu_bf16``).
 
@@ -350,7 +350,8 @@ def compare_precisions(
 
     from tqdm.auto import tqdm
 
-    from helpers import data, memory, timing, train
+    from helpers.core import data, train
+    from helpers.measure import memory, timing
 
     if steps < 1 or iters < 1 or warmup < 0:
         raise ValueError(
@@ -419,7 +420,7 @@ def compare_precisions(
 
 def format_comparison(rows: list[dict]) -> str:
     """The rows of :func:`compare_precisions` as a fixed-width text table."""
-    from helpers import memory
+    from helpers.measure import memory
 
     head = (
         f"{'precision':<10} {'ms/step':>9} {'spread':>7} {'tokens/s':>10} {'peak mem':>10} {'final loss':>10} "
@@ -494,7 +495,7 @@ def plot_grad_scale(rows: list[dict], device_name: str):
 
 @cli.guarded
 def main(argv: list[str] | None = None) -> int:
-    """``python -m helpers.precision compare --steps N --out results/<file>.json``"""
+    """``python -m helpers.chapters.ch04_precision compare --steps N --out results/<file>.json``"""
     import argparse
     import datetime
     import json
@@ -502,10 +503,11 @@ def main(argv: list[str] | None = None) -> int:
     import sys
     from pathlib import Path
 
-    from helpers import hardware, train
+    from helpers.core import train
+    from helpers.measure import hardware
 
     p = argparse.ArgumentParser(
-        prog="python -m helpers.precision",
+        prog="python -m helpers.chapters.ch04_precision",
         description="fp32 / TF32 / bf16 / fp16 + GradScaler on the same training run",
     )
     sub = p.add_subparsers(dest="command", required=True)
