@@ -7,7 +7,7 @@ Each variant is the ladder's last rung plus one change; every variant is built a
 median of 10 CUDA-event-timed steps), the same method as the ladder and the reference.
 ``--profile`` runs torch.profiler over 3 steps and sums device time per kernel family.
 ``--power`` samples the GPU's power draw and SM clock with nvidia-smi every 100 ms
-(``helpers.measure.hardware.GPUPowerSampler``) and stores, per row, what it read during the timed steps; the
+(``helpers.measure.power.GPUPowerSampler``) and stores, per row, what it read during the timed steps; the
 step first runs (compiled) for ``--power-settle`` seconds, so that the timed steps, and the power
 reading (a ~1 s average on Ampere and newer), are those of a GPU that has been under this load
 for a while rather than one just back from the idle compile.
@@ -30,7 +30,7 @@ from helpers.core import data
 from helpers.core.model import GPTConfig, flops_per_token
 from helpers.core.train import build
 from helpers.ladder import last_runnable
-from helpers.measure import hardware, memory, timing
+from helpers.measure import memory, power, timing
 
 VARIANTS = {
     "final": {},
@@ -187,9 +187,9 @@ def main(argv=None) -> int:
     cfg = GPTConfig()
     tokens = data.load_tokens()
     rows = []
-    smi = hardware.GPUPowerSampler(device) if args.power else contextlib.nullcontext()
+    smi = power.GPUPowerSampler(device) if args.power else contextlib.nullcontext()
     args.max_clock_mhz = (
-        hardware.max_sm_clock_mhz(device) if args.power else None
+        power.max_sm_clock_mhz(device) if args.power else None
     )  # read once, printed per row
     with smi:
         for B in args.batch_size:
@@ -245,13 +245,13 @@ def run_batch_size(
             }
             if smi is not None:  # the timed steps began when the (synchronised) warm-up steps ended
                 t0 = t_before + sum(t.warmup_ms) / 1e3
-                row["power_timed_steps"] = hardware.power_summary(smi.samples, t0, t_after)
+                row["power_timed_steps"] = power.power_summary(smi.samples, t0, t_after)
                 row["power_samples"] = [
                     dataclasses.asdict(s)
-                    for s in hardware.samples_in_window(smi.samples, t0, t_after)
+                    for s in power.samples_in_window(smi.samples, t0, t_after)
                 ]
                 row["power_settle_s"] = args.power_settle
-                row["power_is_average"] = hardware.power_reading_is_average(device)
+                row["power_is_average"] = power.power_reading_is_average(device)
             if args.profile:
                 row["profile"] = profile(trainer, loader)
         rows.append(row)
@@ -263,7 +263,7 @@ def run_batch_size(
         if smi is not None:
             summary = row["power_timed_steps"]
             text = (
-                hardware.format_power_summary(summary, args.max_clock_mhz, row["power_is_average"])
+                power.format_power_summary(summary, args.max_clock_mhz, row["power_is_average"])
                 if summary["samples"]
                 else f"no sample in the {summary['window_s']:.2f} s of timed steps; "
                 f"{smi.problem() or 'the window is shorter than the 100 ms interval'}"

@@ -22,7 +22,7 @@ from helpers import switches
 from helpers.core import data
 from helpers.core.model import GPTConfig, flops_per_token
 from helpers.core.train import RunConfig, build, default_shapes, slow_reason, unsupported_reason
-from helpers.measure import hardware, memory, timing
+from helpers.measure import gpus, hardware, memory, timing
 from helpers.tools import cli
 
 # (name, switches added on top of the previous rung), read from the switch registry
@@ -397,7 +397,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--emulate",
         default=None,
         metavar="PROFILE",
-        choices=sorted(k for k, prof in hardware.PROFILES.items() if prof.capability),
+        choices=sorted(k for k, prof in gpus.PROFILES.items() if prof.capability),
         help="emulate a smaller GPU on this one (e.g. T4: 15 GB memory cap, no bf16/TF32, sm75 attention "
         "kernels); speed stays this GPU's, so no MFU is reported (also: $COURSE_EMULATE_GPU). "
         "One of: %(choices)s",

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from helpers.chapters import ch06_attention as A
-from helpers.measure import hardware
+from helpers.measure import gpus, hardware
 
 
 @pytest.fixture
@@ -108,7 +108,7 @@ def test_cpu_sdpa_keeps_its_fused_kernel_while_a_t4_is_emulated(monkeypatch):
     """emulate() turns the global FlashAttention switch off, which torch also reads for CPU tensors:
     without hardware.cpu_sdpa_kernels the CPU demonstrations of chapter 06 built (T, T) scores."""
     q, k, v = (torch.randn(1, 2, 96, 16) for _ in range(3))
-    monkeypatch.setattr(hardware, "_emulated", hardware.PROFILES["T4"])
+    monkeypatch.setattr(hardware, "_emulated", gpus.PROFILES["T4"])
     was = torch.backends.cuda.flash_sdp_enabled()
     torch.backends.cuda.enable_flash_sdp(False)
     try:
@@ -137,7 +137,7 @@ def test_sdpa_grader_passes_a_right_answer_with_the_same_error_while_a_t4_is_emu
 
     grading.check_sdpa_attention(right)
     normal = capsys.readouterr().out
-    monkeypatch.setattr(hardware, "_emulated", hardware.PROFILES["T4"])
+    monkeypatch.setattr(hardware, "_emulated", gpus.PROFILES["T4"])
     was = torch.backends.cuda.flash_sdp_enabled()
     torch.backends.cuda.enable_flash_sdp(False)
     try:

@@ -3,7 +3,8 @@ import contextlib
 import pytest
 import torch
 
-from helpers.measure import hardware
+from helpers.chapters import ch08_t4_colab as t4_colab
+from helpers.measure import gpus, hardware, power
 
 
 def test_cpu_summary_is_complete_and_honest():
@@ -26,16 +27,16 @@ def test_known_gpu_names_map_to_datasheet_profiles():
         "Tesla V100-SXM2-16GB": "V100",
     }
     for name, key in cases.items():
-        assert hardware.match_profile(name).key == key, name
-    assert hardware.match_profile("NVIDIA GeForce GTX 1080") is None
-    assert hardware.match_profile("NVIDIA A10G") is None  # no NVIDIA datasheet figures
+        assert gpus.match_profile(name).key == key, name
+    assert gpus.match_profile("NVIDIA GeForce GTX 1080") is None
+    assert gpus.match_profile("NVIDIA A10G") is None  # no NVIDIA datasheet figures
 
 
 def test_t4_has_no_bf16_or_tf32_and_mfu_uses_fp16_peak():
-    t4 = hardware.PROFILES["T4"]
+    t4 = gpus.PROFILES["T4"]
     assert t4.bf16_tflops is None and t4.tf32_tflops is None
     assert t4.peak_tensor_tflops == 65
-    assert all(p.source for p in hardware.PROFILES.values())
+    assert all(p.source for p in gpus.PROFILES.values())
 
 
 def test_native_bf16_and_tf32_on_cpu(monkeypatch):
@@ -98,7 +99,7 @@ def _as_dict(choices):
 
 
 def test_recipe_for_a_t4_is_fp16_with_gradscaler_and_no_tf32():
-    r = hardware.recommend_recipe(hardware.PROFILES["T4"])
+    r = t4_colab.recommend_recipe(gpus.PROFILES["T4"])
     d = _as_dict(r)
     assert d["autocast"] == "fp16" and d["matmul_precision"] == "fp32" and d["compile"] == "default"
     assert d["attention"] == "sdpa" and d["vocab_multiple"] == 64 and d["batch_size"] is None
@@ -108,7 +109,7 @@ def test_recipe_for_a_t4_is_fp16_with_gradscaler_and_no_tf32():
 
 def test_recipe_for_ampere_and_hopper_uses_bf16_and_tf32():
     for key in ("A100-80GB", "H100-SXM", "H200", "L4"):
-        d = _as_dict(hardware.recommend_recipe(hardware.PROFILES[key]))
+        d = _as_dict(t4_colab.recommend_recipe(gpus.PROFILES[key]))
         assert (d["autocast"], d["matmul_precision"], d["optimizer"]) == (
             "bf16",
             "tf32",
@@ -119,11 +120,11 @@ def test_recipe_for_ampere_and_hopper_uses_bf16_and_tf32():
 def test_recipe_on_this_cpu_builds_a_runconfig_that_runs_here():
     from helpers.core import train
 
-    choices = hardware.recommend_recipe("cpu")
+    choices = t4_colab.recommend_recipe("cpu")
     assert _as_dict(choices)["autocast"] is None
-    run = train.recipe_run_config(choices, batch_size=2, seq_len=16)
+    run = t4_colab.recipe_run_config(choices, batch_size=2, seq_len=16)
     assert train.unsupported_reason(run, torch.device("cpu")) is None
-    assert "switch" in hardware.format_recipe(choices).splitlines()[0]
+    assert "switch" in t4_colab.format_recipe(choices).splitlines()[0]
 
 
 def _fake_fraction(calls, fraction, device):
@@ -150,7 +151,7 @@ def test_t4_emulation_on_a_big_gpu_answers_like_a_t4(monkeypatch):
         assert info["memory_cap_bytes"] == 15 * 10**9 and calls["fraction"] == [0.1]
         assert set(info["sdpa_disabled"]) == {"flash", "cudnn"}
         assert not hardware.native_bf16(cuda) and not hardware.tf32_supported(cuda)
-        d = {c.switch: c.value for c in hardware.recommend_recipe(cuda)}
+        d = {c.switch: c.value for c in t4_colab.recommend_recipe(cuda)}
         assert (d["autocast"], d["matmul_precision"]) == ("fp16", "fp32")
         from helpers.core import train
         from helpers.measure import timing
@@ -196,27 +197,26 @@ EXPECTED_AUTOCAST = {
 
 
 def test_the_course_has_a_profile_for_every_gpu_it_names_and_a_cpu():
-    assert set(hardware.PROFILES) == set(EXPECTED_AUTOCAST)
-    for p in hardware.PROFILES.values():
+    assert set(gpus.PROFILES) == set(EXPECTED_AUTOCAST)
+    for p in gpus.PROFILES.values():
         assert p.source, p.key
         if p.capability is not None:
             assert p.memory_gb and p.bandwidth_gbs, p.key
         if p.peak_tensor_tflops is None or p.fp32_tflops is None:
             assert p.note, f"{p.key}: a missing figure needs a note saying why"
     assert (
-        hardware.PROFILES["CPU"].capability is None
-        and hardware.PROFILES["CPU"].peak_tensor_tflops is None
+        gpus.PROFILES["CPU"].capability is None
+        and gpus.PROFILES["CPU"].peak_tensor_tflops is None
     )
     assert (
-        hardware.PROFILES["A10G"].capability == (8, 6) and hardware.PROFILES["A10G"].memory_gb == 24
+        gpus.PROFILES["A10G"].capability == (8, 6) and gpus.PROFILES["A10G"].memory_gb == 24
     )
 
 
 def test_recipe_for_every_profile_gives_a_reason_for_every_switch():
-    from helpers.core import train
 
-    for key, p in hardware.PROFILES.items():
-        choices = hardware.recommend_recipe(p)
+    for key, p in gpus.PROFILES.items():
+        choices = t4_colab.recommend_recipe(p)
         d = _as_dict(choices)
         assert d["autocast"] == EXPECTED_AUTOCAST[key], key
         ampere = p.capability is not None and p.capability >= (8, 0)
@@ -233,24 +233,24 @@ def test_recipe_for_every_profile_gives_a_reason_for_every_switch():
         if ampere:
             assert "FlashAttention-2" in reasons["attention"], key
         # every recipe is a valid RunConfig
-        train.recipe_run_config(choices, batch_size=4, seq_len=64)
-    table = hardware.format_profiles()
-    assert all(k in table for k in hardware.PROFILES) and "fp16 + GradScaler" in table
+        t4_colab.recipe_run_config(choices, batch_size=4, seq_len=64)
+    table = gpus.format_profiles()
+    assert all(k in table for k in gpus.PROFILES) and "fp16 + GradScaler" in table
 
 
 def test_recipe_reports_a_measured_batch_size_with_its_reason():
     d = {
         c.switch: c
-        for c in hardware.recommend_recipe(
-            hardware.PROFILES["T4"], batch_size=12, batch_reason="probed"
+        for c in t4_colab.recommend_recipe(
+            gpus.PROFILES["T4"], batch_size=12, batch_reason="probed"
         )
     }
     assert d["batch_size"].value == 12 and d["batch_size"].reason == "probed"
 
 
 def test_profile_native_bf16_ignores_what_torch_says():
-    assert not hardware.PROFILES["T4"].native_bf16 and not hardware.PROFILES["V100"].native_bf16
-    assert hardware.PROFILES["A100-40GB"].native_bf16 and hardware.PROFILES["CPU"].native_bf16
+    assert not gpus.PROFILES["T4"].native_bf16 and not gpus.PROFILES["V100"].native_bf16
+    assert gpus.PROFILES["A100-40GB"].native_bf16 and gpus.PROFILES["CPU"].native_bf16
 
 
 def _fake_h200(monkeypatch, calls):
@@ -470,7 +470,7 @@ SMI_LINES = [
 
 
 def test_parse_smi_line_reads_clock_power_limit_and_reasons():
-    s = hardware.parse_smi_line(SMI_LINES[0], t=5.0)
+    s = power.parse_smi_line(SMI_LINES[0], t=5.0)
     assert (s.t, s.sm_clock_mhz, s.power_w, s.power_limit_w, s.reasons) == (
         5.0,
         1740,
@@ -478,7 +478,7 @@ def test_parse_smi_line_reads_clock_power_limit_and_reasons():
         700.0,
         4,
     )
-    assert s.reasons & hardware.SW_POWER_CAP
+    assert s.reasons & power.SW_POWER_CAP
     for bad in [
         "timestamp, clocks.current.sm [MHz], power.draw [W], power.limit [W], reasons",
         'Field "power.draw.instant" is not a valid field to query.',
@@ -486,8 +486,8 @@ def test_parse_smi_line_reads_clock_power_limit_and_reasons():
         "",
         "2026/11/30 03:39:09.345, [N/A], [N/A], [N/A], [N/A]",
     ]:
-        assert hardware.parse_smi_line(bad, t=0.0) is None
-    na = hardware.parse_smi_line(
+        assert power.parse_smi_line(bad, t=0.0) is None
+    na = power.parse_smi_line(
         "2026/11/30 03:39:09.345, 1740, [N/A], [Not Supported], 0x4", t=1.0
     )
     assert (na.sm_clock_mhz, na.power_w, na.power_limit_w, na.reasons) == (
@@ -499,8 +499,8 @@ def test_parse_smi_line_reads_clock_power_limit_and_reasons():
 
 
 def test_power_summary_keeps_only_the_window():
-    samples = [hardware.parse_smi_line(line, t=float(i)) for i, line in enumerate(SMI_LINES)]
-    all3 = hardware.power_summary(samples)
+    samples = [power.parse_smi_line(line, t=float(i)) for i, line in enumerate(SMI_LINES)]
+    all3 = power.power_summary(samples)
     assert all3["samples"] == 3 and all3["power_w"] == {
         "min": 124.8,
         "median": 693.88,
@@ -509,20 +509,20 @@ def test_power_summary_keeps_only_the_window():
     assert all3["sm_clock_mhz"]["min"] == 1650 and all3["sw_power_cap_fraction"] == pytest.approx(
         2 / 3
     )
-    assert hardware.power_summary(samples, 0.5, 1.5)["sm_clock_mhz"] == {
+    assert power.power_summary(samples, 0.5, 1.5)["sm_clock_mhz"] == {
         "min": 1980,
         "median": 1980,
         "max": 1980,
     }
-    assert hardware.power_summary(samples, 10.0, 11.0) == {"samples": 0, "window_s": 1.0}
-    two = hardware.power_summary(samples[:2])
+    assert power.power_summary(samples, 10.0, 11.0) == {"samples": 0, "window_s": 1.0}
+    two = power.power_summary(samples[:2])
     assert two["sm_clock_mhz"]["median"] == 1860  # the mean of the middle two, not the upper one
     samples.append(
-        hardware.PowerSample(
+        power.PowerSample(
             t=3.0, sm_clock_mhz=1500, power_w=None, power_limit_w=None, reasons=None
         )
     )
-    with_na = hardware.power_summary(samples)
+    with_na = power.power_summary(samples)
     assert (
         with_na["samples"] == 4
         and with_na["power_w"]["max"] == 697.75
@@ -534,16 +534,16 @@ def test_power_summary_keeps_only_the_window():
 
 
 def test_format_power_summary_says_what_was_measured():
-    samples = [hardware.parse_smi_line(line, t=float(i)) for i, line in enumerate(SMI_LINES)]
-    text = hardware.format_power_summary(hardware.power_summary(samples), max_clock_mhz=1980)
+    samples = [power.parse_smi_line(line, t=float(i)) for i, line in enumerate(SMI_LINES)]
+    text = power.format_power_summary(power.power_summary(samples), max_clock_mhz=1980)
     assert "1650 / 1740 / 1980 MHz" in text and "the median is 88% of it" in text
     assert (
         "up to 698 W of a 700 W limit (a ~1 s average" in text and "in 67% of the samples" in text
     )
-    assert "average" not in hardware.format_power_summary(
-        hardware.power_summary(samples), power_is_average=False
+    assert "average" not in power.format_power_summary(
+        power.power_summary(samples), power_is_average=False
     )
-    assert "no nvidia-smi sample" in hardware.format_power_summary({"samples": 0, "window_s": 0.05})
+    assert "no nvidia-smi sample" in power.format_power_summary({"samples": 0, "window_s": 0.05})
 
 
 def test_gpu_power_sampler_collects_the_lines_a_command_prints():
@@ -554,7 +554,7 @@ def test_gpu_power_sampler_collects_the_lines_a_command_prints():
         + "".join(f"print({line!r}, flush=True)\n" for line in SMI_LINES)
         + "time.sleep(30)\n"
     )
-    with hardware.GPUPowerSampler("cuda", command=[sys.executable, "-c", script]) as smi:
+    with power.GPUPowerSampler("cuda", command=[sys.executable, "-c", script]) as smi:
         import time
 
         deadline = time.time() + 20
@@ -573,7 +573,7 @@ def test_gpu_power_sampler_reports_why_nvidia_smi_gave_nothing():
     import time
 
     script = "import sys; print('Field \"power.draw.instant\" is not a valid field to query.'); sys.exit(2)"
-    with hardware.GPUPowerSampler("cuda", command=[sys.executable, "-c", script]) as smi:
+    with power.GPUPowerSampler("cuda", command=[sys.executable, "-c", script]) as smi:
         time.sleep(1.0)
     assert smi.samples == [] and smi.returncode == 2
     assert "exit status 2" in smi.problem() and "not a valid field" in smi.problem()
@@ -581,34 +581,34 @@ def test_gpu_power_sampler_reports_why_nvidia_smi_gave_nothing():
 
 def test_gpu_power_sampler_says_what_is_missing(monkeypatch):
     with pytest.raises(RuntimeError, match="not a CUDA device"):
-        hardware.GPUPowerSampler("cpu").__enter__()
+        power.GPUPowerSampler("cpu").__enter__()
     monkeypatch.setattr(hardware.shutil, "which", lambda name: None)
     with pytest.raises(
         RuntimeError, match="cannot see a CUDA GPU"
     ):  # a CPU-only torch: the first thing to say
-        hardware.GPUPowerSampler("cuda").__enter__()
+        power.GPUPowerSampler("cuda").__enter__()
     monkeypatch.setattr(hardware.torch.cuda, "is_available", lambda: True)
     with pytest.raises(RuntimeError, match="nvidia-smi is not on PATH"):
-        hardware.GPUPowerSampler("cuda").__enter__()
-    assert hardware.max_sm_clock_mhz("cuda") is None and hardware.max_sm_clock_mhz("cpu") is None
+        power.GPUPowerSampler("cuda").__enter__()
+    assert power.max_sm_clock_mhz("cuda") is None and power.max_sm_clock_mhz("cpu") is None
     monkeypatch.setattr(hardware.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
     monkeypatch.setattr(
         hardware.torch.cuda, "is_available", lambda: False
     )  # a CPU-only torch, nvidia-smi present
     with pytest.raises(RuntimeError, match="cannot see a CUDA GPU"):
-        hardware.GPUPowerSampler("cuda").__enter__()
-    assert hardware.max_sm_clock_mhz("cuda") is None
+        power.GPUPowerSampler("cuda").__enter__()
+    assert power.max_sm_clock_mhz("cuda") is None
 
 
 def test_power_window_and_reading_kind(monkeypatch):
-    samples = [hardware.parse_smi_line(line, t=float(i)) for i, line in enumerate(SMI_LINES)]
-    assert [s.t for s in hardware.samples_in_window(samples, 0.5, 2.0)] == [1.0, 2.0]
-    assert hardware.samples_in_window(samples) == samples
+    samples = [power.parse_smi_line(line, t=float(i)) for i, line in enumerate(SMI_LINES)]
+    assert [s.t for s in power.samples_in_window(samples, 0.5, 2.0)] == [1.0, 2.0]
+    assert power.samples_in_window(samples) == samples
     monkeypatch.setattr(
         torch.cuda, "get_device_capability", lambda d=None: (7, 5)
     )  # a T4: instantaneous
-    assert hardware.power_reading_is_average("cuda") is False
+    assert power.power_reading_is_average("cuda") is False
     monkeypatch.setattr(
         torch.cuda, "get_device_capability", lambda d=None: (9, 0)
     )  # an H200: ~1 s average
-    assert hardware.power_reading_is_average("cuda") is True
+    assert power.power_reading_is_average("cuda") is True

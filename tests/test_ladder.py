@@ -5,7 +5,7 @@ import torch
 
 from helpers import ladder
 from helpers.core.train import RunConfig
-from helpers.measure import hardware
+from helpers.measure import gpus, hardware
 
 
 def test_rungs_are_cumulative_and_skip_what_the_cpu_cannot_run(monkeypatch):
@@ -318,7 +318,7 @@ def test_autocast_rung_follows_t4_emulation(monkeypatch):
     from helpers.measure import hardware
 
     _fake_cuda(monkeypatch, (9, 0))
-    monkeypatch.setattr(hardware, "_emulated", hardware.PROFILES["T4"])
+    monkeypatch.setattr(hardware, "_emulated", gpus.PROFILES["T4"])
     assert ladder.ladder_configs(16, 1024, device="cuda")[2][0].name == ladder.FP16_AUTOCAST_RUNG
 
 

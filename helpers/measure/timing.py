@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from helpers.measure import hardware
+from helpers.measure import gpus, hardware
 
 
 @dataclass
@@ -112,9 +112,9 @@ def peak_flops(device: torch.device | str) -> tuple[float | None, str]:
             f"emulating a {hardware.emulated_profile().key}: the speed is the real GPU's, so no MFU is claimed",
         )
     name = torch.cuda.get_device_name(device)
-    prof = hardware.match_profile(name, torch.cuda.get_device_properties(device).total_memory)
+    prof = gpus.match_profile(name, torch.cuda.get_device_properties(device).total_memory)
     if prof is None or prof.peak_tensor_tflops is None:
-        return None, f"'{name}' has no datasheet profile in helpers.measure.hardware.PROFILES"
+        return None, f"'{name}' has no datasheet profile in helpers.measure.gpus.PROFILES"
     return prof.peak_tensor_tflops * 1e12, f"{prof.name} dense 16-bit tensor peak, {prof.source}"
 
 
@@ -191,7 +191,7 @@ def benchmark_matmul(
         status="measured", ms=t.median_ms, tflops=2 * n**3 / (t.median_ms / 1e3) / 1e12, reason="ok"
     )
     if device.type == "cuda":
-        prof = hardware.match_profile(torch.cuda.get_device_name(device))
+        prof = gpus.match_profile(torch.cuda.get_device_name(device))
         if prof is not None:
             row["peak_tflops"] = {
                 "fp32": prof.fp32_tflops,
