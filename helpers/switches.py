@@ -7,7 +7,8 @@ description of a configuration (:func:`rung_fields`) are all read from :data:`SW
 needs from the hardware is checked by :func:`helpers.core.train.unsupported_reason`; what it does lives in
 its mechanism (the model, the step or a kernel module).
 
-Adding a rung: one record here, its field on ``RunConfig`` and its mechanism.
+``RunConfig``'s switch fields are made from these records (:func:`helpers.core.train.run_config_class`).
+Adding a rung: one record here, its place in :data:`RUNG_ORDER`, and its mechanism.
 """
 
 from __future__ import annotations
@@ -27,6 +28,25 @@ class Switch:
     chapter: str  # the chapter that teaches it, e.g. "04"
     advice: dict = field(default_factory=dict)  # value -> when to use it (the capstone's checklist)
     general: str = ""  # advice for the switch whatever its value
+    values: tuple | None = None  # the values RunConfig accepts (None: an int >= minimum)
+    minimum: int | None = None  # for an int switch: its smallest value
+    doc: str = ""  # what the field means, one line (RunConfig's docstring lists them)
+    where: str = "step"  # its mechanism: "model" (a GPT keyword), "shape" (GPTConfig) or "step"
+
+    def __post_init__(self) -> None:
+        if (self.values is None) == (self.minimum is None):
+            raise ValueError(f"switch {self.field!r}: give its values or, for an int, its minimum")
+
+    def problem(self, value: object, owner: str = "RunConfig") -> str | None:
+        """Why ``value`` is not a valid value of this switch (None if it is), as one sentence
+        naming ``owner.field``."""
+        if self.values is not None:
+            if value in self.values and type(value) in {type(v) for v in self.values}:
+                return None
+            return f"{owner}.{self.field} must be one of {self.values}, got {value!r}"
+        if isinstance(value, int) and not isinstance(value, bool) and value >= self.minimum:
+            return None
+        return f"{owner}.{self.field} must be >= {self.minimum} (an int), got {value!r}"
 
 
 SWITCHES: tuple[Switch, ...] = (
@@ -40,6 +60,8 @@ SWITCHES: tuple[Switch, ...] = (
             "one line, torch.set_float32_matmul_precision('high'); nothing to gain on a T4/V100 or a CPU",
         },
         "choose TF32 ('high') on compute capability >= 8.0; keep 'highest' only to check numerics",
+        values=("fp32", "tf32"),
+        doc="\"fp32\": TF32 off ('highest'); \"tf32\": TF32 matmuls ('high')",
     ),
     Switch(
         "autocast",
@@ -53,6 +75,8 @@ SWITCHES: tuple[Switch, ...] = (
             "underflow to zero",
         },
         "mixed precision: bf16 where native (compute capability >= 8.0), else fp16 + GradScaler",
+        values=(None, "bf16", "fp16"),
+        doc='None, "bf16", or "fp16" (fp16 adds a GradScaler)',
     ),
     Switch(
         "compile",
@@ -65,6 +89,8 @@ SWITCHES: tuple[Switch, ...] = (
             "needs Triton (GPU, compute capability >= 7.0) or a C++ compiler (CPU); leave it off while the code changes "
             "every run"
         ),
+        values=(None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
+        doc="None = eager, else a torch.compile mode",
     ),
     Switch(
         "attention",
@@ -76,6 +102,9 @@ SWITCHES: tuple[Switch, ...] = (
             "memory-efficient or cuDNN) and never stores the (T, T) scores, so memory drops and the gain grows with T",
         },
         "prefer F.scaled_dot_product_attention over hand-written attention",
+        values=("manual", "sdpa"),
+        doc='"manual" (the (T, T) scores in memory) or "sdpa"',
+        where="model",
     ),
     Switch(
         "vocab_multiple",
@@ -87,6 +116,9 @@ SWITCHES: tuple[Switch, ...] = (
             "when a matmul dimension is odd (GPT-2's 50257 tokens): pad it to a multiple of 64 and mask the "
             "padded ids when sampling"
         ),
+        minimum=1,
+        doc="pad the LM head's rows to a multiple of this: 1 = 50257, 64 -> 50304",
+        where="shape",
     ),
     Switch(
         "optimizer",
@@ -98,6 +130,8 @@ SWITCHES: tuple[Switch, ...] = (
             "step; small once the step is compiled and the batch is large",
         },
         "AdamW: fused where available, else foreach; the for-loop version only for debugging",
+        values=("for-loop", "foreach", "fused"),
+        doc="AdamW implementation",
     ),
     Switch(
         "residual_dtype",
@@ -110,6 +144,9 @@ SWITCHES: tuple[Switch, ...] = (
             "weights and AdamW state stay fp32; compare the loss curve with the fp32 stream's (bf16 keeps 8 bits "
             "of mantissa)",
         },
+        values=("fp32", "bf16"),
+        doc='"bf16": the residual stream in bf16 (needs autocast="bf16")',
+        where="model",
     ),
     Switch(
         "detach_logits",
@@ -120,6 +157,9 @@ SWITCHES: tuple[Switch, ...] = (
             True: "whenever a compiled training step returns logits it never backpropagates through: an output "
             "that requires grad gets a (B, T, V) zero gradient that the compiled backward reads and adds, every step",
         },
+        values=(False, True),
+        doc="return detached logits when the model computes the loss",
+        where="model",
     ),
     Switch(
         "loss_kernel",
@@ -134,6 +174,9 @@ SWITCHES: tuple[Switch, ...] = (
             "logits-sized tensor waits for backward; mostly a memory saving (peak -6.5 GiB at B=64 on the "
             "H200); not under fp16",
         },
+        values=("pytorch", "triton", "fused"),
+        doc='"pytorch" (F.cross_entropy), "triton" (hand-written CE) or "fused" (LM head + CE)',
+        where="model",
     ),
     Switch(
         "fused_clip",
@@ -145,6 +188,8 @@ SWITCHES: tuple[Switch, ...] = (
             "gradients, instead of a separate pass that rescales all of them; a fixed, small saving (one pass "
             "over the parameters), so it matters most at small B",
         },
+        values=(False, True),
+        doc="clip by handing fused AdamW the clip factor instead of rescaling every gradient",
     ),
     Switch(
         "lm_head_fp8",
@@ -157,6 +202,9 @@ SWITCHES: tuple[Switch, ...] = (
             "FLOPs): its three matmuls ran 1.5-1.9x faster than bf16 on the H200; a numerics change (e4m3 "
             "inputs, e5m2 gradient), so compare the loss curve with bf16's before keeping it",
         },
+        values=(False, True),
+        doc='the fused LM-head CE\'s matmuls on fp8 tensor cores (needs loss_kernel="fused")',
+        where="model",
     ),
     Switch(
         "grad_accum_steps",
@@ -168,6 +216,8 @@ SWITCHES: tuple[Switch, ...] = (
             "when the batch you want does not fit in memory: the same gradient in several micro-steps; "
             "it saves memory, not time"
         ),
+        minimum=1,
+        doc="micro-steps per optimizer step",
     ),
     Switch(
         "checkpoint_every",
@@ -179,6 +229,9 @@ SWITCHES: tuple[Switch, ...] = (
             "activation checkpointing: when activations do not fit; recomputes blocks in backward "
             "(about a third more compute for those blocks) to fit a larger B"
         ),
+        minimum=0,
+        doc="activation checkpointing: 0 = off, k = recompute every k-th block",
+        where="model",
     ),
 )
 
@@ -216,6 +269,18 @@ def ladder_rungs(
         )
     first = {s.field: s.baseline for s in switches if s.rungs}
     return [("fp32", first)] + [(name, {declared[name][0]: declared[name][1]}) for name in order]
+
+
+def get(field_name: str, switches: tuple[Switch, ...] = SWITCHES) -> Switch:
+    """The record of the switch on RunConfig field ``field_name`` (``get("optimizer").values``).
+
+    Raises:
+        KeyError: no switch has that field; the message lists the ones that exist.
+    """
+    for s in switches:
+        if s.field == field_name:
+            return s
+    raise KeyError(f"no switch {field_name!r}; switches are {[s.field for s in switches]}")
 
 
 def rung_fields(switches: tuple[Switch, ...] = SWITCHES) -> tuple[str, ...]:

@@ -4,7 +4,6 @@ On a machine without a GPU the kernels run in Triton's CPU interpreter, in a sub
 interpreter is chosen when Triton is imported). On a GPU they run for real, also under torch.compile.
 """
 
-import dataclasses
 import os
 import subprocess
 import sys
@@ -322,10 +321,10 @@ def _compiled_step_results(configs: dict) -> dict:
     x = torch.randint(0, GPTConfig().vocab_size, (4, 128), device="cuda")
     y = torch.randint(0, GPTConfig().vocab_size, (4, 128), device="cuda")
     results = {}
-    for key, cfg in configs.items():
+    for key, model_switches in configs.items():
         torch._dynamo.reset()
         torch.manual_seed(1)
-        model = GPT(cfg).cuda()
+        model = GPT(SMALL, **model_switches).cuda()
         step = torch.compile(model, fullgraph=True)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             _, loss = step(x, y)
@@ -342,7 +341,7 @@ SMALL = GPTConfig(block_size=128, n_layer=2, n_head=4, n_embd=128, vocab_multipl
 def test_compiled_model_with_the_triton_loss_matches_pytorch_loss():
     """Inside torch.compile (one graph, custom op traced) the step gives the loss and gradients of F.cross_entropy."""
     results = _compiled_step_results(
-        {k: dataclasses.replace(SMALL, loss_kernel=k) for k in ("pytorch", "triton", "fused")}
+        {k: dict(loss_kernel=k) for k in ("pytorch", "triton", "fused")}
     )
     lp, gp = results["pytorch"]
     for kernel in ("triton", "fused"):
@@ -358,9 +357,8 @@ def test_compiled_model_with_the_fp8_lm_head_trains_like_bf16():
     bf16 fused LM head within fp8's rounding."""
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("fp8 tensor cores need compute capability >= 8.9")
-    fused = dataclasses.replace(SMALL, loss_kernel="fused")
     results = _compiled_step_results(
-        {fp8: dataclasses.replace(fused, lm_head_fp8=fp8) for fp8 in (False, True)}
+        {fp8: dict(loss_kernel="fused", lm_head_fp8=fp8) for fp8 in (False, True)}
     )
     (lb, gb), (l8, g8) = results[False], results[True]
     assert abs(lb - l8) < 1e-2 * abs(lb), (lb, l8)
@@ -398,7 +396,7 @@ def test_residual_stream_is_bf16_only_when_asked(tiny_config):
     seen = {}
     for dtype in ("fp32", "bf16"):
         torch.manual_seed(0)
-        model = GPT(dataclasses.replace(tiny_config, residual_dtype=dtype))
+        model = GPT(tiny_config, residual_dtype=dtype)
         model.transformer.h[1].register_forward_pre_hook(
             lambda mod, args, d=dtype: seen.__setitem__(d, args[0].dtype)
         )
@@ -432,7 +430,7 @@ def test_bf16_residual_needs_bf16_autocast():
     with pytest.raises(ValueError, match="residual_dtype"):
         train.RunConfig(residual_dtype="fp8")
     with pytest.raises(ValueError, match="loss_kernel"):
-        GPTConfig(loss_kernel="cuda")
+        GPT(GPTConfig(block_size=8, n_layer=1, n_head=1, n_embd=8), loss_kernel="cuda")
 
 
 def _train_steps(run, steps=3):
@@ -489,7 +487,7 @@ def test_detached_logits_keep_values_and_the_loss_gradient(tiny_config):
     out = {}
     for detach in (False, True):
         torch.manual_seed(0)
-        model = GPT(dataclasses.replace(tiny_config, detach_logits=detach))
+        model = GPT(tiny_config, detach_logits=detach)
         logits, loss = model(idx, idx)
         loss.backward()
         out[detach] = (logits, loss, model.lm_head.weight.grad)
@@ -541,11 +539,12 @@ def test_triton_kernel_needs_compute_capability_7(monkeypatch):
 def test_fp8_lm_head_needs_the_fused_loss_and_fp8_tensor_cores(monkeypatch):
     from helpers.measure import hardware
 
+    tiny = dict(block_size=8, n_layer=1, n_head=1, n_embd=16)
     with pytest.raises(ValueError, match="loss_kernel='fused'"):
-        GPTConfig(lm_head_fp8=True)
+        GPT(GPTConfig(**tiny), lm_head_fp8=True)
     with pytest.raises(ValueError, match="vocab_multiple=64"):
-        GPTConfig(lm_head_fp8=True, loss_kernel="fused")  # 50257 LM-head rows
-    GPTConfig(lm_head_fp8=True, loss_kernel="fused", vocab_multiple=64)
+        GPT(GPTConfig(**tiny), lm_head_fp8=True, loss_kernel="fused")  # 50257 LM-head rows
+    GPT(GPTConfig(**tiny, vocab_multiple=64), lm_head_fp8=True, loss_kernel="fused")
     if (
         not torch.cuda.is_available()
     ):  # a CPU-only torch: a reason, not torch's "not compiled with CUDA" assertion

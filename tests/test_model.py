@@ -65,7 +65,7 @@ def test_sequence_longer_than_block_size_raises_clear_error(tiny_config):
 def test_manual_and_sdpa_attention_compute_the_same_function(tiny_config):
     torch.manual_seed(0)
     manual = GPT(tiny_config)
-    sdpa = GPT(GPTConfig(**{**tiny_config.__dict__, "attention": "sdpa"}))
+    sdpa = GPT(tiny_config, attention="sdpa")
     sdpa.load_state_dict(manual.state_dict())
     idx = torch.randint(0, tiny_config.vocab_size, (2, 32))
     lm, loss_m = manual(idx, idx)
@@ -81,7 +81,7 @@ def test_manual_and_sdpa_attention_compute_the_same_function(tiny_config):
 def test_attention_is_causal(tiny_config):
     torch.manual_seed(0)
     for attention in ("manual", "sdpa"):
-        model = GPT(GPTConfig(**{**tiny_config.__dict__, "attention": attention}))
+        model = GPT(tiny_config, attention=attention)
         idx = torch.randint(0, tiny_config.vocab_size, (1, 16))
         changed = idx.clone()
         changed[0, 10:] = (changed[0, 10:] + 1) % tiny_config.vocab_size
@@ -141,16 +141,16 @@ def test_pad_to_multiple(n, m, expected):
 
 
 def test_bad_attention_switch_is_rejected():
-    with pytest.raises(ValueError, match="attention must be one of"):
-        GPTConfig(attention="flash")
+    with pytest.raises(ValueError, match="GPT.attention must be one of"):
+        GPT(GPTConfig(block_size=8, n_layer=1, n_head=1, n_embd=8), attention="flash")
 
 
 # ---- activation checkpointing (chapter 09) -------------------------------------------------------
 
 
-def _loss_and_grads(config, idx, freeze_embeddings=False):
+def _loss_and_grads(config, idx, freeze_embeddings=False, checkpoint_every=0):
     torch.manual_seed(0)
-    model = GPT(config)
+    model = GPT(config, checkpoint_every=checkpoint_every)
     if freeze_embeddings:
         model.transformer.wte.weight.requires_grad_(False)
         model.transformer.wpe.weight.requires_grad_(False)
@@ -166,7 +166,7 @@ def test_activation_checkpointing_keeps_the_loss_and_gradients(tiny_config, ever
     cfg = dataclasses.replace(tiny_config, n_layer=4)
     idx = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(1))
     _, loss0, grads0 = _loss_and_grads(cfg, idx)
-    _, loss1, grads1 = _loss_and_grads(dataclasses.replace(cfg, checkpoint_every=every), idx)
+    _, loss1, grads1 = _loss_and_grads(cfg, idx, checkpoint_every=every)
     assert torch.allclose(loss0, loss1, rtol=0, atol=1e-6)
     assert grads0.keys() == grads1.keys()
     for name in grads0:
@@ -178,7 +178,7 @@ def test_checkpointing_recomputes_exactly_every_kth_block(tiny_config, every, re
     import dataclasses
 
     torch.manual_seed(0)
-    model = GPT(dataclasses.replace(tiny_config, n_layer=4, checkpoint_every=every))
+    model = GPT(dataclasses.replace(tiny_config, n_layer=4), checkpoint_every=every)
     calls = [0] * 4
     for i, block in enumerate(model.transformer.h):
         # a pre-hook: the recomputation stops early, once it has rebuilt what backward needs
@@ -194,11 +194,9 @@ def test_checkpointing_recomputes_exactly_every_kth_block(tiny_config, every, re
 
 
 def test_checkpointed_blocks_get_gradients_when_the_input_needs_none(tiny_config):
-    import dataclasses
-
     idx = torch.randint(0, 100, (2, 16))
     model, _, grads = _loss_and_grads(
-        dataclasses.replace(tiny_config, checkpoint_every=1), idx, freeze_embeddings=True
+        tiny_config, idx, freeze_embeddings=True, checkpoint_every=1
     )
     missing = [n for n, g in grads.items() if g is None]
     assert not missing, f"no gradient for {missing}"
@@ -207,4 +205,29 @@ def test_checkpointed_blocks_get_gradients_when_the_input_needs_none(tiny_config
 
 def test_negative_checkpoint_every_is_rejected():
     with pytest.raises(ValueError, match="checkpoint_every must be >= 0"):
-        GPTConfig(checkpoint_every=-1)
+        GPT(GPTConfig(block_size=8, n_layer=1, n_head=1, n_embd=8), checkpoint_every=-1)
+
+
+def test_the_model_picks_its_mechanisms_once_and_forward_has_no_switch_branches():
+    """forward reads top to bottom: the switches are read in __init__, not in forward."""
+    import inspect
+
+    from helpers.core import model as model_module
+
+    source = inspect.getsource(GPT.forward)
+    for name in model_module.MODEL_SWITCHES:
+        assert name not in source, name
+    assert "import" not in source and "self.config.loss_kernel" not in source
+    tiny = GPTConfig(block_size=8, vocab_size=64, n_layer=2, n_head=2, n_embd=16)
+    m = GPT(tiny, attention="sdpa", checkpoint_every=2)
+    assert m.switches["attention"] == "sdpa" and m.recomputed == {0}
+    assert m.transformer.h[0].attn.attend == m.transformer.h[0].attn._sdpa
+
+
+def test_gpt_config_holds_the_shape_only():
+    import dataclasses
+
+    from helpers.core import model as model_module
+
+    fields = {f.name for f in dataclasses.fields(GPTConfig)}
+    assert not fields & set(model_module.MODEL_SWITCHES)

@@ -7,6 +7,7 @@ import pytest
 from helpers import ladder, switches
 from helpers.chapters import ch10_profiling as profiling
 from helpers.chapters import ch12_capstone as capstone
+from helpers.core import train
 from helpers.core.train import RunConfig
 
 # The ladder as it was written by hand before the registry: the registry must give the same.
@@ -60,7 +61,13 @@ def test_the_capstone_advice_and_the_profilers_description_come_from_the_registr
 
 def test_a_new_record_shows_up_in_the_rungs_the_advice_and_the_description():
     fake = switches.Switch(
-        "fake_switch", False, (("+ fake", True),), "12", {True: "use it when faked"}
+        "fake_switch",
+        False,
+        (("+ fake", True),),
+        "12",
+        {True: "use it when faked"},
+        values=(False, True),
+        doc="a switch only this test has",
     )
     registry = (*switches.SWITCHES, fake)
     rungs = switches.ladder_rungs(registry, (*switches.RUNG_ORDER, "+ fake"))
@@ -69,3 +76,43 @@ def test_a_new_record_shows_up_in_the_rungs_the_advice_and_the_description():
     assert "fake_switch" in switches.rung_fields(registry)
     with pytest.raises(ValueError, match="declared but not ordered"):
         switches.ladder_rungs(registry)  # a rung must have its place in the ladder
+    FakeRunConfig = train.run_config_class(registry)
+    assert FakeRunConfig().fake_switch is False and FakeRunConfig(fake_switch=True).fake_switch
+    assert "fake_switch = False: a switch only this test has" in FakeRunConfig.__doc__
+    with pytest.raises(ValueError, match="fake_switch must be one of"):
+        FakeRunConfig(fake_switch="yes")
+    assert not hasattr(RunConfig(), "fake_switch")  # the course's RunConfig is untouched
+
+
+def test_run_config_fields_are_the_registry_s_switches_then_the_settings():
+    names = [f.name for f in dataclasses.fields(RunConfig)]
+    assert names == [
+        "name",
+        *(s.field for s in switches.SWITCHES),
+        *(n for n, _, _ in train.SETTINGS),
+    ]
+    for s in switches.SWITCHES:
+        assert s.field in RunConfig.__doc__ and s.doc
+
+
+@pytest.mark.parametrize(
+    "field,bad",
+    [
+        ("attention", "flash"),
+        ("autocast", "bf32"),
+        ("compile", "fast"),
+        ("detach_logits", 1),
+        ("vocab_multiple", 0),
+        ("vocab_multiple", 1.5),
+        ("checkpoint_every", -1),
+        ("grad_accum_steps", True),
+    ],
+)
+def test_run_config_refuses_a_value_its_switch_does_not_accept(field, bad):
+    with pytest.raises(ValueError, match=f"RunConfig.{field} must be"):
+        RunConfig(**{field: bad})
+
+
+def test_a_record_without_values_or_minimum_is_refused():
+    with pytest.raises(ValueError, match="give its values"):
+        switches.Switch("x", 0, (), "12")

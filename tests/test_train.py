@@ -147,7 +147,7 @@ def test_checkpoint_every_reaches_the_model_and_keeps_the_losses():
     for every in (0, 1):
         run = train.RunConfig(batch_size=2, seq_len=32, checkpoint_every=every)
         trainer = train.build(run, CFG, "cpu")
-        assert trainer.model_config.checkpoint_every == every
+        assert trainer.model.switches["checkpoint_every"] == every
         loader = data.BatchLoader(tokens, 2, 32, "cpu")
         losses[every] = [trainer.step(loader).item() for _ in range(3)]
     assert losses[0] == pytest.approx(losses[1], abs=1e-5)

@@ -1,8 +1,10 @@
 """Causal attention three ways, and the measurements of chapter 06.
 
-- :func:`manual_attention`: softmax(q kᵀ / √d + causal mask) v, materialising the (T, T) scores.
-- :func:`sdpa_attention`: ``F.scaled_dot_product_attention(q, k, v, is_causal=True)``: PyTorch picks a
-  fused kernel (FlashAttention, memory-efficient, cuDNN) that never stores the scores.
+- :func:`manual_attention` (the model's own, from :mod:`helpers.core.model`): softmax(q kᵀ / √d +
+  causal mask) v, materialising the (T, T) scores.
+- :func:`sdpa_attention` (the model's own too): ``F.scaled_dot_product_attention(q, k, v,
+  is_causal=True)``: PyTorch picks a fused kernel (FlashAttention, memory-efficient, cuDNN) that
+  never stores the scores.
 - :func:`tiled_attention`: FlashAttention's idea in plain PyTorch: walk over key/value tiles keeping a
   running max, a running softmax denominator and a running output (the "online softmax" of Milakov
   & Gimelshein 2018, https://arxiv.org/abs/1805.02867), so the result is exact, never approximate.
@@ -22,21 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from helpers.core.model import manual_attention, sdpa_attention  # noqa: F401 (chapter 06 API)
 from helpers.measure import hardware, memory, timing
-
-
-def manual_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal attention with the (B, nh, T, T) score matrix in memory."""
-    T, hs = q.size(-2), q.size(-1)
-    att = (q @ k.transpose(-2, -1)) / math.sqrt(hs)  # (B, nh, T, T)
-    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-    att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-    return att @ v  # (B, nh, T, hs)
-
-
-def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal attention through ``F.scaled_dot_product_attention(is_causal=True)``, no mask tensor."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 def tiled_attention(

@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 import torch.utils.checkpoint
 
+from helpers import switches
 from helpers.core import data, tokenizer, train
 from helpers.core.model import GPT, GPTConfig
 from helpers.measure import memory, timing
@@ -396,7 +397,7 @@ def reentrant_trap(
     """
     device = torch.device(device)
     torch.manual_seed(1337)
-    m = GPT(dataclasses.replace(model_config, checkpoint_every=0)).to(device)
+    m = GPT(model_config).to(device)
     m.transformer.wte.weight.requires_grad_(False)
     m.transformer.wpe.weight.requires_grad_(False)
     m.transformer.h = nn.ModuleList([Checkpointed(b, use_reentrant) for b in m.transformer.h])
@@ -562,7 +563,7 @@ def optimizer_sweep(
     run: train.RunConfig,
     model_config: GPTConfig,
     device: torch.device | str,
-    impls: tuple[str, ...] = train.OPTIMIZERS,
+    impls: tuple[str, ...] = switches.get("optimizer").values,
     warmup: int = 1,
     iters: int = 3,
     step_iters: int = 3,

@@ -52,6 +52,7 @@ import torch
 import torch.distributed as dist
 
 import helpers
+from helpers import switches
 from helpers.core import data, train
 from helpers.measure import timing
 from helpers.tools import cli
@@ -554,7 +555,7 @@ def _train_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--autocast", choices=("bf16", "fp16"), default=None)
     p.add_argument("--attention", choices=("manual", "sdpa"), default="manual")
     p.add_argument("--vocab-multiple", type=int, default=1)
-    p.add_argument("--matmul-precision", choices=train.PRECISIONS, default="fp32")
+    p.add_argument("--matmul-precision", choices=switches.get("matmul_precision").values, default="fp32")
     p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument(
         "--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size in MB (default 25)"

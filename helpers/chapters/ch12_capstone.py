@@ -9,6 +9,7 @@ they appear in their own columns, labelled "published".
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -89,8 +90,11 @@ def run_config_of(row: dict) -> RunConfig:
 
 
 def model_config_of(results: dict) -> GPTConfig:
-    """The :class:`GPTConfig` the ladder ran (``results["config"]["model"]``)."""
-    return GPTConfig(**results["config"]["model"])
+    """The :class:`GPTConfig` the ladder ran (``results["config"]["model"]``). Results written
+    when GPTConfig also held the model's switches name them there too (at their baseline; each
+    row carries its own switches): only the shape fields are read."""
+    shape = {f.name for f in dataclasses.fields(GPTConfig)}
+    return GPTConfig(**{k: v for k, v in results["config"]["model"].items() if k in shape})
 
 
 def ladder_settings(device: torch.device | str) -> dict:

@@ -3,14 +3,22 @@
 The architecture of Radford et al. 2019, "Language Models are Unsupervised Multitask Learners"
 (https://cdn.openai.com/better-language-models/language_models_are_unsupervised_multitask_learners.pdf):
 pre-LayerNorm transformer blocks, GELU (tanh approximation), learned position embeddings, and the
-token embedding tied to the LM head. Two switches change its speed, never its function:
+token embedding tied to the LM head.
 
-- ``GPTConfig.attention``: ``"manual"`` materialises the (T, T) score matrix with a causal mask;
-  ``"sdpa"`` calls ``F.scaled_dot_product_attention(..., is_causal=True)``, which lets PyTorch pick a
-  fused kernel (FlashAttention, memory-efficient, cuDNN) that never stores the scores.
-- ``GPTConfig.vocab_multiple``: pads the embedding / LM-head rows from 50257 up to a multiple
-  (64 -> 50304) so the LM-head matmul has tensor-core friendly shapes. Targets never reach the padded
-  ids, training pushes their logits down, and :meth:`GPT.generate` masks them out.
+:class:`GPTConfig` is the shape (its defaults *are* GPT-2 124M). The speed switches that act inside
+the model are keyword arguments of :class:`GPT` (their records are in :mod:`helpers.switches`,
+``where="model"``); ``GPT.__init__`` picks each mechanism once, so ``forward`` reads top to bottom:
+
+- ``attention``: ``"manual"`` materialises the (T, T) scores with a causal mask (:func:`manual_attention`);
+  ``"sdpa"`` calls ``F.scaled_dot_product_attention(..., is_causal=True)``, which lets PyTorch pick
+  a fused kernel (FlashAttention, memory-efficient, cuDNN) that never stores the scores (chapter 06).
+- ``loss_kernel``: ``"pytorch"`` (``F.cross_entropy``), ``"triton"`` (the hand-written kernel of
+  :mod:`helpers.core.kernels`) or ``"fused"`` (LM head and loss in chunks, chapter 12).
+- ``residual_dtype``, ``detach_logits``, ``lm_head_fp8``, ``checkpoint_every``: chapters 09 and 12.
+
+``GPTConfig.vocab_multiple`` pads the embedding / LM-head rows from 50257 up to a multiple (64 ->
+50304) so the LM-head matmul has tensor-core friendly shapes (chapter 07). Targets never reach the
+padded ids, training pushes their logits down, and :meth:`GPT.generate` masks them out.
 """
 
 from __future__ import annotations
@@ -23,14 +31,16 @@ import torch.nn as nn
 import torch.utils.checkpoint
 from torch.nn import functional as F
 
+from helpers import switches
+
 GPT2_VOCAB_SIZE = 50257  # 50,000 BPE merges + 256 byte tokens + <|endoftext|>
-ATTENTION_KINDS = ("manual", "sdpa")
-RESIDUAL_DTYPES = ("fp32", "bf16")
-LOSS_KERNELS = ("pytorch", "triton", "fused")
+# The switches whose mechanism is in this file, from the registry (where="model").
+MODEL_SWITCHES: tuple[str, ...] = tuple(s.field for s in switches.SWITCHES if s.where == "model")
 
 
 def pad_to_multiple(n: int, multiple: int) -> int:
-    """Smallest integer >= ``n`` that is a multiple of ``multiple`` (``pad_to_multiple(50257, 64) == 50304``).
+    """Smallest integer >= ``n`` that is a multiple of ``multiple``: ``pad_to_multiple(50257, 64)``
+    is 50304.
 
     Raises:
         ValueError: if ``n`` < 1 or ``multiple`` < 1.
@@ -52,47 +62,14 @@ class GPTConfig:
     n_layer: int = 12  # transformer blocks (L)
     n_head: int = 12  # attention heads per block (H)
     n_embd: int = 768  # residual stream width (C); head size Q = n_embd // n_head = 64
-    attention: str = "manual"  # "manual" (T x T scores in memory) or "sdpa"
     dropout: float = 0.0  # GPT-2 pre-training used 0.1; speed work uses 0 (no RNG in the step)
-    checkpoint_every: int = (
-        0  # activation checkpointing: 0 = off, k = recompute every k-th block in backward
-    )
-    residual_dtype: str = "fp32"  # dtype of the residual stream x: "fp32", or "bf16" (applied under bf16 autocast only)
-    loss_kernel: str = "pytorch"  # cross-entropy: "pytorch" (F.cross_entropy), "triton" (helpers.core.kernels.cross_entropy)
-    # or "fused" (helpers.core.kernels.linear_cross_entropy: LM head + loss, logits' gradient computed in the forward)
-    detach_logits: bool = (
-        False  # with targets, return logits.detach(): no logits-sized gradient input to backward
-    )
-    lm_head_fp8: bool = False  # with loss_kernel="fused": the LM head's matmuls in fp8 (e4m3 x and W, e5m2 gradient)
 
     def __post_init__(self) -> None:
-        if self.attention not in ATTENTION_KINDS:
-            raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {self.attention!r}")
-        if self.residual_dtype not in RESIDUAL_DTYPES:
-            raise ValueError(
-                f"residual_dtype must be one of {RESIDUAL_DTYPES}, got {self.residual_dtype!r}"
-            )
-        if self.loss_kernel not in LOSS_KERNELS:
-            raise ValueError(f"loss_kernel must be one of {LOSS_KERNELS}, got {self.loss_kernel!r}")
         for name in ("block_size", "vocab_size", "vocab_multiple", "n_layer", "n_head", "n_embd"):
             if getattr(self, name) < 1:
                 raise ValueError(f"GPTConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        if self.checkpoint_every < 0:
-            raise ValueError(
-                f"GPTConfig.checkpoint_every must be >= 0 (0 = off), got {self.checkpoint_every}"
-            )
-        if self.lm_head_fp8 and self.loss_kernel != "fused":
-            raise ValueError(
-                f"GPTConfig.lm_head_fp8 runs inside the fused LM-head cross-entropy: it needs "
-                f"loss_kernel='fused', got {self.loss_kernel!r}"
-            )
-        if self.lm_head_fp8 and (self.padded_vocab_size % 16 or self.n_embd % 16):
-            raise ValueError(
-                f"GPTConfig.lm_head_fp8: fp8 matmuls need multiples of 16, got n_embd={self.n_embd} and "
-                f"{self.padded_vocab_size} LM-head rows: pad the vocabulary (vocab_multiple=64)"
-            )
 
     @property
     def padded_vocab_size(self) -> int:
@@ -104,27 +81,60 @@ class GPTConfig:
         return self.n_embd // self.n_head
 
 
-class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention with a fused QKV projection."""
+def manual_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal_mask: torch.Tensor | None = None,
+    dropout: nn.Module | None = None,
+) -> torch.Tensor:
+    """Causal attention with the (B, nh, T, T) score matrix in memory: softmax(q kᵀ/√hs + mask) v.
 
-    def __init__(self, config: GPTConfig):
+    q, k, v: (B, nh, T, hs); returns (B, nh, T, hs). ``causal_mask``: a (T', T') bool lower
+    triangle with T' >= T (made here when None); ``dropout`` is applied to the probabilities.
+    """
+    T, hs = q.size(-2), q.size(-1)
+    if causal_mask is None:
+        causal_mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, T)
+    att = att.masked_fill(~causal_mask[:T, :T], float("-inf"))
+    att = F.softmax(att, dim=-1)
+    if dropout is not None:
+        att = dropout(att)
+    return att @ v  # (B, nh, T, hs)
+
+
+def sdpa_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0
+) -> torch.Tensor:
+    """Causal attention through ``F.scaled_dot_product_attention(is_causal=True)``: no mask tensor,
+    and the fused kernels keep no (T, T) tensor for backward. q, k, v and the result: (B, nh, T, hs)."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention with a fused QKV projection; ``attention`` picks the kernel."""
+
+    def __init__(self, config: GPTConfig, attention: str = "manual"):
         super().__init__()
         self.n_head = config.n_head
         self.n_embd = config.n_embd
-        self.attention = config.attention
         self.dropout = config.dropout
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v in one matmul
         self.c_proj = nn.Linear(config.n_embd, config.n_embd)
         self.c_proj.RESIDUAL_SCALE_INIT = True  # GPT-2 scales this init by 1/sqrt(2 * n_layer)
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
-        if config.attention == "manual":
+        self.attend = self._sdpa if attention == "sdpa" else self._manual
+        if attention == "manual":
             mask = torch.tril(torch.ones(config.block_size, config.block_size, dtype=torch.bool))
-            self.register_buffer(
-                "causal_mask",
-                mask.view(1, 1, config.block_size, config.block_size),
-                persistent=False,
-            )
+            self.register_buffer("causal_mask", mask, persistent=False)
+
+    def _manual(self, q, k, v):
+        return manual_attention(q, k, v, self.causal_mask, self.attn_dropout)
+
+    def _sdpa(self, q, k, v):
+        return sdpa_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.size()  # (B, T, C)
@@ -133,16 +143,7 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
-        if self.attention == "sdpa":
-            y = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
-            )  # (B, nh, T, hs); no (T, T) tensor is kept for backward by the fused kernels
-        else:
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, T)
-            att = att.masked_fill(~self.causal_mask[:, :, :T, :T], float("-inf"))
-            att = F.softmax(att, dim=-1)
-            att = self.attn_dropout(att)
-            y = att @ v  # (B, nh, T, hs)
+        y = self.attend(q, k, v)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -165,10 +166,10 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """One pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, attention: str = "manual"):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd)
-        self.attn = CausalSelfAttention(config)
+        self.attn = CausalSelfAttention(config, attention)
         self.ln_2 = nn.LayerNorm(config.n_embd)
         self.mlp = MLP(config)
 
@@ -178,22 +179,70 @@ class Block(nn.Module):
         return x
 
 
+def _pytorch_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float(), targets)  # fp32 math whatever the logits' dtype
+
+
 class GPT(nn.Module):
     """GPT-2 language model.
+
+    ``GPT(config, **switches)``: ``config`` the shape; the keyword arguments are the model's speed
+    switches (:data:`MODEL_SWITCHES`, defaults = the fp32 baseline), checked against their records:
+    ``attention`` ("manual" | "sdpa"), ``loss_kernel`` ("pytorch" | "triton" | "fused"),
+    ``residual_dtype`` ("fp32" | "bf16": the residual stream in bf16 under bf16 autocast),
+    ``detach_logits`` (return logits.detach() with targets: no logits-sized gradient input to
+    backward), ``lm_head_fp8`` (with loss_kernel="fused": the LM head's matmuls in fp8) and
+    ``checkpoint_every`` (0 = off, k = recompute every k-th block in backward).
 
     ``forward(idx, targets=None) -> (logits | None, loss)``:
         idx: (B, T) int64 token ids, T <= block_size.
         targets: optional (B, T) int64 next-token ids (ids < vocab_size).
         logits: (B, T, padded_vocab_size) in the compute dtype (fp32, or bf16/fp16 under autocast);
-            detached (no gradient flows through them) when targets are given and config.detach_logits;
-            None when targets are given and config.loss_kernel == "fused" (the loss never keeps them whole).
+            detached when targets are given and ``detach_logits``; None when targets are given and
+            ``loss_kernel="fused"`` (the loss never keeps them whole).
         loss: scalar fp32 mean cross-entropy in nats, or None without targets.
-    Raises ValueError when T > block_size.
+
+    Raises:
+        ValueError: a switch value its record does not accept, ``lm_head_fp8`` without
+            ``loss_kernel="fused"`` or with a width or vocabulary that is not a multiple of 16;
+            in forward, T > block_size.
     """
 
-    def __init__(self, config: GPTConfig):
+    def __init__(
+        self,
+        config: GPTConfig,
+        attention: str = "manual",
+        loss_kernel: str = "pytorch",
+        residual_dtype: str = "fp32",
+        detach_logits: bool = False,
+        lm_head_fp8: bool = False,
+        checkpoint_every: int = 0,
+    ):
         super().__init__()
+        chosen = dict(
+            attention=attention,
+            loss_kernel=loss_kernel,
+            residual_dtype=residual_dtype,
+            detach_logits=detach_logits,
+            lm_head_fp8=lm_head_fp8,
+            checkpoint_every=checkpoint_every,
+        )
+        for name, value in chosen.items():
+            problem = switches.get(name).problem(value, owner="GPT")
+            if problem is not None:
+                raise ValueError(problem)
+        if lm_head_fp8 and loss_kernel != "fused":
+            raise ValueError(
+                "GPT(lm_head_fp8=True) runs inside the fused LM-head cross-entropy: it needs "
+                f"loss_kernel='fused', got {loss_kernel!r}"
+            )
+        if lm_head_fp8 and (config.padded_vocab_size % 16 or config.n_embd % 16):
+            raise ValueError(
+                f"GPT(lm_head_fp8=True): fp8 matmuls need multiples of 16, got n_embd={config.n_embd}"
+                f" and {config.padded_vocab_size} LM-head rows: pad the vocabulary (vocab_multiple=64)"
+            )
         self.config = config
+        self.switches = chosen  # what this model was built with, for reports and tests
         # One seed drawn from the global RNG before any module exists (so torch.manual_seed fixes the
         # model), then a private generator: the weights do not depend on what construction consumed.
         init_seed = int(torch.randint(0, 2**31 - 1, (1,), device="cpu").item())
@@ -202,13 +251,28 @@ class GPT(nn.Module):
                 wte=nn.Embedding(config.padded_vocab_size, config.n_embd),  # token embedding
                 wpe=nn.Embedding(config.block_size, config.n_embd),  # position embedding
                 drop=nn.Dropout(config.dropout),
-                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                h=nn.ModuleList([Block(config, attention) for _ in range(config.n_layer)]),
                 ln_f=nn.LayerNorm(config.n_embd),
             )
         )
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying (Press & Wolf 2017)
         self._init_weights(init_seed)
+        # The mechanisms, chosen once: forward calls them without asking which.
+        self.recomputed = {
+            i for i in range(config.n_layer) if checkpoint_every and i % checkpoint_every == 0
+        }
+        self.residual_bf16 = residual_dtype == "bf16"
+        self.detach_logits = detach_logits
+        self.lm_head_fp8 = lm_head_fp8
+        if loss_kernel == "pytorch":
+            self.cross_entropy = _pytorch_cross_entropy
+        else:
+            from helpers.core import kernels  # imports Triton: only when a kernel is asked for
+
+            self.cross_entropy = kernels.cross_entropy
+            self.linear_cross_entropy = kernels.linear_cross_entropy
+        self.head = self._fused_head if loss_kernel == "fused" else self._lm_head
 
     @torch.no_grad()
     def _init_weights(self, seed: int) -> None:
@@ -244,59 +308,62 @@ class GPT(nn.Module):
         if T > self.config.block_size:
             raise ValueError(
                 f"Sequence length T={T} is larger than block_size={self.config.block_size}: "
-                f"use T <= {self.config.block_size} (crop the input) or build a GPTConfig with a larger block_size."
+                f"use T <= {self.config.block_size} (crop the input) or build a GPTConfig with a "
+                "larger block_size."
             )
         pos = torch.arange(0, T, dtype=torch.long, device=idx.device)  # (T,)
-        x = self.transformer.wte(idx) + self.transformer.wpe(
-            pos
-        )  # (B, T, C) fp32 (the embeddings' dtype)
-        dev = idx.device.type
-        if (
-            self.config.residual_dtype == "bf16"
-            and torch.is_autocast_enabled(dev)
-            and torch.get_autocast_dtype(dev) == torch.bfloat16
-        ):
-            # Under autocast the blocks' matmuls return bf16, but fp32 + bf16 = fp32: the residual stream
-            # (and its gradient) would stay fp32. Cast once here and every residual add, LayerNorm read
-            # and residual gradient moves half the bytes; LayerNorm still computes in fp32 (autocast).
-            # Outside bf16 autocast (generation, fp32 evaluation, fp16 autocast) the stream stays fp32.
-            x = x.to(torch.bfloat16)
-        x = self.transformer.drop(x)
-        k = self.config.checkpoint_every
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C) fp32
+        x = self.transformer.drop(self._residual_stream(x))
         for i, block in enumerate(self.transformer.h):
-            if k and i % k == 0 and torch.is_grad_enabled():
+            if i in self.recomputed and torch.is_grad_enabled():
                 # keep only the block's input; its activations are recomputed during backward.
                 # use_reentrant=False: parameters get gradients even when x needs none (chapter 09)
                 x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)  # (B, T, C)
             else:
                 x = block(x)  # (B, T, C)
         x = self.transformer.ln_f(x)  # (B, T, C)
-        if targets is not None and self.config.loss_kernel == "fused":
-            from helpers.core import kernels
+        return self.head(x, targets)
 
-            # the LM head runs inside, in chunks of rows, with its backward matmuls (see the function's docstring)
-            return None, kernels.linear_cross_entropy(
-                x.view(B * T, -1),
-                self.lm_head.weight,
-                targets.view(-1),
-                fp8=self.config.lm_head_fp8,
-            )
+    def _residual_stream(self, x: torch.Tensor) -> torch.Tensor:
+        """The residual stream's dtype: bf16 with ``residual_dtype="bf16"`` under bf16 autocast.
+
+        Under autocast the blocks' matmuls return bf16, but fp32 + bf16 = fp32: the stream (and its
+        gradient) would stay fp32. Cast once here and every residual add, LayerNorm read and
+        residual gradient moves half the bytes; LayerNorm still computes in fp32 (autocast).
+        Outside bf16 autocast (generation, fp32 evaluation, fp16 autocast) it stays fp32."""
+        dev = x.device.type
+        if (
+            self.residual_bf16
+            and torch.is_autocast_enabled(dev)
+            and torch.get_autocast_dtype(dev) == torch.bfloat16
+        ):
+            return x.to(torch.bfloat16)
+        return x
+
+    def _lm_head(self, x: torch.Tensor, targets: torch.Tensor | None):
+        """Logits (B, T, V_padded), then the loss with the chosen cross-entropy."""
         logits = self.lm_head(x)  # (B, T, V_padded)
-        loss = None
-        if targets is not None:
-            if self.config.loss_kernel == "triton":
-                from helpers.core import kernels  # imports Triton: only when asked for
-
-                loss = kernels.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
-            else:
-                loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
-            if self.config.detach_logits:
-                # The training step only calls loss.backward(). A returned logits tensor that requires grad
-                # makes torch.compile's backward graph take a (B, T, V) gradient for it, which autograd
-                # fills with zeros and the graph adds to the loss's gradient: a memset and an extra read of
-                # the model's largest tensor every step. Detached, the logits are values only.
-                logits = logits.detach()
+        if targets is None:
+            return logits, None
+        loss = self.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        if self.detach_logits:
+            # The training step only calls loss.backward(). A returned logits tensor that requires
+            # grad makes torch.compile's backward graph take a (B, T, V) gradient for it, which
+            # autograd fills with zeros and the graph adds to the loss's gradient: a memset and an
+            # extra read of the model's largest tensor every step. Detached, they are values only.
+            logits = logits.detach()
         return logits, loss
+
+    def _fused_head(self, x: torch.Tensor, targets: torch.Tensor | None):
+        """With targets: the LM head and the loss together, in chunks of rows, with the LM head's
+        backward matmuls inside (:func:`helpers.core.kernels.linear_cross_entropy`); no logits."""
+        if targets is None:
+            return self.lm_head(x), None
+        B, T, C = x.shape
+        loss = self.linear_cross_entropy(
+            x.view(B * T, C), self.lm_head.weight, targets.view(-1), fp8=self.lm_head_fp8
+        )
+        return None, loss
 
     @torch.no_grad()
     def generate(

@@ -15,86 +15,81 @@ from dataclasses import dataclass, field
 
 import torch
 
-from helpers.core.model import GPT, LOSS_KERNELS, RESIDUAL_DTYPES, GPTConfig
+from helpers import switches
+from helpers.core.model import GPT, GPTConfig
 from helpers.measure import hardware
 
-PRECISIONS = ("fp32", "tf32")
-AUTOCASTS = (None, "bf16", "fp16")
-COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-OPTIMIZERS = ("for-loop", "foreach", "fused")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
+# The RunConfig fields that are not speed switches: (name, default, meaning). The switches come
+# from the registry (helpers.switches.SWITCHES), each with its baseline as default.
+SETTINGS: tuple[tuple[str, object, str], ...] = (
+    ("batch_size", 16, "B: sequences per micro-step"),
+    ("seq_len", 1024, "T: tokens per sequence"),
+    ("grad_clip", 1.0, "max global gradient norm (None = no clipping)"),
+    ("lr", 6e-4, "AdamW learning rate"),
+    ("weight_decay", 0.1, "AdamW weight decay, on 2-D weights only"),
+    ("betas", (0.9, 0.95), "AdamW betas"),
+    ("seed", 1337, "seed of the model's initial weights"),
+)
 
-@dataclass
-class RunConfig:
-    """Every speed switch of the course, plus the batch shape and AdamW hyper-parameters."""
 
-    name: str = "fp32"
-    matmul_precision: str = "fp32"  # "fp32": TF32 off ('highest'); "tf32": TF32 matmuls ('high')
-    autocast: str | None = None  # None, "bf16", or "fp16" (fp16 adds a GradScaler)
-    compile: str | None = None  # None = eager, else a torch.compile mode ("default", ...)
-    attention: str = "manual"  # "manual" or "sdpa" (see helpers.core.model)
-    vocab_multiple: int = 1  # 1 = 50257 rows; 64 -> 50304
-    optimizer: str = "foreach"  # AdamW implementation: "for-loop", "foreach" or "fused"
-    batch_size: int = 16  # B: sequences per micro-step
-    seq_len: int = 1024  # T: tokens per sequence
-    grad_accum_steps: int = 1  # micro-steps per optimizer step
-    checkpoint_every: int = (
-        0  # activation checkpointing: 0 = off, k = every k-th block (see GPTConfig)
-    )
-    residual_dtype: str = (
-        "fp32"  # "bf16": the residual stream in bf16 (needs autocast="bf16"; see GPTConfig)
-    )
-    loss_kernel: str = "pytorch"  # "triton": the hand-written cross-entropy of helpers.core.kernels (CUDA); "fused": LM head
-    # + cross-entropy with the logits' gradient computed in the forward (helpers.core.kernels.linear_cross_entropy)
-    detach_logits: bool = (
-        False  # the model returns detached logits when it computes the loss (see GPTConfig)
-    )
-    fused_clip: bool = False  # clip by handing fused AdamW the clip factor (grad_scale) instead of rescaling every grad
-    lm_head_fp8: bool = False  # the fused LM-head CE's matmuls on fp8 tensor cores (needs loss_kernel="fused"; see GPTConfig)
-    grad_clip: float | None = 1.0  # max global grad norm (None = no clipping)
-    lr: float = 6e-4
-    weight_decay: float = 0.1  # applied to 2-D weights only
-    betas: tuple[float, float] = (0.9, 0.95)
-    seed: int = 1337
+class _RunConfigMethods:
+    """What every RunConfig does besides holding its fields (see :func:`run_config_class`)."""
+
+    _switches: tuple[switches.Switch, ...] = ()
 
     def __post_init__(self) -> None:
-        checks = [
-            ("matmul_precision", self.matmul_precision, PRECISIONS),
-            ("autocast", self.autocast, AUTOCASTS),
-            ("compile", self.compile, COMPILE_MODES),
-            ("optimizer", self.optimizer, OPTIMIZERS),
-        ]
-        for name, value, allowed in checks:
-            if value not in allowed:
-                raise ValueError(f"RunConfig.{name} must be one of {allowed}, got {value!r}")
-        if self.attention not in ("manual", "sdpa"):
-            raise ValueError(
-                f"RunConfig.attention must be 'manual' or 'sdpa', got {self.attention!r}"
-            )
-        for name in ("batch_size", "seq_len", "grad_accum_steps", "vocab_multiple"):
+        for s in self._switches:
+            problem = s.problem(getattr(self, s.field))
+            if problem is not None:
+                raise ValueError(problem)
+        for name in ("batch_size", "seq_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RunConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.checkpoint_every < 0:
-            raise ValueError(
-                f"RunConfig.checkpoint_every must be >= 0 (0 = off), got {self.checkpoint_every}"
-            )
-        if self.residual_dtype not in RESIDUAL_DTYPES:
-            raise ValueError(
-                f"RunConfig.residual_dtype must be one of {RESIDUAL_DTYPES}, got {self.residual_dtype!r}"
-            )
-        if self.loss_kernel not in LOSS_KERNELS:
-            raise ValueError(
-                f"RunConfig.loss_kernel must be one of {LOSS_KERNELS}, got {self.loss_kernel!r}"
-            )
 
     def replace(self, **changes) -> "RunConfig":
-        """A copy with some switches changed (``cfg.replace(name="tf32", matmul_precision="tf32")``)."""
+        """A copy with some fields changed (``cfg.replace(name="tf32", matmul_precision="tf32")``)."""
         return dataclasses.replace(self, **changes)
 
     @property
     def tokens_per_step(self) -> int:
+        """Tokens per optimizer step: B * T * grad_accum_steps."""
         return self.batch_size * self.seq_len * self.grad_accum_steps
+
+
+def run_config_class(registry: tuple[switches.Switch, ...] = switches.SWITCHES) -> type:
+    """The RunConfig dataclass of ``registry``: a ``name``, one field per switch (its default the
+    switch's baseline, its values checked by :meth:`helpers.switches.Switch.problem`), then
+    :data:`SETTINGS` (batch shape, clipping, AdamW). :data:`RunConfig` is the course's registry's;
+    a test passes a registry with one record more and finds its field.
+
+    Raises:
+        ValueError: a switch whose field repeats another field's name.
+    """
+    names = ["name", *(s.field for s in registry), *(n for n, _, _ in SETTINGS)]
+    if len(set(names)) != len(names):
+        raise ValueError(f"a RunConfig field is declared twice: {sorted(names)}")
+    fields = [("name", str, dataclasses.field(default="fp32"))]
+    fields += [(s.field, object, dataclasses.field(default=s.baseline)) for s in registry]
+    fields += [(n, object, dataclasses.field(default=d)) for n, d, _ in SETTINGS]
+    lines = [f"    {s.field} = {s.baseline!r}: {s.doc}" for s in registry]
+    lines += [f"    {n} = {d!r}: {doc}" for n, d, doc in SETTINGS]
+    doc = (
+        "Every speed switch of the course (from helpers.switches), then the batch shape and\n"
+        "AdamW's hyper-parameters. Fields and defaults:\n\n" + "\n".join(lines)
+    )
+    cls = dataclasses.make_dataclass(
+        "RunConfig",
+        fields,
+        bases=(_RunConfigMethods,),
+        namespace={"_switches": tuple(registry), "__doc__": doc},
+    )
+    cls.__module__ = __name__
+    return cls
+
+
+RunConfig = run_config_class()
 
 
 def small_model_config() -> GPTConfig:
@@ -366,6 +361,18 @@ def _is_compile_error(e: Exception) -> bool:
     )
 
 
+def model_switches(run: RunConfig) -> dict:
+    """The run's switches whose mechanism is in the model (registry ``where="model"``), as
+    :class:`helpers.core.model.GPT`'s keyword arguments."""
+    return {s.field: getattr(run, s.field) for s in run._switches if s.where == "model"}
+
+
+def shape_switches(run: RunConfig) -> dict:
+    """The run's switches that change the model's shape (registry ``where="shape"``: the padded
+    vocabulary), as :class:`helpers.core.model.GPTConfig` fields."""
+    return {s.field: getattr(run, s.field) for s in run._switches if s.where == "shape"}
+
+
 def build(
     run: RunConfig,
     model_config: GPTConfig | None = None,
@@ -375,10 +382,10 @@ def build(
     """Build model, AdamW and step for ``run`` on ``device``.
 
     The model is initialised on the CPU from ``run.seed`` (so every switch and every device starts
-    from the same weights), then moved to ``device``. ``run.attention``, ``run.vocab_multiple``,
-    ``run.checkpoint_every``, ``run.residual_dtype``, ``run.loss_kernel``, ``run.detach_logits`` and ``run.lm_head_fp8`` override the
-    same fields of ``model_config``. Compiled runs call ``torch._dynamo.reset()`` first,
-    so a graph compiled for an earlier model is never reused.
+    from the same weights), then moved to ``device``. The run's model switches
+    (:func:`model_switches`) are the model's keyword arguments; its shape switch (``vocab_multiple``,
+    :func:`shape_switches`) sets the padded vocabulary of ``model_config``. Compiled runs call
+    ``torch._dynamo.reset()`` first, so a graph compiled for an earlier model is never reused.
 
     Raises:
         ValueError: if the hardware cannot run ``run`` as asked (see :func:`unsupported_reason`),
@@ -389,20 +396,11 @@ def build(
     if reason is not None:
         raise ValueError(f"RunConfig '{run.name}' cannot run on {device}: {reason}")
     base = model_config if model_config is not None else default_shapes(device)[0]
-    cfg = dataclasses.replace(
-        base,
-        attention=run.attention,
-        vocab_multiple=run.vocab_multiple,
-        checkpoint_every=run.checkpoint_every,
-        residual_dtype=run.residual_dtype,
-        loss_kernel=run.loss_kernel,
-        detach_logits=run.detach_logits,
-        lm_head_fp8=run.lm_head_fp8,
-    )
+    cfg = dataclasses.replace(base, **shape_switches(run))
     if run.seq_len > cfg.block_size:
         raise ValueError(f"seq_len={run.seq_len} > block_size={cfg.block_size}: lower seq_len.")
     torch.manual_seed(run.seed)
-    model = GPT(cfg).to(device)
+    model = GPT(cfg, **model_switches(run)).to(device)
     model.train()
     forward: torch.nn.Module = model
     if run.compile is not None:

@@ -220,7 +220,7 @@ def make_step_probe(trainer, T: int, limit: SimulatedMemoryLimit | None = None):
     """
     cfg = trainer.model_config
     autocast = trainer.run.autocast is not None
-    manual = cfg.attention == "manual"
+    manual = trainer.run.attention == "manual"
 
     def try_step(B: int) -> None:
         if limit is not None:
