@@ -2,8 +2,9 @@
 
     python benchmarks/batch_probe.py --out results/h200-batch-probe.json
 
-GPU: the real GPT-2 124M and ``helpers.measure.memory.find_max_batch_size`` (full training steps, OOM
-caught, retried outside ``except``). CPU: the small configuration against a simulated 1 GiB budget.
+GPU: the real GPT-2 124M and ``helpers.measure.memory.find_max_batch_size`` (full training steps,
+OOM caught, retried outside ``except``). CPU: the small configuration against a simulated 1 GiB
+budget.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def main(argv=None) -> int:
         memory.reset_peak(device)
         rows.append({"config": name, "switches": switches, **res})
         print(
-            f"{name:<26} largest B = {res['max_batch_size']:>4}  peak {memory.format_bytes(res['peak_mem_bytes']):>10}  "
+            f"{name:<26} largest B = {res['max_batch_size']:>4}  "
+            f"peak {memory.format_bytes(res['peak_mem_bytes']):>10}  "
             f"safe B = {res['safe_batch_size']}  tries: {[(b, ok) for b, ok, _ in res['tried']]}",
             flush=True,
         )

@@ -1,14 +1,16 @@
-"""torch.compile modes on the course's step: cold compile time and step time, written as JSON (chapter 05).
+"""torch.compile modes on the course's step: cold compile time and step time, as JSON (chapter 05).
 
-    python benchmarks/compile_modes.py --modes eager default reduce-overhead --out results/h200-compile-modes.json
-    python benchmarks/compile_modes.py --modes max-autotune-no-cudagraphs --out results/h200-compile-modes.json
+    python benchmarks/compile_modes.py --modes eager default reduce-overhead \\
+        --out results/h200-compile-modes.json
+    python benchmarks/compile_modes.py --modes max-autotune-no-cudagraphs \\
+        --out results/h200-compile-modes.json
 
-The step is ``helpers.chapters.ch05_compile.chapter_run`` (GPT-2 124M, B=16, T=1024, TF32 + bf16 autocast, manual
-attention on a GPU; the small CPU configuration on a CPU). Each mode is built afresh
-(``train.build`` resets Dynamo) and compiled with an empty inductor cache
+The step is ``helpers.chapters.ch05_compile.chapter_run`` (GPT-2 124M, B=16, T=1024, TF32 + bf16
+autocast, manual attention on a GPU; the small CPU configuration on a CPU). Each mode is built
+afresh (``train.build`` resets Dynamo) and compiled with an empty inductor cache
 (``compilation.cold_compile_cache``), so its compile time is a cold one. A file already at ``--out``
-from the same device and torch version keeps its rows for the modes not run now, so slow modes can be
-measured in a separate command (max-autotune-no-cudagraphs takes minutes on an H200).
+from the same device and torch version keeps its rows for the modes not run now, so slow modes can
+be measured in a separate command (max-autotune-no-cudagraphs takes minutes on an H200).
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         if (old.get("device"), old.get("torch")) == (meta["device"], meta["torch"]):
             rows = [r for r in old.get("rows", []) if r["mode"] not in args.modes]
             print(
-                f"keeping {len(rows)} row(s) of {args.out} ({', '.join(r['mode'] for r in rows) or 'none'})"
+                f"keeping {len(rows)} row(s) of {args.out} "
+                f"({', '.join(r['mode'] for r in rows) or 'none'})"
             )
         else:
             print(
@@ -72,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         print(compilation.format_rows([row]).splitlines()[-1], flush=True)
         if mode != "eager" and row["status"] == "measured" and not row["compiled"]:
             print(
-                f"  warning: {mode} did not compile here ({row['reason']}); the row is labelled eager",
+                f"  warning: {mode} did not compile here ({row['reason']}); "
+                "the row is labelled eager",
                 file=sys.stderr,
             )
     order = {m: i for i, m in enumerate(MODES)}
@@ -80,8 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     run = compilation.chapter_run(device)
     out = {
         **meta,
-        "what": "training step (zero_grad, forward+loss, backward, clip, AdamW): first step (compiles, "
-        "cold inductor cache) timed alone, then median of timed steps after 2 warm-up steps",
+        "what": (
+            "training step (zero_grad, forward+loss, backward, clip, AdamW): first step (compiles, "
+            "cold inductor cache) timed alone, then median of timed steps after 2 warm-up steps"
+        ),
         "config": {
             "model": model_config.__dict__,
             "batch_size": run.batch_size,

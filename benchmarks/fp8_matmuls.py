@@ -1,6 +1,8 @@
-"""Microbenchmark: bf16 matmul vs torch._scaled_mm (fp8) on GPT-2 124M's matmul shapes at B=64, T=1024.
+"""Microbenchmark: bf16 matmul vs torch._scaled_mm (fp8) on GPT-2 124M's matmul shapes at
+B=64, T=1024.
 
-    python benchmarks/fp8_matmuls.py results/h200-fp8-matmul-DATE.json   (a CUDA GPU of compute capability >= 8.9)
+    python benchmarks/fp8_matmuls.py results/h200-fp8-matmul-DATE.json
+        (a CUDA GPU of compute capability >= 8.9)
 
 Made ``results/h200-fp8-matmul-2026-11-30.json`` (with the same shapes, dtypes and timing as this
 file; ``...-rerun-2026-11-30.json`` is this file's own run). Each matmul: 5 warm-up calls, then the
@@ -38,7 +40,8 @@ def bench(fn, n: int = 20, warmup: int = 5) -> float:
 
 
 def mm_pair(M: int, N: int, K: int, a_dtype=E4, b_dtype=E4, fast: bool = True) -> dict:
-    """bf16 (M, K) @ (K, N) against the same shapes in fp8 through torch._scaled_mm (bf16 output)."""
+    """bf16 (M, K) @ (K, N) against the same shapes in fp8 through torch._scaled_mm
+    (bf16 output)."""
     one = torch.ones((), device="cuda")
     a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
@@ -131,6 +134,7 @@ def main(out_path: str) -> None:
 if __name__ == "__main__":
     if len(sys.argv) != 2 or not torch.cuda.is_available():
         sys.exit(
-            "usage: python benchmarks/fp8_matmuls.py OUT.json  (needs a CUDA GPU of compute capability >= 8.9)"
+            "usage: python benchmarks/fp8_matmuls.py OUT.json  "
+            "(needs a CUDA GPU of compute capability >= 8.9)"
         )
     main(sys.argv[1])

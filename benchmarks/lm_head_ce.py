@@ -1,4 +1,4 @@
-"""The LM head + cross-entropy alone, three ways, on the GPU (the fused LM-head CE rung's experiment).
+"""LM head + cross-entropy alone, three ways, on the GPU (the fused LM-head CE rung's experiment).
 
     python benchmarks/lm_head_ce.py --tokens 16384 65536 --out results/h200-lm-head-ce.json
 
@@ -9,8 +9,8 @@ their gradient) and the fused one (``kernels.linear_cross_entropy``: one kernel 
 gradient, the backward matmuls run in the forward), the two-kernel CE for 4, 8 and 16 warps per
 row and the fused one for several chunk sizes. Then the fused kernel alone for a few launch
 settings (warps per row, columns per iteration), with its effective bandwidth, and the LM head's
-matmuls (two layouts of the weight gradient). Timing: ``helpers.measure.timing.measure`` (CUDA events,
-median). The module settings of ``helpers.core.kernels`` are restored afterwards.
+matmuls (two layouts of the weight gradient). Timing: ``helpers.measure.timing.measure`` (CUDA
+events, median). The module settings of ``helpers.core.kernels`` are restored afterwards.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Loss check of the issue "beat the reference trainer": the fastest configuration must train like
 the plain bf16 one.
 
-    python benchmarks/loss_check.py --steps 200 --batch-size 16 --variants recompute-ce --out results/x.json
+    python benchmarks/loss_check.py --steps 200 --batch-size 16 --variants recompute-ce \\
+        --out results/x.json
 
 Trains GPT-2 124M (T=1024) on Tiny Shakespeare for ``--steps`` steps from the same seed and the same
 batches with (a) the ladder's "+ bf16 autocast" rung (TF32 + bf16 autocast, eager, manual attention,

@@ -3,14 +3,15 @@
     python benchmarks/perf.py --batch-size 16 64 --variants final reduce-overhead --profile
 
 Each variant is the ladder's last rung plus one change; every variant is built and compiled afresh
-(``helpers.core.train.build`` resets dynamo). Timing is ``helpers.measure.timing.measure`` (3 warm-up steps,
-median of 10 CUDA-event-timed steps), the same method as the ladder and the reference.
+(``helpers.core.train.build`` resets dynamo). Timing is ``helpers.measure.timing.measure`` (3
+warm-up steps, median of 10 CUDA-event-timed steps), the same method as the ladder and the
+reference.
 ``--profile`` runs torch.profiler over 3 steps and sums device time per kernel family.
 ``--power`` samples the GPU's power draw and SM clock with nvidia-smi every 100 ms
-(``helpers.measure.power.GPUPowerSampler``) and stores, per row, what it read during the timed steps; the
-step first runs (compiled) for ``--power-settle`` seconds, so that the timed steps, and the power
-reading (a ~1 s average on Ampere and newer), are those of a GPU that has been under this load
-for a while rather than one just back from the idle compile.
+(``helpers.measure.power.GPUPowerSampler``) and stores, per row, what it read during the timed
+steps; the step first runs (compiled) for ``--power-settle`` seconds, so that the timed steps, and
+the power reading (a ~1 s average on Ampere and newer), are those of a GPU that has been under
+this load for a while rather than one just back from the idle compile.
 """
 
 from __future__ import annotations
@@ -62,8 +63,10 @@ VARIANTS = {
     # experiments that are not RunConfig switches (yet): applied by ``experiment()`` below
     "coord-descent": {},
     "max-autotune-nocg": {"compile": "max-autotune-no-cudagraphs"},
-    "max-autotune-gemm": {},  # inductor autotunes each matmul (cuBLAS vs Triton templates that can fuse epilogues)
-    "no-cudnn-attention": {},  # SDPA may not pick cuDNN's kernel (set before compiling, so the trace sees it)
+    # inductor autotunes each matmul (cuBLAS vs Triton templates that can fuse epilogues)
+    "max-autotune-gemm": {},
+    # SDPA may not pick cuDNN's kernel (set before compiling, so the trace sees it)
+    "no-cudnn-attention": {},
     # the fused LM-head CE with other chunk sizes than kernels.FUSED_CHUNK_ROWS (32768)
     "fused-unchunked": {},
     "fused-chunk-8192": {},
@@ -79,8 +82,9 @@ FUSED_CHUNKS = {
 
 
 def experiment(name: str):
-    """Context for variants that are not RunConfig switches: inductor settings (coord-descent, max-autotune-gemm), the SDPA
-    backends (no-cudnn-attention), ``helpers.core.kernels.FUSED_CHUNK_ROWS`` (fused-*); restores them afterwards."""
+    """Context for variants that are not RunConfig switches: inductor settings (coord-descent,
+    max-autotune-gemm), the SDPA backends (no-cudnn-attention),
+    ``helpers.core.kernels.FUSED_CHUNK_ROWS`` (fused-*); restores them afterwards."""
     import contextlib
 
     import torch._inductor.config as inductor_config
@@ -131,8 +135,9 @@ def family(name: str) -> str:
 
 
 def profile(trainer, loader, steps: int = 3) -> dict[str, float]:
-    """Device ms per step by kernel family, from torch.profiler over ``steps`` steps, with the 15 (and 40) largest
-    kernels: ``top_kernels_ms`` and ``kernels_ms``, lists of [ms per step, kernel name]."""
+    """Device ms per step by kernel family, from torch.profiler over ``steps`` steps, with the 15
+    (and 40) largest kernels: ``top_kernels_ms`` and ``kernels_ms``, lists of
+    [ms per step, kernel name]."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as tprofile
 
@@ -154,11 +159,13 @@ def profile(trainer, loader, steps: int = 3) -> dict[str, float]:
         totals[family(evt.key)] += dev_us / 1e3 / steps
         top.append((dev_us / 1e3 / steps, evt.key))
     top.sort(reverse=True)
+    # top_kernels_ms feeds helpers.chapters.ch10_profiling.table_from_perf_json;
+    # kernels_ms: to read
     return {
         "families_ms": dict(sorted(totals.items(), key=lambda kv: -kv[1])),
         "top_kernels_ms": top[:15],
         "kernels_ms": top[:40],
-    }  # top_kernels_ms feeds helpers.chapters.ch10_profiling.table_from_perf_json; kernels_ms: to read
+    }
 
 
 def main(argv=None) -> int:
@@ -179,7 +186,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print(
-            "benchmarks/perf.py needs a CUDA GPU (on a CPU, python -m helpers.ladder runs the small model)",
+            "benchmarks/perf.py needs a CUDA GPU (on a CPU, python -m helpers.ladder "
+            "runs the small model)",
             file=sys.stderr,
         )
         return 2
@@ -211,7 +219,8 @@ def main(argv=None) -> int:
 def run_batch_size(
     B: int, args, device: torch.device, cfg: GPTConfig, tokens, rows: list, smi
 ) -> None:
-    """Every variant at batch size B: build, compile in the warm-up, time; profile and power if asked."""
+    """Every variant at batch size B: build, compile in the warm-up, time;
+    profile and power if asked."""
     final = last_runnable(B, 1024, device)
     for v in args.variants:
         run = final.replace(name=v, **VARIANTS[v])
@@ -256,8 +265,9 @@ def run_batch_size(
                 row["profile"] = profile(trainer, loader)
         rows.append(row)
         print(
-            f"B={B:<3} {v:<16} {t.median_ms:8.1f} ms  {tok_s:10,.0f} tok/s  {row['tflops']:6.1f} TFLOP/s  "
-            f"spread {t.spread_pct:4.1f}%  compile+first step {row['first_step_s']:.1f} s",
+            f"B={B:<3} {v:<16} {t.median_ms:8.1f} ms  {tok_s:10,.0f} tok/s  "
+            f"{row['tflops']:6.1f} TFLOP/s  spread {t.spread_pct:4.1f}%  "
+            f"compile+first step {row['first_step_s']:.1f} s",
             flush=True,
         )
         if smi is not None:

@@ -41,7 +41,10 @@ def main(argv=None) -> int:
         json.dumps(
             {
                 **meta,
-                "what": "one attention layer, forward + backward, 12 heads x 64, median of 10; peak = memory added",
+                "what": (
+                    "one attention layer, forward + backward, 12 heads x 64, "
+                    "median of 10; peak = memory added"
+                ),
                 "dtype": att[0]["dtype"],
                 "rows": att,
             },
@@ -53,7 +56,10 @@ def main(argv=None) -> int:
         json.dumps(
             {
                 **meta,
-                "what": "LM head x @ W.T forward + backward, 16x1024 tokens, n_embd 768, bf16, median of 10"
+                "what": (
+                    "LM head x @ W.T forward + backward, 16x1024 tokens, "
+                    "n_embd 768, bf16, median of 10"
+                )
                 if cuda
                 else "LM head, 128 tokens, n_embd 128, fp32",
                 "rows": lm,
@@ -64,7 +70,8 @@ def main(argv=None) -> int:
     )
     for r in att:
         print(
-            f"attention {r['impl']:<7} T={r['T']:<5} {r['status']:<14} {r['ms'] or float('nan'):9.3f} ms"
+            f"attention {r['impl']:<7} T={r['T']:<5} {r['status']:<14} "
+            f"{r['ms'] or float('nan'):9.3f} ms"
         )
     for r in lm:
         print(f"lm head V={r['V']:<6} {r['ms']:8.3f} ms {r['tflops']:7.1f} TFLOP/s")

@@ -160,8 +160,10 @@ def test_watch_compiles_sees_a_new_shape_and_a_changed_python_scalar():
 @needs_compile
 @pytest.mark.skipif(
     tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) < (2, 5),
-    reason="torch 2.4 compiled all three modules (measured with 2.4.1 on a CPU, 2026-11-29): the modules did not "
-    "share one recompile budget there; chapter 05 says so",
+    reason=(
+        "torch 2.4 compiled all three modules (measured with 2.4.1 on a CPU, 2026-11-29): "
+        "the modules did not share one recompile budget there; chapter 05 says so"
+    ),
 )
 def test_watch_compiles_reports_eager_past_the_recompile_limit():
     torch._dynamo.reset()

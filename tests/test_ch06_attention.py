@@ -129,7 +129,8 @@ def test_sdpa_grader_passes_a_right_answer_with_the_same_error_while_a_t4_is_emu
     monkeypatch, capsys
 ):
     """The grader's printed error must not depend on emulation (nbval compares it): with the global
-    flash switch off, the CPU fell back to the math kernel (rel. error 1.4e-07 instead of 0.0e+00)."""
+    flash switch off, the CPU fell back to the math kernel
+    (rel. error 1.4e-07 instead of 0.0e+00)."""
     from helpers import grading
 
     def right(q, k, v):
@@ -148,7 +149,8 @@ def test_sdpa_grader_passes_a_right_answer_with_the_same_error_while_a_t4_is_emu
 
 
 def test_gpu_sweeps_use_fp16_below_sm80(monkeypatch):
-    """A T4's memory-efficient SDPA kernel has no bf16 version: the sweeps' default dtype follows the GPU."""
+    """A T4's memory-efficient SDPA kernel has no bf16 version:
+    the sweeps' default dtype follows the GPU."""
     monkeypatch.setattr(hardware, "capability", lambda device: (7, 5))
     assert A._gpu_half_dtype(torch.device("cuda")) is torch.float16
     monkeypatch.setattr(hardware, "capability", lambda device: (9, 0))

@@ -1,4 +1,5 @@
-"""Tests for helpers/chapters/ch10_profiling.py: kernel families, the step with ranges, profiles and tables."""
+"""Tests for helpers/chapters/ch10_profiling.py: kernel families, the step with ranges,
+profiles and tables."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ TINY = GPTConfig(block_size=16, n_layer=1, n_head=2, n_embd=32)
             "attention",
         ),
         (
-            "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, cutlass::bfloat16_t>>",
+            "void pytorch_flash::flash_fwd_kernel<"
+            "Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, cutlass::bfloat16_t>>",
             "attention",
         ),
         ("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "attention"),
@@ -44,11 +46,13 @@ TINY = GPTConfig(block_size=16, n_layer=1, n_head=2, n_embd=32)
         ),
         ("triton_poi_fused_gelu_view_9", "triton fused"),
         (
-            "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&)>",
+            "void at::native::vectorized_elementwise_kernel<4, "
+            "at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&)>",
             "elementwise",
         ),
         (
-            "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>",
+            "void at::native::vectorized_elementwise_kernel<4, "
+            "at::native::CUDAFunctor_add<c10::BFloat16>>",
             "elementwise",
         ),
         ("aten::add_", "elementwise"),
@@ -62,17 +66,20 @@ TINY = GPTConfig(block_size=16, n_layer=1, n_head=2, n_embd=32)
             "reduction",
         ),
         (
-            "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t<float>>>",
+            "void at::native::reduce_kernel<512, 1, "
+            "at::native::ReduceOp<float, at::native::func_wrapper_t<float>>>",
             "reduction",
         ),
         ("aten::native_layer_norm", "reduction"),
         ("aten::nll_loss_forward", "reduction"),
         (
-            "void at::native::elementwise_kernel<128, 4, at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)>",
+            "void at::native::elementwise_kernel<128, 4, "
+            "at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)>",
             "copy / cast",
         ),
         (
-            "void at::native::vectorized_elementwise_kernel<4, at::native::bfloat16_copy_kernel_cuda(at::TensorIteratorBase&)>",
+            "void at::native::vectorized_elementwise_kernel<4, "
+            "at::native::bfloat16_copy_kernel_cuda(at::TensorIteratorBase&)>",
             "copy / cast",
         ),
         ("Memcpy HtoD (Pinned -> Device)", "copy / cast"),
@@ -80,13 +87,15 @@ TINY = GPTConfig(block_size=16, n_layer=1, n_head=2, n_embd=32)
         ("aten::copy_", "copy / cast"),
         ("aten::embedding_dense_backward", "copy / cast"),
         (
-            "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor<float, 4>>",
+            "void at::native::(anonymous namespace)::"
+            "multi_tensor_apply_kernel<FusedAdamMathFunctor<float, 4>>",
             "optimizer",
         ),
         ("aten::_fused_adamw_", "optimizer"),
         ("aten::_foreach_norm", "optimizer"),
         (
-            "void at::native::amp_update_scale_cuda_kernel(float*, int*, float const*, double, double, int)",
+            "void at::native::amp_update_scale_cuda_kernel("
+            "float*, int*, float const*, double, double, int)",
             "optimizer",
         ),
         ("aten::view", "other"),
@@ -145,13 +154,14 @@ def cpu_profile(tmp_path_factory):
 
 
 def test_profile_steps_hides_torchs_one_cycle_warning():
-    """torch 2.11 warned "Warning: Profiler clears events at the end of each cycle" in chapter 10's profile (one
-    cycle: nothing to warn about). The filter must match that exact text, which starts with "Warning: "."""
+    """torch 2.11 warned "Warning: Profiler clears events at the end of each cycle" in chapter 10's
+    profile (one cycle: nothing to warn about). The filter must match that exact text, which starts
+    with "Warning: "."""
     import warnings
 
     msg = (
-        "Warning: Profiler clears events at the end of each cycle. Only events from the current cycle will be "
-        "reported. To keep events across cycles, set acc_events=True."
+        "Warning: Profiler clears events at the end of each cycle. Only events from the current "
+        "cycle will be reported. To keep events across cycles, set acc_events=True."
     )
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
@@ -268,7 +278,8 @@ def test_table_from_perf_json_keeps_the_measured_family_totals_and_kernels(perf)
 
 
 def test_table_from_perf_json_adds_perf_families_that_map_to_one_family(perf):
-    """A max-autotune run splits matmul time into cuBLAS and Triton-template families; the table sums them."""
+    """A max-autotune run splits matmul time into cuBLAS and Triton-template families;
+    the table sums them."""
     perf = json.loads(json.dumps(perf))
     row = next(r for r in perf["rows"] if r["variant"] == "final" and "profile" in r)
     fams = row["profile"]["families_ms"]

@@ -1,8 +1,10 @@
-"""Tests for helpers/chapters/ch11_multi_gpu.py: sharding, the distributed step, and real 2-process runs (gloo, CPU).
+"""Tests for helpers/chapters/ch11_multi_gpu.py: sharding, the distributed step, and real 2-process
+runs (gloo, CPU).
 
 The multi-process tests start ``torchrun --standalone --nproc_per_node=2`` (``--standalone`` picks a
-free port, so concurrent runs never clash) on the tests' tiny model (2 layers of width 32), T=32, fp32, 2 optimizer steps,
-and compare with one process trained in this test process over the same global batch.
+free port, so concurrent runs never clash) on the tests' tiny model (2 layers of width 32), T=32,
+fp32, 2 optimizer steps, and compare with one process trained in this test process over the same
+global batch.
 """
 
 import pytest
@@ -111,7 +113,8 @@ def test_ddp_and_fsdp_refuse_a_single_process(tiny_config):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """One process, global batch of 4 rows, no accumulation: the run every 2-process run must match."""
+    """One process, global batch of 4 rows, no accumulation:
+    the run every 2-process run must match."""
     path = tmp_path_factory.mktemp("ch11") / "single.pt"
     summary = distributed.run_here([*COMMON, "--batch-size", "4", "--checkpoint", str(path)])
     return summary, path
@@ -158,7 +161,8 @@ def test_no_sync_accumulation_equals_one_big_batch_and_all_reduces_once(
     accum = distributed.launch(2, args, timeout_s=300)
     assert accum["tokens_per_step"] == ddp["tokens_per_step"]
     assert distributed.max_param_diff(path, single_path) < PARAM_TOL
-    # no_sync on the first micro-step: the same all-reduces per optimizer step as without accumulation
+    # no_sync on the first micro-step:
+    # the same all-reduces per optimizer step as without accumulation
     assert accum["allreduce_calls_last_step"] == ddp["allreduce_calls_last_step"]
 
 

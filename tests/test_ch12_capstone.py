@@ -1,4 +1,5 @@
-"""Tests for helpers/chapters/ch12_capstone.py (chapter 12): checklist, comparison, budget, published figures, explorer."""
+"""Tests for helpers/chapters/ch12_capstone.py (chapter 12): checklist, comparison, budget,
+published figures, explorer."""
 
 from __future__ import annotations
 
@@ -71,7 +72,8 @@ def _results(rows, device="cpu (synthetic)"):
 
 
 def synthetic():
-    """A CPU-like ladder: tf32 skipped (not carried), a slower rung, a rung within noise, an unknown new switch."""
+    """A CPU-like ladder: tf32 skipped (not carried), a slower rung, a rung within noise,
+    an unknown new switch."""
     return _results(
         [
             _row("fp32", ms=100.0),
@@ -110,7 +112,7 @@ def published():
     return pub
 
 
-# ---- reading rows ---------------------------------------------------------------------------------
+# ---- reading rows --------------------------------------------------------------------------------
 
 
 def test_rung_changes_come_from_the_rows_and_skip_what_did_not_run():
@@ -147,7 +149,7 @@ def test_run_config_and_model_config_round_trip_the_committed_row(h200):
     assert capstone.model_config_of(h200) == GPTConfig()
 
 
-# ---- checklist -------------------------------------------------------------------------------------
+# ---- checklist -----------------------------------------------------------------------------------
 
 
 def test_checklist_from_synthetic_rows():
@@ -229,7 +231,7 @@ def test_failed_rung_is_reported_and_the_next_compares_with_the_last_measured():
     ] == {"compile": "default"}
 
 
-# ---- time budget -------------------------------------------------------------------------------------
+# ---- time budget ---------------------------------------------------------------------------------
 
 
 def test_steps_for_budget():
@@ -265,7 +267,7 @@ def test_budgets_and_ladder_settings_per_device():
     assert 20 <= cpu["min_steps"] <= cpu["max_steps"] <= 40 and gpu["budget_s"] > cpu["budget_s"]
 
 
-# ---- published figures ---------------------------------------------------------------------------------
+# ---- published figures ---------------------------------------------------------------------------
 
 
 def test_published_figures_schema_and_sources(published):
@@ -314,7 +316,7 @@ def test_every_published_step_time_appears_in_its_seed_article(published):
             assert str(ms) in text
 
 
-# ---- comparison ----------------------------------------------------------------------------------------
+# ---- comparison ----------------------------------------------------------------------------------
 
 
 def test_comparison_keeps_published_and_measured_apart(published, h200):
@@ -358,7 +360,7 @@ def test_matching_rung_requirements():
         capstone.comparison_rows({"x": res}, None)
 
 
-# ---- explorer ---------------------------------------------------------------------------------------------
+# ---- explorer ------------------------------------------------------------------------------------
 
 
 def test_describe_selection(h200):
@@ -406,7 +408,7 @@ def test_ladder_figure_has_four_panels(h200):
     plt.close(fig)
 
 
-# ---- sampling ---------------------------------------------------------------------------------------------
+# ---- sampling ------------------------------------------------------------------------------------
 
 
 def test_sample_text_is_seeded_and_decodes_from_a_padded_model():

@@ -1,4 +1,5 @@
-"""Tests for helpers/tools/cli.py: user errors of the command-line tools end in one line and exit 2."""
+"""Tests for helpers/tools/cli.py: user errors of the command-line tools end in one line
+and exit 2."""
 
 import json
 from pathlib import Path

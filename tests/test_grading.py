@@ -353,8 +353,8 @@ def test_broken_submission_gets_clear_reasons(graded):
 
 def test_points_and_check_code_come_from_the_reference_and_a_dead_kernel_is_reported(graded):
     rows = _by_student(graded[0], "dave")
-    # the check was restored from the reference (the student replaced it by `pass`): it still passes,
-    # and scores the reference's 1 point, not the student's 100.
+    # the check was restored from the reference (the student replaced it by `pass`): it still
+    # passes, and scores the reference's 1 point, not the student's 100.
     assert rows["ch00_matmul_flops"] == ("1", "1", "passed", "passed")
     assert rows["ch00_tflops"][:3] == ("0", "2", "failed")
     assert re.fullmatch(r"kernel died in cell \d+", rows["ch00_tflops"][3])
@@ -514,7 +514,8 @@ def student_run_problems(solution, cwd: Path) -> list[str]:
         or run.stuck_after_timeout_in is not None
     ):
         return [
-            f"kernel: {run.startup_error} died in {run.kernel_died_in} stuck in {run.stuck_after_timeout_in}"
+            f"kernel: {run.startup_error} died in {run.kernel_died_in} stuck in "
+            f"{run.stuck_after_timeout_in}"
         ]
     problems = []
     for position, cell in run.cells.items():
@@ -701,7 +702,8 @@ def test_a_submission_cannot_read_the_reference_solutions(tmp_path):
             )
     steal = (
         "import json, pathlib, helpers\n"
-        f"for p in [pathlib.Path({str(FIXTURE)!r}), *pathlib.Path(helpers.__file__).parents[1].rglob('*.ipynb')]:\n"
+        f"for p in [pathlib.Path({str(FIXTURE)!r}), "
+        "*pathlib.Path(helpers.__file__).parents[1].rglob('*.ipynb')]:\n"
         "    try:\n"
         "        cells = json.loads(p.read_text())['cells']\n"
         "    except Exception:\n"
@@ -732,7 +734,8 @@ def test_a_submission_cannot_change_another_submission_or_the_checks(tmp_path):
     sabotage = (
         "import pathlib, shutil\n"
         f"pathlib.Path({str(victim)!r}).write_text('{{}}')\n"
-        f"pathlib.Path({str(Path(helpers.__file__).parent / 'grading' / 'ch00.py')!r}).write_text('')\n"
+        f"pathlib.Path({str(Path(helpers.__file__).parent / 'grading' / 'ch00.py')!r})"
+        ".write_text('')\n"
     )
     (subs / "aaa").mkdir(parents=True)
     nbformat.write(

@@ -179,7 +179,8 @@ def test_emulation_needs_a_gpu_and_a_known_profile(monkeypatch):
         hardware.emulate("TPU", "cuda")
 
 
-# ---- chapter 08: every profile, the recipe for each, emulation on a real GPU's API, old torch versions ----
+# ---- chapter 08 ----------------------------------------------------------------------------------
+# every profile, the recipe for each, emulation on a real GPU's API, old torch versions
 
 EXPECTED_AUTOCAST = {
     "T4": "fp16",
@@ -306,7 +307,8 @@ def test_emulation_refuses_the_cpu_profile(monkeypatch):
 
 
 def test_sdpa_probe_while_emulating_answers_as_the_t4(monkeypatch):
-    # sdpa_kernel(FLASH) would switch flash back on for the probe: the probe must not ask the real GPU.
+    # sdpa_kernel(FLASH) would switch flash back on for the probe:
+    # the probe must not ask the real GPU.
     calls = {}
     _fake_h200(monkeypatch, calls)
     real_randn = torch.randn
@@ -421,7 +423,8 @@ def test_default_device_without_the_variable_or_on_a_cpu_does_not_emulate(monkey
 
 
 def test_a_failed_env_emulation_raises_again_instead_of_running_unemulated(monkeypatch):
-    """A typo in COURSE_EMULATE_GPU must not turn into a silent un-emulated run on the second call."""
+    """A typo in COURSE_EMULATE_GPU must not turn into a silent un-emulated run
+    on the second call."""
     calls = {}
     _fake_h200(monkeypatch, calls)
     monkeypatch.setattr(hardware, "_env_emulation_done", False)
@@ -460,7 +463,7 @@ def test_emulating_on_a_cpu_with_the_variable_set_says_to_unset_it(monkeypatch):
         hardware.emulate("T4", "cpu")
 
 
-# --- GPUPowerSampler: nvidia-smi lines in, samples and a summary out (a fake nvidia-smi on the CPU) ---
+# --- GPUPowerSampler: nvidia-smi lines in, samples and a summary out (a fake nvidia-smi on the CPU)
 
 SMI_LINES = [
     "2026/11/30 03:39:09.345, 1740, 697.75, 700.00, 0x0000000000000004",
@@ -572,7 +575,10 @@ def test_gpu_power_sampler_reports_why_nvidia_smi_gave_nothing():
     import sys
     import time
 
-    script = "import sys; print('Field \"power.draw.instant\" is not a valid field to query.'); sys.exit(2)"
+    script = (
+        "import sys; print('Field \"power.draw.instant\" is not a valid field to query.'); "
+        "sys.exit(2)"
+    )
     with power.GPUPowerSampler("cuda", command=[sys.executable, "-c", script]) as smi:
         time.sleep(1.0)
     assert smi.samples == [] and smi.returncode == 2

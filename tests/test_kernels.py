@@ -1,7 +1,8 @@
 """The hand-written Triton cross-entropy (helpers/core/kernels.py) and the switches that use it.
 
 On a machine without a GPU the kernels run in Triton's CPU interpreter, in a subprocess (the
-interpreter is chosen when Triton is imported). On a GPU they run for real, also under torch.compile.
+interpreter is chosen when Triton is imported). On a GPU they run for real, also under
+torch.compile.
 """
 
 import os
@@ -22,17 +23,18 @@ needs_triton = pytest.mark.skipif(
 )
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-# Compares kernels.cross_entropy with F.cross_entropy(logits.float()) forward and backward, on shapes
-# with a partial last block, the GPT-2 padded vocab, bf16/fp16/fp32 logits, ignored rows, a strided
-# view, and logits large enough that a softmax without the max shift would overflow.
+# Compares kernels.cross_entropy with F.cross_entropy(logits.float()) forward and backward, on
+# shapes with a partial last block, the GPT-2 padded vocab, bf16/fp16/fp32 logits, ignored rows, a
+# strided view, and logits large enough that a softmax without the max shift would overflow.
 CHECK = textwrap.dedent(
     """
     import sys, torch, torch.nn.functional as F
     from helpers.core import kernels
     device = sys.argv[1]
     torch.manual_seed(0)
-    cases = [(5, 7, torch.float32, 1.0), (9, 4097, torch.bfloat16, 3.0), (4, 50304, torch.bfloat16, 4.0),
-             (6, 1000, torch.float16, 2.0), (3, 300, torch.float32, 200.0)]
+    cases = [(5, 7, torch.float32, 1.0), (9, 4097, torch.bfloat16, 3.0),
+             (4, 50304, torch.bfloat16, 4.0), (6, 1000, torch.float16, 2.0),
+             (3, 300, torch.float32, 200.0)]
     for N, V, dtype, scale in cases:
         base = (torch.randn(N, V + 3, device=device) * scale).to(dtype)
         t = torch.randint(0, V, (N,), device=device)
@@ -45,19 +47,23 @@ CHECK = textwrap.dedent(
             (la * 0.5).backward()
             (lb * 0.5).backward()
             assert a.grad.dtype == dtype, a.grad.dtype
-            assert torch.allclose(la, lb, rtol=1e-5, atol=1e-5), (N, V, dtype, name, la.item(), lb.item())
+            assert torch.allclose(la, lb, rtol=1e-5, atol=1e-5), (
+                N, V, dtype, name, la.item(), lb.item())
             tol = 1e-6 if dtype == torch.float32 else 2e-3
             err = (a.grad.float() - b.grad.float()).abs().max().item()
             assert err <= tol, (N, V, dtype, name, err)
             assert a.grad[1].abs().max().item() == 0.0  # the ignored row gets no gradient
     x = torch.randn(3, 10, device=device, requires_grad=True)
-    loss = kernels.cross_entropy(x, torch.tensor([1, 10, -5], device=device))  # ids outside [0, V): nan, no stray read
+    # ids outside [0, V): nan, no stray read
+    loss = kernels.cross_entropy(x, torch.tensor([1, 10, -5], device=device))
     loss.backward()
     assert torch.isnan(loss) and torch.isnan(x.grad[1:]).all() and not torch.isnan(x.grad[0]).any()
-    # the fused LM head + CE: the loss and the gradients of x and W against x @ W.T + F.cross_entropy,
-    # in fp32 and under bf16 autocast, with an ignored row, the GPT-2 padded vocab, and rows in 1 or 3 chunks
+    # the fused LM head + CE: the loss and the gradients of x and W against
+    # x @ W.T + F.cross_entropy, in fp32 and under bf16 autocast, with an ignored row, the GPT-2
+    # padded vocab, and rows in 1 or 3 chunks
     kernels.FUSED_CHUNK_ROWS = 4
-    for N, C, V, amp in [(6, 16, 37, False), (9, 32, 4099, True), (5, 8, 50304, False), (3, 8, 100, True)]:
+    for N, C, V, amp in [(6, 16, 37, False), (9, 32, 4099, True), (5, 8, 50304, False),
+                         (3, 8, 100, True)]:
         x0, w0 = torch.randn(N, C, device=device), torch.randn(V, C, device=device) * 0.5
         t = torch.randint(0, V, (N,), device=device)
         t[2] = kernels.IGNORE_INDEX
@@ -78,9 +84,11 @@ CHECK = textwrap.dedent(
         assert gx1.dtype == gw1.dtype == torch.float32
         for a, b in ((gx1, gx2), (gw1, gw2)):
             assert (a - b).abs().max().item() <= tol * b.abs().max().item(), (N, V, amp)
-    # every row ignored, no rows, a non-contiguous x, a W tied to an embedding, x without grad, two accumulated
-    # backward passes, a bad chunk size: as F.cross_entropy does (loss nan, gradients 0 for the first two)
-    for t_all, n_rows in ((torch.full((5,), kernels.IGNORE_INDEX, device=device), 5), (torch.zeros(0, dtype=torch.int64, device=device), 0)):
+    # every row ignored, no rows, a non-contiguous x, a W tied to an embedding, x without grad, two
+    # accumulated backward passes, a bad chunk size: as F.cross_entropy does (loss nan, gradients 0
+    # for the first two)
+    for t_all, n_rows in ((torch.full((5,), kernels.IGNORE_INDEX, device=device), 5),
+                          (torch.zeros(0, dtype=torch.int64, device=device), 0)):
         x = torch.randn(n_rows, 8, device=device, requires_grad=True)
         w = torch.randn(16, 8, device=device, requires_grad=True)
         loss = kernels.linear_cross_entropy(x, w, t_all)
@@ -95,7 +103,8 @@ CHECK = textwrap.dedent(
         emb.zero_grad()
         x = base.t()  # (12, 8), not contiguous; no grad: only W gets one
         for _ in range(2):  # accumulate
-            loss = kernels.linear_cross_entropy(x, emb.weight, t) if fused else F.cross_entropy(x @ emb.weight.t(), t)
+            loss = (kernels.linear_cross_entropy(x, emb.weight, t) if fused
+                    else F.cross_entropy(x @ emb.weight.t(), t))
             (loss * 0.3).backward()
         got.append(emb.weight.grad.clone())
     assert (got[0] - got[1]).abs().max().item() <= 1e-5 * got[1].abs().max().item()
@@ -108,19 +117,23 @@ CHECK = textwrap.dedent(
     kernels.FUSED_CHUNK_ROWS = 4
     x0, w0 = torch.randn(9, 32, device=device), torch.randn(4099, 32, device=device) * 0.5
     t = torch.randint(0, 4099, (9,), device=device)
-    with torch.autocast(device, dtype=torch.float16):  # refused: the gradient would round before the loss scale
+    # refused: the gradient would round before the loss scale
+    with torch.autocast(device, dtype=torch.float16):
         try:
             kernels.linear_cross_entropy(x0, w0, t)
             raise AssertionError("fp16 accepted")
         except RuntimeError as e:
             assert "fp16" in str(e)
     with torch.no_grad():  # no gradient wanted: the loss alone (3 chunks), no backward matmuls
-        assert abs(kernels.linear_cross_entropy(x0, w0, t).item() - F.cross_entropy(x0 @ w0.t(), t).item()) < 1e-4
+        assert abs(kernels.linear_cross_entropy(x0, w0, t).item()
+                   - F.cross_entropy(x0 @ w0.t(), t).item()) < 1e-4
     from helpers.core import train
     compiled = train.RunConfig(autocast="bf16", loss_kernel="triton", compile="default")
-    if device == "cpu":  # the interpreter runs the kernels eagerly only: a compiled rung is refused, not failed
+    # the interpreter runs the kernels eagerly only: a compiled rung is refused, not failed
+    if device == "cpu":
         assert "compiled only" in train.unsupported_reason(compiled, "cpu")
-        assert "compiled only" in train.unsupported_reason(compiled.replace(loss_kernel="fused"), "cpu")
+        assert "compiled only" in train.unsupported_reason(
+            compiled.replace(loss_kernel="fused"), "cpu")
         assert train.unsupported_reason(compiled.replace(compile=None), "cpu") is None
     print("kernels OK")
     """
@@ -128,7 +141,8 @@ CHECK = textwrap.dedent(
 
 
 def run_check(script: str, device: str = "cpu") -> subprocess.CompletedProcess:
-    """Run a check script in a fresh interpreter: with Triton's CPU interpreter on "cpu" (chosen at import)."""
+    """Run a check script in a fresh interpreter:
+    with Triton's CPU interpreter on "cpu" (chosen at import)."""
     env = {**os.environ, "TRITON_INTERPRET": "1"} if device == "cpu" else None
     return subprocess.run(
         [sys.executable, "-c", script, device], env=env, capture_output=True, text=True, timeout=300
@@ -144,11 +158,13 @@ def test_cross_entropy_matches_pytorch_in_the_triton_interpreter():
 
 @needs_triton
 def test_a_wrong_kernel_fails_the_check(tmp_path):
-    """The check above can fail: a loss that skips the last column (an off-by-one in a block loop) is caught."""
+    """The check above can fail: a loss that skips the last column (an off-by-one in a block loop)
+    is caught."""
     broken = CHECK.replace(
         "from helpers.core import kernels",
         "from helpers.core import kernels\n"
-        "kernels.cross_entropy = lambda x, t: F.cross_entropy(x.float()[:, :-1], t.clamp(max=x.shape[1] - 2))",
+        "kernels.cross_entropy = lambda x, t: "
+        "F.cross_entropy(x.float()[:, :-1], t.clamp(max=x.shape[1] - 2))",
     )
     out = run_check(broken)
     assert out.returncode != 0 and "AssertionError" in out.stderr
@@ -156,8 +172,8 @@ def test_a_wrong_kernel_fails_the_check(tmp_path):
 
 @needs_triton
 def test_a_wrong_fused_gradient_fails_the_check():
-    """The fused LM-head CE's check looks at gradients, not only the loss: a dW off by a factor n / (n + 1)
-    (a right loss, a wrong backward scale) is caught."""
+    """The fused LM-head CE's check looks at gradients, not only the loss: a dW off by a factor
+    n / (n + 1) (a right loss, a wrong backward scale) is caught."""
     broken = CHECK.replace(
         "kernels.FUSED_CHUNK_ROWS = 4",
         "kernels.FUSED_CHUNK_ROWS = 4\n"
@@ -169,10 +185,11 @@ def test_a_wrong_fused_gradient_fails_the_check():
     assert out.returncode != 0 and "AssertionError" in out.stderr, out.stderr[-2000:]
 
 
-# The fp8 LM head (linear_cross_entropy(fp8=True)) against the same arithmetic done by PyTorch: the e5m2 gradient
-# bits against torch's own rounding, the tiled transpose against .t().contiguous(), and loss and gradients against an
-# fp32 LM head on the fp8-rounded x and W (the matmuls' accumulation is the only difference left), with rows that are
-# not a multiple of 16, an ignored row, several chunks, and the loss-only path; plus the fp32 truth, loosely.
+# The fp8 LM head (linear_cross_entropy(fp8=True)) against the same arithmetic done by PyTorch: the
+# e5m2 gradient bits against torch's own rounding, the tiled transpose against .t().contiguous(),
+# and loss and gradients against an fp32 LM head on the fp8-rounded x and W (the matmuls'
+# accumulation is the only difference left), with rows that are not a multiple of 16, an ignored
+# row, several chunks, and the loss-only path; plus the fp32 truth, loosely.
 FP8_CHECK = textwrap.dedent(
     """
     import sys, torch, torch.nn.functional as F
@@ -188,8 +205,9 @@ FP8_CHECK = textwrap.dedent(
     ref = (torch.softmax(logits, -1) - F.one_hot(t.clamp(min=0), 4100)) * kernels.FP8_GRAD_SCALE
     ref[3] = 0
     ref8 = ref.to(torch.float8_e5m2)
-    # the kernel's softmax is computed differently from torch's: a value within fp32 rounding of an e5m2
-    # rounding boundary may land on the other side (then one e5m2 step apart); anything more is a bug
+    # the kernel's softmax is computed differently from torch's: a value within fp32 rounding of an
+    # e5m2 rounding boundary may land on the other side (then one e5m2 step apart); anything more is
+    # a bug
     differ = (g8.view(torch.uint8) != ref8.view(torch.uint8))
     assert differ.float().mean().item() < 1e-4, differ.float().mean().item()
     step = (g8.view(torch.uint8).int() - ref8.view(torch.uint8).int()).abs()
@@ -198,9 +216,11 @@ FP8_CHECK = textwrap.dedent(
     # 2. the transpose, on shapes that are not multiples of its tile
     for M, N in ((1, 1), (70, 130), (128, 64), (3, 200)):
         a = torch.randn(M, N, device=device).to(torch.float8_e4m3fn)
-        assert torch.equal(kernels.transpose_fp8(a).view(torch.uint8), a.t().contiguous().view(torch.uint8)), (M, N)
+        assert torch.equal(kernels.transpose_fp8(a).view(torch.uint8),
+                           a.t().contiguous().view(torch.uint8)), (M, N)
     # 3. the whole fp8 LM head + CE
-    def rounded(a):  # the fp8 value of a in the forward, the identity in backward (no fp8 gradients here)
+    # the fp8 value of a in the forward, the identity in backward (no fp8 gradients here)
+    def rounded(a):
         a8, inv = kernels.to_fp8_e4m3(a)
         return a + (a8.float() * inv - a).detach()
     def emulated(x, w, t):  # the same fp8 rounding of x and W, then an fp32 LM head
@@ -227,8 +247,8 @@ FP8_CHECK = textwrap.dedent(
         assert abs(l8 - le) <= 1e-2 * abs(le), (N, V, amp, l8, le)  # bf16 logits under autocast
         def rel(a, b):
             return ((a - b).norm() / b.norm()).item()
-        # e5m2 keeps 2 mantissa bits: each gradient element is off by up to 1/8; summed over V or N columns
-        # the errors mostly cancel
+        # e5m2 keeps 2 mantissa bits: each gradient element is off by up to 1/8; summed over V or N
+        # columns the errors mostly cancel
         for a, b in ((gx8, gxe), (gw8, gwe)):
             assert rel(a, b) < 0.05, (N, V, amp, rel(a, b))
         assert abs(l8 - l32) <= 0.03 * abs(l32), (N, V, amp, l8, l32)
@@ -236,9 +256,11 @@ FP8_CHECK = textwrap.dedent(
             assert rel(a, b) < 0.1, (N, V, amp, rel(a, b))
         assert gx8[2].abs().max().item() == 0.0  # the ignored row
         with torch.no_grad():
-            assert abs(kernels.linear_cross_entropy(x0, w0, t, fp8=True).item() - le) <= 1e-3 * abs(le)
+            assert (abs(kernels.linear_cross_entropy(x0, w0, t, fp8=True).item() - le)
+                    <= 1e-3 * abs(le))
     try:
-        kernels.linear_cross_entropy(torch.randn(4, 12, device=device), torch.randn(32, 12, device=device),
+        kernels.linear_cross_entropy(torch.randn(4, 12, device=device),
+                                     torch.randn(32, 12, device=device),
                                      torch.zeros(4, dtype=torch.int64, device=device), fp8=True)
         raise AssertionError("C=12 accepted")
     except ValueError as e:
@@ -248,7 +270,8 @@ FP8_CHECK = textwrap.dedent(
 )
 
 
-# the interpreter checks run the fp8 matmuls with PyTorch's CPU _scaled_mm (oneDNN), which some CPUs lack
+# the interpreter checks run the fp8 matmuls with PyTorch's CPU _scaled_mm (oneDNN),
+# which some CPUs lack
 needs_cpu_fp8 = pytest.mark.skipif(
     kernels.triton is not None and not kernels._cpu_scaled_mm_fp8()[0],
     reason="PyTorch's CPU _scaled_mm has no fp8 kernel for this CPU (oneDNN, e.g. AVX2 only)",
@@ -256,8 +279,9 @@ needs_cpu_fp8 = pytest.mark.skipif(
 
 
 def run_fp8_check(code: str):
-    """run_check, skipped where oneDNN refuses this CPU an fp8 matmul of the check's shapes (the small
-    probe of needs_cpu_fp8 can pass where a larger shape is still refused, e.g. with AVX2 alone)."""
+    """run_check, skipped where oneDNN refuses this CPU an fp8 matmul of the check's shapes (the
+    small probe of needs_cpu_fp8 can pass where a larger shape is still refused, e.g. with AVX2
+    alone)."""
     out = run_check(code)
     if "could not create a primitive descriptor for the matmul primitive" in out.stderr:
         pytest.skip(
@@ -277,10 +301,12 @@ def test_fp8_lm_head_matches_its_emulation_in_the_triton_interpreter():
 FP8_BUGS = {
     # the gradient stored at twice the scale the matmuls undo
     "grad_scale": "_g = kernels._cross_entropy_rows_with_e5m2_grad\n"
-    "kernels._cross_entropy_rows_with_e5m2_grad = lambda l, t: (lambda r: (r[0], (r[1].float() * 2).to(torch.float8_e5m2)))(_g(l, t))",
+    "kernels._cross_entropy_rows_with_e5m2_grad = lambda l, t: "
+    "(lambda r: (r[0], (r[1].float() * 2).to(torch.float8_e5m2)))(_g(l, t))",
     # a transpose that loses its last column (the last row of the source)
     "transpose": "_t = kernels.transpose_fp8\n"
-    "kernels.transpose_fp8 = lambda a: torch.cat([_t(a)[:, :-1], torch.zeros_like(_t(a)[:, :1])], 1)",
+    "kernels.transpose_fp8 = lambda a: "
+    "torch.cat([_t(a)[:, :-1], torch.zeros_like(_t(a)[:, :1])], 1)",
 }
 
 
@@ -288,7 +314,8 @@ FP8_BUGS = {
 @needs_cpu_fp8
 @pytest.mark.parametrize("bug", sorted(FP8_BUGS))
 def test_a_wrong_fp8_lm_head_fails_its_check(bug):
-    """The fp8 check can fail: a gradient at twice its scale, or a transpose that drops data, is caught."""
+    """The fp8 check can fail: a gradient at twice its scale, or a transpose that drops data,
+    is caught."""
     broken = FP8_CHECK.replace(
         "\nkernels.FUSED_CHUNK_ROWS = 16\n",
         "\nkernels.FUSED_CHUNK_ROWS = 16\n" + FP8_BUGS[bug] + "\n",
@@ -315,8 +342,8 @@ def test_cross_entropy_matches_pytorch_on_the_gpu():
 
 
 def _compiled_step_results(configs: dict) -> dict:
-    """{key: (loss, LM-head weight gradient)} of one compiled (fullgraph) bf16-autocast forward+backward of a small
-    GPT per config, from the same weights and batch."""
+    """{key: (loss, LM-head weight gradient)} of one compiled (fullgraph) bf16-autocast
+    forward+backward of a small GPT per config, from the same weights and batch."""
     torch.manual_seed(0)
     x = torch.randint(0, GPTConfig().vocab_size, (4, 128), device="cuda")
     y = torch.randint(0, GPTConfig().vocab_size, (4, 128), device="cuda")
@@ -339,7 +366,8 @@ SMALL = GPTConfig(block_size=128, n_layer=2, n_head=4, n_embd=128, vocab_multipl
 @needs_cuda
 @needs_triton
 def test_compiled_model_with_the_triton_loss_matches_pytorch_loss():
-    """Inside torch.compile (one graph, custom op traced) the step gives the loss and gradients of F.cross_entropy."""
+    """Inside torch.compile (one graph, custom op traced) the step gives the loss and gradients of
+    F.cross_entropy."""
     results = _compiled_step_results(
         {k: dict(loss_kernel=k) for k in ("pytorch", "triton", "fused")}
     )
@@ -353,8 +381,8 @@ def test_compiled_model_with_the_triton_loss_matches_pytorch_loss():
 @needs_cuda
 @needs_triton
 def test_compiled_model_with_the_fp8_lm_head_trains_like_bf16():
-    """Compiled with fullgraph (no graph break), the fp8 LM head's loss and LM-head gradient are those of the
-    bf16 fused LM head within fp8's rounding."""
+    """Compiled with fullgraph (no graph break), the fp8 LM head's loss and LM-head gradient are
+    those of the bf16 fused LM head within fp8's rounding."""
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("fp8 tensor cores need compute capability >= 8.9")
     results = _compiled_step_results(
@@ -407,9 +435,9 @@ def test_residual_stream_is_bf16_only_when_asked(tiny_config):
         seen[dtype + " loss"] = loss.item()
         assert model.transformer.wte.weight.grad.dtype == torch.float32  # master weights stay fp32
     assert seen["fp32"] == torch.float32 and seen["bf16"] == torch.bfloat16
-    model(
-        idx
-    )  # outside autocast (generation, evaluation) the stream stays fp32: no dtype clash with the weights
+    # outside autocast (generation, evaluation) the stream stays fp32:
+    # no dtype clash with the weights
+    model(idx)
     assert seen["bf16"] == torch.float32
     with torch.autocast(
         "cpu", dtype=torch.float16

@@ -38,7 +38,8 @@ def test_rungs_are_cumulative_and_skip_what_the_cpu_cannot_run(monkeypatch):
     skipped = ("+ tf32", "+ Triton CE", "+ fused LM-head CE", "+ fp8 LM head")
     assert all(r is None for n, r in reasons.items() if n not in skipped)
     last = [c for c, r in configs if r is None][-1]
-    # TF32 and the Triton kernels were skipped, so they are not carried into later rungs; everything else is.
+    # TF32 and the Triton kernels were skipped, so they are not carried into later rungs;
+    # everything else is.
     assert (
         last.matmul_precision,
         last.autocast,
@@ -76,7 +77,8 @@ def test_gpu_ladder_carries_every_switch():
 
 
 def test_fp8_rung_is_skipped_below_compute_capability_8_9(monkeypatch):
-    """An A100 (8.0) runs every rung but the fp8 LM head, and its fastest configuration is the bf16 fused LM head."""
+    """An A100 (8.0) runs every rung but the fp8 LM head,
+    and its fastest configuration is the bf16 fused LM head."""
     _fake_cuda(monkeypatch, (8, 0))
     configs = ladder.ladder_configs(16, 1024, device="cuda")
     reasons = dict((c.name, r) for c, r in configs)

@@ -1,4 +1,5 @@
-"""Tests for helpers/switches.py: the ladder, the capstone's advice and the profiler read one registry."""
+"""Tests for helpers/switches.py: the ladder, the capstone's advice and the profiler read
+one registry."""
 
 import dataclasses
 

@@ -14,8 +14,8 @@ Four ideas, one function family each:
    time is never a cache hit from an earlier run.
 
 PyTorch documentation: https://pytorch.org/docs/stable/torch.compiler.html (Dynamo captures a
-graph from Python bytecode, guards decide when it can be reused, inductor generates Triton kernels on
-a GPU and C++/OpenMP code on a CPU).
+graph from Python bytecode, guards decide when it can be reused, inductor generates Triton kernels
+on a GPU and C++/OpenMP code on a CPU).
 """
 
 from __future__ import annotations
@@ -38,9 +38,10 @@ from helpers.measure import hardware, timing
 # ----------------------------------------------------------------------------------------------
 
 KERNEL_RULE = (
-    "a kernel is one launched pass over memory: on CUDA, every kernel the profiler records on the GPU "
-    "(memcpy/memset excluded); on a CPU, every outermost aten operator that computes (allocation and view "
-    "ops excluded) plus every C++ kernel inductor generated (recorded with inductor's cpp.enable_kernel_profile)"
+    "a kernel is one launched pass over memory: on CUDA, every kernel the profiler records "
+    "on the GPU (memcpy/memset excluded); on a CPU, every outermost aten operator that "
+    "computes (allocation and view ops excluded) plus every C++ kernel inductor generated "
+    "(recorded with inductor's cpp.enable_kernel_profile)"
 )
 
 # aten ops that allocate or re-describe memory without a pass over the data: not kernels
@@ -100,7 +101,8 @@ def _quiet_native_stderr() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _inductor_cpu_kernel_profile() -> Iterator[None]:
-    """Make inductor's generated C++ kernels visible to the profiler (a record_function per kernel)."""
+    """Make inductor's generated C++ kernels visible to the profiler
+    (a record_function per kernel)."""
     import torch._inductor.config as inductor_config
 
     if hasattr(inductor_config, "cpp") and hasattr(inductor_config.cpp, "enable_kernel_profile"):
@@ -117,13 +119,16 @@ def _is_generated_cpu_kernel(name: str) -> bool:
 def count_kernels(
     fn: Callable[..., object], x: torch.Tensor | tuple, device: torch.device | str
 ) -> dict:
-    """Count the kernels one call ``fn(x)`` (or ``fn(*x)`` for a tuple) launches, by :data:`KERNEL_RULE`.
+    """Count the kernels one call ``fn(x)`` (or ``fn(*x)`` for a tuple) launches,
+    by :data:`KERNEL_RULE`.
 
     ``fn`` is called once untimed first (a compiled function compiles there; call this right after
-    ``torch.compile`` so that, on a CPU, its kernels are generated with profiling records), then once
-    under ``torch.profiler`` with ``ProfilerActivity.CUDA`` on a GPU, ``ProfilerActivity.CPU`` otherwise.
+    ``torch.compile`` so that, on a CPU, its kernels are generated with profiling records), then
+    once under ``torch.profiler`` with ``ProfilerActivity.CUDA`` on a GPU, ``ProfilerActivity.CPU``
+    otherwise.
 
-    Returns ``{"kernels": int, "names": list[str] (launch order), "device": "cuda"/"cpu", "rule": str}``.
+    Returns
+    ``{"kernels": int, "names": list[str] (launch order), "device": "cuda"/"cpu", "rule": str}``.
 
     Raises:
         whatever ``fn`` raises.
@@ -231,7 +236,8 @@ def measure_step(
     backend: Callable | None = None,
 ) -> dict:
     """Build ``run`` and time its training step: the first step on its own, then ``warmup`` untimed
-    and ``iters`` timed steps (:func:`helpers.measure.timing.measure`, median), all in a cold compile cache.
+    and ``iters`` timed steps (:func:`helpers.measure.timing.measure`, median), all in a cold
+    compile cache.
 
     A compile that fails falls back to eager (``train.build(..., compile_fallback=True)``), and a
     compile that is unavailable here (no C++ compiler, GPU too old) is replaced by eager up front:
@@ -245,8 +251,8 @@ def measure_step(
     Returns a dict: ``mode`` (the asked compile mode or "eager"), ``status`` ("measured"/"skipped"),
     ``compiled`` (bool: the timed steps ran a compiled graph), ``label`` (``mode`` if compiled, else
     "eager"), ``reason`` (one line), ``first_step_ms``, ``ms_per_step`` (median of ``iters``),
-    ``spread_pct``, ``compile_s`` (first step minus a steady step, in s; None for eager),
-    ``graphs`` (graphs Dynamo compiled in the first step), ``graphs_after_first_step`` (should be 0).
+    ``spread_pct``, ``compile_s`` (first step minus a steady step, in s; None for eager), ``graphs``
+    (graphs Dynamo compiled in the first step), ``graphs_after_first_step`` (should be 0).
     """
     device = torch.device(device)
     mode = run.compile or "eager"
@@ -333,7 +339,8 @@ def format_rows(rows: list[dict]) -> str:
     """A fixed-width table of :func:`measure_step` rows, one line each, units in the header. The
     "ran as" column says what the timed steps really ran: "compiled", or "eager" with the reason."""
     lines = [
-        f"{'mode':<27} {'ran as':<9} {'first step (s)':>14} {'step (ms)':>10} {'compile (s)':>11}  note"
+        f"{'mode':<27} {'ran as':<9} {'first step (s)':>14} {'step (ms)':>10} "
+        f"{'compile (s)':>11}  note"
     ]
     for r in rows:
         if r["status"] != "measured":
@@ -345,7 +352,10 @@ def format_rows(rows: list[dict]) -> str:
         cs = f"{r['compile_s']:.1f}" if r["compile_s"] is not None else "-"
         note = "" if r["compiled"] else r["reason"]
         lines.append(
-            f"{r['mode']:<27} {ran:<9} {r['first_step_ms'] / 1e3:>14.1f} {r['ms_per_step']:>10.1f} {cs:>11}  {note}".rstrip()
+            (
+                f"{r['mode']:<27} {ran:<9} {r['first_step_ms'] / 1e3:>14.1f} "
+                f"{r['ms_per_step']:>10.1f} {cs:>11}  {note}"
+            ).rstrip()
         )
     return "\n".join(lines)
 
@@ -357,7 +367,8 @@ def format_rows(rows: list[dict]) -> str:
 
 def recompile_limit_key() -> str:
     """The name of Dynamo's per-function graph limit in this torch: ``recompile_limit`` (2.7+) or
-    ``cache_size_limit`` (earlier). Past it, Dynamo stops compiling that function and runs it eager."""
+    ``cache_size_limit`` (earlier). Past it, Dynamo stops compiling that function and
+    runs it eager."""
     cfg = torch._dynamo.config
     return "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
 
@@ -377,7 +388,8 @@ def _frames_not_compiled() -> int:
 
 
 def _short_reason(reason: str) -> str:
-    """First line of a guard failure, without its source comment: "s == 2.0", "tensor 'x' size ..."."""
+    """First line of a guard failure, without its source comment:
+    "s == 2.0", "tensor 'x' size ..."."""
     line = reason.splitlines()[0].split("#")[0].strip()
     head, sep, tail = line.partition(": ")
     if sep and "/" in head and head.replace("/", "").isdigit():  # "0/1: ..." -> "..."
@@ -391,8 +403,9 @@ def watch_compiles(calls: list[tuple[str, Callable[[], object]]]) -> list[dict]:
     Returns one dict per call: ``label``, ``new_graphs`` (graphs compiled during the call, from
     ``torch._dynamo.utils.counters["stats"]["unique_graphs"]``), ``reason`` (the guard that failed
     on the newest cached graph and forced the recompile, "" if none) and ``ran`` ("compiled new
-    graph", "reused a graph", or "eager: guards failed but no graph was compiled (recompile limit)").
-    Dynamo's own warning for the limit is silenced during the call; the row reports it instead.
+    graph", "reused a graph", or "eager: guards failed but no graph was compiled (recompile
+    limit)"). Dynamo's own warning for the limit is silenced during the call; the row reports it
+    instead.
     """
     rows = []
     dynamo_log = logging.getLogger("torch._dynamo")

@@ -1,12 +1,12 @@
 """Causal attention three ways, and the measurements of chapter 06.
 
-- :func:`manual_attention` (the model's own, from :mod:`helpers.core.model`): softmax(q kᵀ / √d +
-  causal mask) v, materialising the (T, T) scores.
+- :func:`manual_attention` (the model's own, from :mod:`helpers.core.model`): softmax(q kᵀ / √d
+  + causal mask) v, materialising the (T, T) scores.
 - :func:`sdpa_attention` (the model's own too): ``F.scaled_dot_product_attention(q, k, v,
   is_causal=True)``: PyTorch picks a fused kernel (FlashAttention, memory-efficient, cuDNN) that
   never stores the scores.
-- :func:`tiled_attention`: FlashAttention's idea in plain PyTorch: walk over key/value tiles keeping a
-  running max, a running softmax denominator and a running output (the "online softmax" of Milakov
+- :func:`tiled_attention`: FlashAttention's idea in plain PyTorch: walk over key/value tiles keeping
+  a running max, a running softmax denominator and a running output (the "online softmax" of Milakov
   & Gimelshein 2018, https://arxiv.org/abs/1805.02867), so the result is exact, never approximate.
   FlashAttention: Dao et al. 2022 (https://arxiv.org/abs/2205.14135); FlashAttention-2: Dao 2023
   (https://arxiv.org/abs/2307.08691).
@@ -108,7 +108,8 @@ def square_score_tensors(
     fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backward: bool = True
 ) -> list:
     """The (op, shape) of every tensor of shape (…, T, T) that ``fn(q, k, v)`` (and its backward)
-    allocates, T = q.size(-2) > head size. Empty for a fused SDPA kernel; not for manual attention."""
+    allocates, T = q.size(-2) > head size.
+    Empty for a fused SDPA kernel; not for manual attention."""
     T = q.size(-2)
     qq, kk, vv = (t.detach().clone().requires_grad_(backward) for t in (q, k, v))
     rec = TensorShapeRecorder()
@@ -142,9 +143,10 @@ _BACKEND_WORDS = {
 def run_forced_backend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str
 ) -> tuple[torch.Tensor | None, str]:
-    """Causal SDPA forced to one backend (``torch.nn.attention.sdpa_kernel``). Returns (output, "ok"),
-    or (None, reason) when the backend cannot run these inputs — never raises for that. The reason
-    is PyTorch's own warning about that backend where it gave one, else its error message."""
+    """Causal SDPA forced to one backend (``torch.nn.attention.sdpa_kernel``).
+    Returns (output, "ok"), or (None, reason) when the backend cannot run these inputs — never
+    raises for that. The reason is PyTorch's own warning about that backend where it gave one, else
+    its error message."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     try:
@@ -158,7 +160,8 @@ def run_forced_backend(
     except RuntimeError as e:
         word = _BACKEND_WORDS.get(backend, backend.lower())
         texts = [str(w.message).split("(Triggered internally")[0].strip() for w in caught]
-        # PyTorch warns "<Backend> kernel not used because:" and gives the reason(s) in the next warning(s).
+        # PyTorch warns "<Backend> kernel not used because:" and gives the reason(s)
+        # in the next warning(s).
         for i, t in enumerate(texts):
             if word in t.lower() and "not used because" in t.lower():
                 reasons = [
@@ -179,8 +182,8 @@ def attention_sweep(
     device, seq_lens, B: int = 8, n_head: int = 12, head_size: int = 64, dtype=None
 ) -> list[dict]:
     """Forward + backward time (ms, median of 10) and peak memory (bytes, CUDA only) of manual and
-    SDPA attention for each T in ``seq_lens``. A size that runs out of memory is reported, not raised.
-    ``dtype`` defaults to bf16 on a GPU with native bf16, fp16 on older GPUs (a T4: its
+    SDPA attention for each T in ``seq_lens``. A size that runs out of memory is reported, not
+    raised. ``dtype`` defaults to bf16 on a GPU with native bf16, fp16 on older GPUs (a T4: its
     memory-efficient SDPA kernel has no bf16 version), fp32 on a CPU."""
     device = torch.device(device)
     if dtype is None:
@@ -225,8 +228,8 @@ def attention_sweep(
 
 def pitfall_mask_and_is_causal(device) -> dict:
     """Pass an explicit causal mask *and* ``is_causal=True``, which PyTorch's documentation calls an
-    error. Returns {"raised": bool, "message": str, "rel_error_vs_causal": float | None}: whether this
-    device's kernel raised, and if not, how far its output is from plain causal attention."""
+    error. Returns {"raised": bool, "message": str, "rel_error_vs_causal": float | None}: whether
+    this device's kernel raised, and if not, how far its output is from plain causal attention."""
     g = torch.Generator(device=device).manual_seed(0)
     q = torch.randn(1, 2, 8, 16, device=device, generator=g)
     mask = torch.ones(8, 8, dtype=torch.bool, device=device).tril()
@@ -247,8 +250,8 @@ def pitfall_mask_and_is_causal(device) -> dict:
 
 
 def pitfall_single_query_is_causal(device, n_keys: int = 16) -> dict:
-    """One new query against a cache of ``n_keys`` keys (decoding). The last query may see every key,
-    but ``is_causal=True`` aligns the mask to the top-left, so it sees only key 0. Returns the
+    """One new query against a cache of ``n_keys`` keys (decoding). The last query may see every
+    key, but ``is_causal=True`` aligns the mask to the top-left, so it sees only key 0. Returns the
     relative error of ``is_causal=True`` and of ``is_causal=False`` against the correct answer."""
     g = torch.Generator(device=device).manual_seed(0)
     k = torch.randn(1, 2, n_keys, 16, device=device, generator=g)

@@ -161,6 +161,6 @@ def format_recipe(choices: list[RecipeChoice]) -> str:
 
 
 def recipe_run_config(choices, batch_size: int, seq_len: int, name: str = "recipe") -> RunConfig:
-    """A RunConfig from ``hardware.recommend_recipe(...)`` choices plus a measured batch size."""
+    """A RunConfig from :func:`recommend_recipe` choices plus a measured batch size."""
     switches = {ch.switch: ch.value for ch in choices if ch.switch != "batch_size"}
     return RunConfig(name=name, batch_size=batch_size, seq_len=seq_len, **switches)

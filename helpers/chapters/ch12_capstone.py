@@ -1,4 +1,5 @@
-"""Chapter 12, the capstone: the whole speed-up ladder on this device, compared, trained and summed up.
+"""Chapter 12, the capstone: the whole speed-up ladder on this device,
+compared, trained and summed up.
 
 Everything here works on the results dict of :func:`helpers.ladder.run_ladder` (or a committed
 ``results/*-ladder-*.json``), whose rows are read as they are: rung names, counts and switches
@@ -138,7 +139,8 @@ def steps_for_budget(
 
 
 def training_budget(device: torch.device | str) -> dict:
-    """The chapter's training budget: 100 s, 100..3000 steps on a GPU; 10 s, 20..40 steps on a CPU."""
+    """The chapter's training budget: 100 s, 100..3000 steps on a GPU;
+    10 s, 20..40 steps on a CPU."""
     if torch.device(device).type == "cuda":
         return dict(budget_s=100.0, min_steps=100, max_steps=3000)
     return dict(budget_s=10.0, min_steps=20, max_steps=40)
@@ -186,9 +188,10 @@ def checklist(results: dict, noise_floor: float = 0.03, where: str = "here") -> 
 
     gain = (ms/step of the last measured rung before it) / (its ms/step): 1.25 means 25% more steps
     per second. A gain within the noise, max(noise_floor, the larger spread_pct of the two rows) is
-    called "no clear gain here". ``where`` names the device in the verdicts ("here" for this device's
-    run; e.g. "on the H200" for a committed result, so it is never read as this device's). Returns dicts with keys optimisation, switches, status, gain
-    (float or None), compared_with, verdict, when, skipped_reason.
+    called "no clear gain here". ``where`` names the device in the verdicts ("here" for this
+    device's run; e.g. "on the H200" for a committed result, so it is never read as this device's).
+    Returns dicts with keys optimisation, switches, status, gain (float or None), compared_with,
+    verdict, when, skipped_reason.
     """
     rows, changes = results["rungs"], rung_changes(results)
     out, previous = [], None
@@ -234,7 +237,8 @@ def checklist(results: dict, noise_floor: float = 0.03, where: str = "here") -> 
 
 
 def format_checklist(items: list[dict], width: int = 100) -> str:
-    """The checklist as text: one block per optimisation (name, verdict, when to use it, reason if skipped)."""
+    """The checklist as text: one block per optimisation
+    (name, verdict, when to use it, reason if skipped)."""
     import textwrap
 
     lines = []
@@ -267,7 +271,8 @@ def published_problems(pub: dict) -> list[str]:
         for field in ("file", "title", "author", "url"):
             if field not in src:
                 problems.append(
-                    f"source {key} lacks the field {field!r} (use null when the seed does not give it)"
+                    f"source {key} lacks the field {field!r} "
+                    "(use null when the seed does not give it)"
                 )
         for field in ("title", "author", "url"):
             if src.get(field) is None and not (
@@ -389,15 +394,16 @@ def format_comparison(rows: list[dict], published: dict, measured: dict[str, dic
         src = published["sources"][key]
         title = src["title"] or f"untitled ({src.get('title_note', '')})"
         lines.append(
-            f"  {key}: {title}; author: {src['author'] or 'not given'}; url: {src['url'] or 'not given'}; "
-            f"file {src['file']}"
+            f"  {key}: {title}; author: {src['author'] or 'not given'}; "
+            f"url: {src['url'] or 'not given'}; file {src['file']}"
         )
     setup = published.get("setup", {})
     batch = setup.get("batch_size") or {}
     for g, info in published["gpus"].items():
         b = batch.get(g) if isinstance(batch, dict) else batch
         lines.append(
-            f"  {g}: {info['name']}, T={setup.get('seq_len')}, B={b if b is not None else 'not stated'}"
+            f"  {g}: {info['name']}, T={setup.get('seq_len')}, "
+            f"B={b if b is not None else 'not stated'}"
         )
     if setup.get("compile_mode"):
         lines.append(f"  torch.compile mode: {setup['compile_mode']}")
@@ -408,8 +414,8 @@ def format_comparison(rows: list[dict], published: dict, measured: dict[str, dic
             f"{r['stage']} = {r['measured'][label]['rung']}" for r in rows if r["measured"][label]
         )
         lines.append(
-            f"  {label}: {res['device']}, torch {res['torch']}, {res['date']}, B={cfg['batch_size']}, "
-            f"T={cfg['seq_len']}; rungs: {mapping}"
+            f"  {label}: {res['device']}, torch {res['torch']}, {res['date']}, "
+            f"B={cfg['batch_size']}, T={cfg['seq_len']}; rungs: {mapping}"
         )
     return "\n".join(lines)
 
@@ -422,8 +428,9 @@ def format_comparison(rows: list[dict], published: dict, measured: dict[str, dic
 def _row_line(row: dict) -> str:
     mfu = f"{100 * row['mfu']:.1f}%" if row.get("mfu") is not None else "not reported"
     return (
-        f"{row['ms_per_step']:.1f} ms/step, {row['tokens_per_s']:,.0f} tokens/s, {row['speedup']:.2f}x over the "
-        f"first rung, MFU {mfu}, peak memory {memory.format_bytes(row.get('peak_mem_bytes'))}"
+        f"{row['ms_per_step']:.1f} ms/step, {row['tokens_per_s']:,.0f} tokens/s, "
+        f"{row['speedup']:.2f}x over the first rung, MFU {mfu}, "
+        f"peak memory {memory.format_bytes(row.get('peak_mem_bytes'))}"
     )
 
 
@@ -440,10 +447,14 @@ def describe_selection(results: dict, enabled: Sequence[bool]) -> str:
     rows = results["rungs"]
     if len(enabled) != len(rows) - 1:
         raise ValueError(
-            f"need {len(rows) - 1} switches (one per rung after {rows[0]['name']!r}), got {len(enabled)}"
+            f"need {len(rows) - 1} switches (one per rung after {rows[0]['name']!r}), "
+            f"got {len(enabled)}"
         )
     on = [True, *enabled]
-    header = f"{results['device']}, B={results['config']['batch_size']}, T={results['config']['seq_len']}, {results['date']}"
+    header = (
+        f"{results['device']}, B={results['config']['batch_size']}, "
+        f"T={results['config']['seq_len']}, {results['date']}"
+    )
     bad = [r["name"] for r, o in zip(rows, on, strict=True) if o and r["status"] == "skipped"]
     if bad:
         why = "; ".join(f"{r['name']}: {r['reason']}" for r in rows if r["name"] in bad)
@@ -456,9 +467,9 @@ def describe_selection(results: dict, enabled: Sequence[bool]) -> str:
     ]
     if gaps:
         return (
-            f"{header}\nnot measured: the ladder adds switches in order, so {rows[k]['name']!r} was only measured "
-            f"together with {', '.join(repr(g) for g in gaps)}. To time this combination, build it with "
-            f"train.RunConfig and time it with timing.measure."
+            f"{header}\nnot measured: the ladder adds switches in order, so {rows[k]['name']!r} "
+            f"was only measured together with {', '.join(repr(g) for g in gaps)}. To time this "
+            "combination, build it with train.RunConfig and time it with timing.measure."
         )
     row = rows[k]
     if row["status"] != "measured":

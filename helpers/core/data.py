@@ -26,7 +26,8 @@ def shakespeare_path() -> "paths.Path":
     """Path of a verified copy of Tiny Shakespeare (offline folder, cache, or fresh download).
 
     Raises:
-        paths.DataFileError: missing offline with no network, or corrupted; the message says what to do.
+        paths.DataFileError: missing offline with no network, or corrupted;
+            the message says what to do.
     """
     return paths.find_or_fetch(SHAKESPEARE_FILE, SHAKESPEARE_URL, SHAKESPEARE_SHA256)
 
@@ -67,8 +68,8 @@ class BatchLoader:
             )
         if tokens.numel() < batch_size * seq_len + 1:
             raise ValueError(
-                f"{tokens.numel():,} tokens cannot fill one batch of B*T+1 = {batch_size * seq_len + 1:,} tokens: "
-                f"lower B or T."
+                f"{tokens.numel():,} tokens cannot fill one batch of "
+                f"B*T+1 = {batch_size * seq_len + 1:,} tokens: lower B or T."
             )
         self.tokens = tokens.to(torch.long).contiguous()
         self.B, self.T = batch_size, seq_len
@@ -126,7 +127,8 @@ def fetch(into: "str | paths.Path | None" = None) -> dict[str, "paths.Path"]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m helpers.core.data fetch [--into DIR]``: download (or find offline) and verify the data."""
+    """``python -m helpers.core.data fetch [--into DIR]``:
+    download (or find offline) and verify the data."""
     import argparse
     import sys
 

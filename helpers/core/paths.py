@@ -42,12 +42,14 @@ def sha256_of(path: Path) -> str:
 
 
 def verify(path: Path, expected_sha256: str, how_to_fix: str) -> Path:
-    """Return ``path`` if its sha256 matches; raise DataFileError (with ``how_to_fix``) otherwise."""
+    """Return ``path`` if its sha256 matches;
+    raise DataFileError (with ``how_to_fix``) otherwise."""
     actual = sha256_of(path)
     if actual != expected_sha256:
         raise DataFileError(
-            f"{path} is corrupted or truncated ({path.stat().st_size:,} bytes, sha256 {actual[:12]}..., "
-            f"expected {expected_sha256[:12]}...). It was not used. {how_to_fix}"
+            f"{path} is corrupted or truncated ({path.stat().st_size:,} bytes, "
+            f"sha256 {actual[:12]}..., expected {expected_sha256[:12]}...). It was not used. "
+            f"{how_to_fix}"
         )
     return path
 
@@ -78,7 +80,8 @@ def download(url: str, dest: Path, expected_sha256: str, timeout_s: float = 30.0
 
 
 def find_or_fetch(filename: str, url: str, expected_sha256: str) -> Path:
-    """Locate ``filename``: ``$COURSE_DATA_DIR`` first, then the cache, then download into the cache.
+    """Locate ``filename``: ``$COURSE_DATA_DIR`` first, then the cache,
+    then download into the cache.
 
     Every file is sha256-checked before it is returned. Raises DataFileError with instructions.
     """
@@ -103,7 +106,7 @@ def find_or_fetch(filename: str, url: str, expected_sha256: str) -> Path:
     except DataFileError as e:
         where = f"{offline / filename} does not exist, and " if offline is not None else ""
         raise DataFileError(
-            f"{filename} is not available: {where}downloading it failed ({e}). Either connect to the "
-            f"internet, or put {filename} into a folder and set {DATA_DIR_ENV} to that folder "
-            f"(e.g. export {DATA_DIR_ENV}=/path/to/data)."
+            f"{filename} is not available: {where}downloading it failed ({e}). "
+            f"Either connect to the internet, or put {filename} into a folder and set "
+            f"{DATA_DIR_ENV} to that folder (e.g. export {DATA_DIR_ENV}=/path/to/data)."
         ) from e

@@ -37,7 +37,10 @@ def _offline_encoding() -> tiktoken.Encoding | None:
     (where ``python -m helpers.core.data fetch`` puts it). None when neither folder has the file."""
     folder = paths.data_dir()
     if folder is not None and (folder / RANKS_FILE).exists():
-        fix = f"Replace it with a fresh copy of {RANKS_URL}, or unset {paths.DATA_DIR_ENV} to let tiktoken download it."
+        fix = (
+            f"Replace it with a fresh copy of {RANKS_URL}, or unset {paths.DATA_DIR_ENV} to let "
+            "tiktoken download it."
+        )
         path = paths.verify(folder / RANKS_FILE, RANKS_SHA256, fix)
     elif (paths.cache_dir() / RANKS_FILE).exists():
         path = paths.verify(
@@ -70,7 +73,8 @@ def get_encoding() -> tiktoken.Encoding:
         return tiktoken.get_encoding("gpt2")
     except Exception as e:  # tiktoken raises requests/urllib/OSError variants when offline
         raise paths.DataFileError(
-            f"The GPT-2 tokenizer is not available: tiktoken could not fetch its 'gpt2' files ({type(e).__name__}: {e}). "
+            "The GPT-2 tokenizer is not available: tiktoken could not fetch its 'gpt2' files "
+            f"({type(e).__name__}: {e}). "
             f"Either connect to the internet once (tiktoken caches the files), or put {RANKS_FILE} "
             f"(the r50k_base rank file, sha256 {RANKS_SHA256[:12]}...) into a folder and set "
             f"{paths.DATA_DIR_ENV} to that folder."

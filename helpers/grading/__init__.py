@@ -1,8 +1,8 @@
 """Graded exercises: the checks learners call, and the teacher's tools around them.
 
 - **Checks**: one module per chapter (``ch00`` ... ``ch12``, all the same shape: ``SECTIONS``, the
-  ``check_*`` functions, ``CHECKS``, ``WRONG_ANSWERS``), listed in :data:`CHAPTERS`. A check runs the
-  learner's function on small CPU inputs and prints one ``PASS ...`` line, or raises
+  ``check_*`` functions, ``CHECKS``, ``WRONG_ANSWERS``), listed in :data:`CHAPTERS`. A check runs
+  the learner's function on small CPU inputs and prints one ``PASS ...`` line, or raises
   ``AssertionError`` whose first line says what is wrong and which section to reread. Notebooks call
   them as ``grading.check_matmul_flops(fn)``.
 - **Student versions** (:mod:`helpers.grading.student`, ``python -m helpers.grading make-student``).

@@ -1,4 +1,5 @@
-"""Graded checks of chapter 00 (set-up and hardware): counting a matmul's FLOPs and turning FLOPs and milliseconds into TFLOP/s.
+"""Graded checks of chapter 00 (set-up and hardware): counting a matmul's FLOPs and turning FLOPs
+and milliseconds into TFLOP/s.
 
 Every chapter module has the same shape: ``SECTIONS`` (grade id -> the section a failed check's hint
 points to), the ``check_*`` functions (run the learner's function on small CPU inputs, print one
@@ -77,9 +78,15 @@ def check_tflops(fn: Callable[[float, float], float]) -> None:
         if is_close(got, want):
             continue
         if is_close(got, want / 1e3):
-            why = f"{call} returned {got:g}, 1000x too small: ms are milliseconds, divide ms by 1e3 to get seconds."
+            why = (
+                f"{call} returned {got:g}, 1000x too small: ms are milliseconds, "
+                "divide ms by 1e3 to get seconds."
+            )
         elif is_close(got, want / 1e6):
-            why = f"{call} returned {got:g}, 1e6x too small: milliseconds to seconds is ms / 1e3, not ms * 1e3."
+            why = (
+                f"{call} returned {got:g}, 1e6x too small: milliseconds to seconds is "
+                "ms / 1e3, not ms * 1e3."
+            )
         elif is_close(got, want * 1e12):
             why = f"{call} returned {got:g}: that is FLOP/s; divide by 1e12 to get TFLOP/s."
         elif is_close(got, want * 1e9):
@@ -90,7 +97,8 @@ def check_tflops(fn: Callable[[float, float], float]) -> None:
             why = f"{call} returned {got:g}, expected {want:g} TFLOP/s."
         raise AssertionError(f"{why} {_reread(gid)}")
     print(
-        f"PASS {gid}: achieved_tflops(flops, ms) == flops / (ms/1e3) / 1e12 for {len(TFLOPS_CASES)} cases"
+        f"PASS {gid}: achieved_tflops(flops, ms) == flops / (ms/1e3) / 1e12 for "
+        f"{len(TFLOPS_CASES)} cases"
     )
 
 

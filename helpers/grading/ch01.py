@@ -1,4 +1,5 @@
-"""Graded checks of chapter 01 (the FP32 baseline): the loss before training and the parameters of one block.
+"""Graded checks of chapter 01 (the FP32 baseline): the loss before training and
+the parameters of one block.
 
 Every chapter module has the same shape: ``SECTIONS`` (grade id -> the section a failed check's hint
 points to), the ``check_*`` functions (run the learner's function on small CPU inputs, print one
@@ -44,11 +45,20 @@ def check_loss_at_init(fn: Callable[[int], float]) -> None:
         if abs(got - want) <= 1e-4:
             continue
         if abs(got - math.log10(V)) <= 1e-4:
-            why = f"{call} returned {got:.4f} = log10(V): cross-entropy uses the natural log (math.log)."
+            why = (
+                f"{call} returned {got:.4f} = log10(V): "
+                "cross-entropy uses the natural log (math.log)."
+            )
         elif abs(got - math.log2(V)) <= 1e-4:
-            why = f"{call} returned {got:.4f} = log2(V), in bits: PyTorch's cross-entropy is in nats (math.log)."
+            why = (
+                f"{call} returned {got:.4f} = log2(V), in bits: "
+                "PyTorch's cross-entropy is in nats (math.log)."
+            )
         elif abs(got - 1.0 / V) <= 1e-6:
-            why = f"{call} returned {got:.6f} = 1/V: that is the probability of the target, not the loss -ln(p)."
+            why = (
+                f"{call} returned {got:.6f} = 1/V: that is the probability of the target, "
+                "not the loss -ln(p)."
+            )
         elif abs(got + want) <= 1e-4:
             why = (
                 f"{call} returned {got:.4f}: the loss is -ln(p), a positive number; check the sign."
@@ -90,23 +100,35 @@ def check_block_params(fn: Callable[[int], int]) -> None:
         missing = want - got
         if got == weights:
             why = (
-                f"{call} returned {got:,.0f}: you counted the weight matrices, but no biases and no "
-                "LayerNorm parameters. Every nn.Linear here has a bias; each nn.LayerNorm has a weight and a bias."
+                f"{call} returned {got:,.0f}: you counted the weight matrices, "
+                "but no biases and no LayerNorm parameters. Every nn.Linear here has a bias; "
+                "each nn.LayerNorm has a weight and a bias."
             )
         elif missing == 4 * C:
-            why = f"{call} returned {got:,.0f}, {missing:,.0f} short: the two LayerNorms each have a weight and a bias of size C."
+            why = (
+                f"{call} returned {got:,.0f}, {missing:,.0f} short: "
+                "the two LayerNorms each have a weight and a bias of size C."
+            )
         elif missing == 2 * C:
-            why = f"{call} returned {got:,.0f}, {missing:,.0f} short: a LayerNorm has a bias as well as a weight, and a Block has two LayerNorms."
+            why = (
+                f"{call} returned {got:,.0f}, {missing:,.0f} short: "
+                "a LayerNorm has a bias as well as a weight, and a Block has two LayerNorms."
+            )
         elif 0 < missing < 13 * C and missing % C == 0:
-            why = f"{call} returned {got:,.0f}, {missing:,.0f} = {missing // C}*C short: some biases or LayerNorm parameters are missing."
+            why = (
+                f"{call} returned {got:,.0f}, {missing:,.0f} = {missing // C}*C short: "
+                "some biases or LayerNorm parameters are missing."
+            )
         elif got in (4 * C * C, 8 * C * C) or abs(missing) >= C * C:
             why = (
-                f"{call} returned {got:,.0f}, expected {want:,}: a weight matrix is off. Count c_attn (C -> 3C), "
-                "attn.c_proj (C -> C), mlp.c_fc (C -> 4C) and mlp.c_proj (4C -> C)."
+                f"{call} returned {got:,.0f}, expected {want:,}: a weight matrix is off. "
+                "Count c_attn (C -> 3C), attn.c_proj (C -> C), mlp.c_fc (C -> 4C) and "
+                "mlp.c_proj (4C -> C)."
             )
         else:
             why = (
-                f"{call} returned {got:,.0f}, expected {want:,} (measured on helpers.core.model.Block)."
+                f"{call} returned {got:,.0f}, expected {want:,} "
+                "(measured on helpers.core.model.Block)."
             )
         raise AssertionError(f"{why} {_reread(gid)}")
     widths = [C for C, _ in BLOCK_WIDTHS]

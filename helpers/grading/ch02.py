@@ -1,4 +1,5 @@
-"""Graded checks of chapter 02 (timing): a step timer that is right on a GPU, and MFU from a step time.
+"""Graded checks of chapter 02 (timing): a step timer that is right on a GPU,
+and MFU from a step time.
 
 Every chapter module has the same shape: ``SECTIONS`` (grade id -> the section a failed check's hint
 points to), the ``check_*`` functions (run the learner's function on small CPU inputs, print one
@@ -50,7 +51,8 @@ class FakeAsyncDevice:
 
 def check_step_timer(fn: Callable[..., list[float]]) -> None:
     """Check ``time_steps(step, synchronize, warmup, iters) -> list[float]`` (ms per timed step)
-    against :class:`FakeAsyncDevice`: 2 warm-up calls of ~170 ms, then steps of 20 ms of queued work.
+    against :class:`FakeAsyncDevice`: 2 warm-up calls of ~170 ms, then steps of 20 ms of queued
+    work.
 
     Raises:
         AssertionError: with a hint, for a timer that does not synchronise, reports warm-up steps,
@@ -68,31 +70,35 @@ def check_step_timer(fn: Callable[..., list[float]]) -> None:
     times = [as_number(t, "time_steps(...)[i]", _reread(gid)) for t in times]
     if dev.calls != warmup + iters:
         raise AssertionError(
-            f"step() was called {dev.calls} times for warmup={warmup}, iters={iters}: call it warmup + iters = "
-            f"{warmup + iters} times. {_reread(gid)}"
+            f"step() was called {dev.calls} times for warmup={warmup}, iters={iters}: "
+            f"call it warmup + iters = {warmup + iters} times. {_reread(gid)}"
         )
     if len(times) != iters:
         raise AssertionError(
-            f"time_steps returned {len(times)} times for iters={iters}: return one time per timed step, "
-            f"and none for the warm-up steps. {_reread(gid)}"
+            f"time_steps returned {len(times)} times for iters={iters}: "
+            f"return one time per timed step, and none for the warm-up steps. {_reread(gid)}"
         )
     if max(times) < 5:
         raise AssertionError(
-            f"your times are {[round(t, 2) for t in times]} ms, but each step queues 20 ms of device work: "
-            f"step() only launched it. Call synchronize() before reading the clock. {_reread(gid)}"
+            f"your times are {[round(t, 2) for t in times]} ms, "
+            "but each step queues 20 ms of device work: step() only launched it. "
+            f"Call synchronize() before reading the clock. {_reread(gid)}"
         )
     if max(times) > 100:
         raise AssertionError(
-            f"a timed step took {max(times):.0f} ms although each step is 20 ms: warm-up work leaked into it. "
-            f"Synchronize after the warm-up steps and exclude them from the times. {_reread(gid)}"
+            f"a timed step took {max(times):.0f} ms although each step is 20 ms: "
+            "warm-up work leaked into it. Synchronize after the warm-up steps and exclude them "
+            f"from the times. {_reread(gid)}"
         )
     if not all(12 < t < 60 for t in times):
         raise AssertionError(
-            f"times {[round(t, 1) for t in times]} ms: each should be about 20 ms (one step's work). "
-            f"Start the clock after the previous step finished and stop it after synchronize(). {_reread(gid)}"
+            f"times {[round(t, 1) for t in times]} ms: each should be about 20 ms "
+            "(one step's work). Start the clock after the previous step finished and stop it after "
+            f"synchronize(). {_reread(gid)}"
         )
     print(
-        f"PASS {gid}: time_steps synchronises, skips {warmup} warm-up steps and times each step (fake 20 ms device)"
+        f"PASS {gid}: time_steps synchronises, skips {warmup} warm-up steps and times each step "
+        "(fake 20 ms device)"
     )
 
 
@@ -118,16 +124,23 @@ def check_mfu(fn: Callable[[float, int, float, float], float]) -> None:
         if is_close(got, want):
             continue
         if is_close(got, want / 1e3) or is_close(got, want * 1e3):
-            why = f"{call} returned {got:g}, off by 1000x: convert step_ms to seconds (step_ms / 1e3)."
+            why = (
+                f"{call} returned {got:g}, off by 1000x: "
+                "convert step_ms to seconds (step_ms / 1e3)."
+            )
         elif is_close(got, 100 * want):
             why = f"{call} returned {got:g}: that is a percentage; return the fraction (e.g. 0.42)."
         elif got > 0 and is_close(1 / got, want):
             why = f"{call} returned {got:g}: inverted. MFU = achieved FLOP/s / peak FLOP/s."
         else:
-            why = f"{call} returned {got:g}, expected {want:.6g} = flops_per_token * tokens/s / peak_flops."
+            why = (
+                f"{call} returned {got:g}, "
+                f"expected {want:.6g} = flops_per_token * tokens/s / peak_flops."
+            )
         raise AssertionError(f"{why} {_reread(gid)}")
     print(
-        f"PASS {gid}: mfu(...) == flops_per_token * tokens_per_s / peak_flops for {len(MFU_CASES)} cases"
+        f"PASS {gid}: mfu(...) == flops_per_token * tokens_per_s / peak_flops for "
+        f"{len(MFU_CASES)} cases"
     )
 
 

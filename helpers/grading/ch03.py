@@ -1,4 +1,5 @@
-"""Graded checks of chapter 03 (batch size and memory): AdamW's state in bytes and a probe for the largest batch.
+"""Graded checks of chapter 03 (batch size and memory): AdamW's state in bytes and
+a probe for the largest batch.
 
 Every chapter module has the same shape: ``SECTIONS`` (grade id -> the section a failed check's hint
 points to), the ``check_*`` functions (run the learner's function on small CPU inputs, print one
@@ -41,11 +42,20 @@ def check_adamw_bytes(fn: Callable[[int], int]) -> None:
         if got == want:
             continue
         if got == 4 * n:
-            why = f"{call} returned {got:,.0f} = 4 bytes x n: AdamW keeps *two* moments (exp_avg and exp_avg_sq)."
+            why = (
+                f"{call} returned {got:,.0f} = 4 bytes x n: AdamW keeps *two* moments "
+                "(exp_avg and exp_avg_sq)."
+            )
         elif got == 2 * n:
-            why = f"{call} returned {got:,.0f}: the moments are counted, but each is a 4-byte fp32 number."
+            why = (
+                f"{call} returned {got:,.0f}: the moments are counted, "
+                "but each is a 4-byte fp32 number."
+            )
         elif got in (16 * n, 12 * n):
-            why = f"{call} returned {got:,.0f}: count only the optimizer state, not the parameters or gradients."
+            why = (
+                f"{call} returned {got:,.0f}: count only the optimizer state, "
+                "not the parameters or gradients."
+            )
         else:
             why = f"{call} returned {got:,.0f}, expected {want:,}."
         raise AssertionError(f"{why} {_reread(gid)}")
@@ -116,13 +126,14 @@ def check_batch_probe(fn: Callable[..., int]) -> None:
         gc.collect()
         if "inside-except" in mem.flags:
             raise AssertionError(
-                "try_step was called while an OOM was still being handled (inside `except`): the failed step's "
-                f"tensors are still referenced there. Record the failure, leave the except block, then retry. {_reread(gid)}"
+                "try_step was called while an OOM was still being handled (inside `except`): "
+                "the failed step's tensors are still referenced there. Record the failure, "
+                f"leave the except block, then retry. {_reread(gid)}"
             )
         if "kept-reference" in mem.flags:
             raise AssertionError(
-                "memory of a failed step was still referenced at the next try (a kept exception, traceback or "
-                f"output). Drop every reference before retrying. {_reread(gid)}"
+                "memory of a failed step was still referenced at the next try (a kept exception, "
+                f"traceback or output). Drop every reference before retrying. {_reread(gid)}"
             )
         got = as_number(got, f"find_max_batch(..., start={start})", _reread(gid))
         if got != hidden:
@@ -132,10 +143,12 @@ def check_batch_probe(fn: Callable[..., int]) -> None:
                 else "too small: bisect between the last size that fit and the first that failed."
             )
             raise AssertionError(
-                f"find_max_batch returned {got:g}, but the largest fitting B is {hidden}: {why} {_reread(gid)}"
+                f"find_max_batch returned {got:g}, but the largest fitting B is {hidden}: "
+                f"{why} {_reread(gid)}"
             )
     print(
-        f"PASS {gid}: find_max_batch finds the largest B for {len(PROBE_CASES)} hidden limits, retrying outside `except`"
+        f"PASS {gid}: find_max_batch finds the largest B for {len(PROBE_CASES)} hidden limits, "
+        "retrying outside `except`"
     )
 
 

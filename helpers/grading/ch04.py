@@ -1,4 +1,5 @@
-"""Graded checks of chapter 04 (mixed precision): a correct autocast training step and the autocast dtype per GPU.
+"""Graded checks of chapter 04 (mixed precision): a correct autocast training step and
+the autocast dtype per GPU.
 
 Every chapter module has the same shape: ``SECTIONS`` (grade id -> the section a failed check's hint
 points to), the ``check_*`` functions (run the learner's function on small CPU inputs, print one
@@ -55,9 +56,9 @@ def _tiny_gpt():
 
 
 def check_autocast_step(fn: Callable[..., Any]) -> None:
-    """Check ``autocast_step(model, optimizer, x, y, dtype, scaler=None) -> (logits, loss)`` on a tiny
-    GPT on the CPU: logits in the autocast dtype, master weights still fp32, loss within 2% of the fp32
-    loss, the weights updated; with fp16 the GradScaler's scale/step/update are used.
+    """Check ``autocast_step(model, optimizer, x, y, dtype, scaler=None) -> (logits, loss)`` on a
+    tiny GPT on the CPU: logits in the autocast dtype, master weights still fp32, loss within 2% of
+    the fp32 loss, the weights updated; with fp16 the GradScaler's scale/step/update are used.
 
     Raises:
         AssertionError: with a hint.
@@ -89,20 +90,21 @@ def check_autocast_step(fn: Callable[..., Any]) -> None:
         name = str(dtype).replace("torch.", "")
         if logits.dtype != dtype:
             raise AssertionError(
-                f"with dtype={name} the logits came out in {logits.dtype}: run the forward pass inside "
-                f"torch.autocast(device_type=x.device.type, dtype=dtype). {_reread(gid)}"
+                f"with dtype={name} the logits came out in {logits.dtype}: run the forward pass "
+                f"inside torch.autocast(device_type=x.device.type, dtype=dtype). {_reread(gid)}"
             )
         wrong = sorted({str(p.dtype) for p in model.parameters() if p.dtype != torch.float32})
         if wrong:
             raise AssertionError(
-                f"parameters are now {wrong}: keep the master weights in fp32 (autocast casts per operation; "
-                f"never call model.to({name})). {_reread(gid)}"
+                f"parameters are now {wrong}: keep the master weights in fp32 "
+                f"(autocast casts per operation; never call model.to({name})). {_reread(gid)}"
             )
         loss_value, ref_value = float(torch.as_tensor(loss).detach()), float(ref_loss)
         rel = abs(loss_value - ref_value) / ref_value
         if rel > 0.02:
             raise AssertionError(
-                f"loss {loss_value:.4f} vs fp32 {ref_value:.4f} ({100 * rel:.1f}% apart). {_reread(gid)}"
+                f"loss {loss_value:.4f} vs fp32 {ref_value:.4f} ({100 * rel:.1f}% apart). "
+                f"{_reread(gid)}"
             )
         if torch.equal(before, model.transformer.h[0].mlp.c_fc.weight.detach()):
             raise AssertionError(
@@ -115,22 +117,26 @@ def check_autocast_step(fn: Callable[..., Any]) -> None:
             and (grad.float() - ref_grad).abs().max() > 1e-2 * ref_grad.abs().max() + 1.0
         ):
             raise AssertionError(
-                f"the gradients after the step hold more than this step's gradient (stale gradients of an earlier "
-                f"step were added to it): call optimizer.zero_grad(set_to_none=True) before backward. {_reread(gid)}"
+                "the gradients after the step hold more than this step's "
+                "gradient (stale gradients of an earlier step were added to it): "
+                f"call optimizer.zero_grad(set_to_none=True) before backward. {_reread(gid)}"
             )
         if scaler is not None:
             missing = [m for m in ("scale", "step", "update") if m not in scaler.calls]
             if missing:
                 raise AssertionError(
-                    f"with fp16 the GradScaler's {missing} were not called: backward on scaler.scale(loss), then "
-                    f"scaler.step(optimizer) and scaler.update(). {_reread(gid)}"
+                    f"with fp16 the GradScaler's {missing} were not called: "
+                    "backward on scaler.scale(loss), then scaler.step(optimizer) and "
+                    f"scaler.update(). {_reread(gid)}"
                 )
     print(
-        f"PASS {gid}: bf16 and fp16 (+ GradScaler) steps: logits in the autocast dtype, fp32 master weights, loss within 2% of fp32"
+        f"PASS {gid}: bf16 and fp16 (+ GradScaler) steps: logits in the autocast dtype, "
+        "fp32 master weights, loss within 2% of fp32"
     )
 
 
-CAPABILITY_CASES = [  # Volta, Turing, Ampere (A100, A10/RTX 30), Ada, Hopper, Blackwell (B200, RTX 50)
+# Volta, Turing, Ampere (A100, A10/RTX 30), Ada, Hopper, Blackwell (B200, RTX 50)
+CAPABILITY_CASES = [
     ((7, 0), "float16"),
     ((7, 5), "float16"),
     ((8, 0), "bfloat16"),
@@ -143,8 +149,9 @@ CAPABILITY_CASES = [  # Volta, Turing, Ampere (A100, A10/RTX 30), Ada, Hopper, B
 
 
 def check_autocast_dtype(fn: Callable[..., Any]) -> None:
-    """Check ``pick_autocast_dtype(capability) -> torch.dtype | None``: fp16 below compute capability
-    8.0 (no native bf16), bf16 from 8.0; for a CPU (``None``) bf16 or None are both accepted.
+    """Check ``pick_autocast_dtype(capability) -> torch.dtype | None``: fp16 below compute
+    capability 8.0 (no native bf16), bf16 from 8.0; for a CPU (``None``) bf16 or None are both
+    accepted.
 
     Raises:
         AssertionError: with a hint.
@@ -161,12 +168,14 @@ def check_autocast_dtype(fn: Callable[..., Any]) -> None:
                 else "from compute capability 8.0 bf16 is native and needs no loss scaling"
             )
             raise AssertionError(
-                f"pick_autocast_dtype({cap}) returned {got}, expected torch.{want}: {why}. {_reread(gid)}"
+                f"pick_autocast_dtype({cap}) returned {got}, expected torch.{want}: "
+                f"{why}. {_reread(gid)}"
             )
     cpu = fn(None)
     if cpu not in (None, torch.bfloat16):
         raise AssertionError(
-            f"pick_autocast_dtype(None) (a CPU) returned {cpu}: use torch.bfloat16 or None (fp32). {_reread(gid)}"
+            f"pick_autocast_dtype(None) (a CPU) returned {cpu}: "
+            f"use torch.bfloat16 or None (fp32). {_reread(gid)}"
         )
     print(f"PASS {gid}: fp16 below sm80, bf16 from sm80, CPU -> {cpu}")
 

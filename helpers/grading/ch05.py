@@ -39,7 +39,8 @@ def _reference_chain(
     exact: bool = False,
     with_residual: bool = True,
 ) -> torch.Tensor:
-    """residual + GELU(x + bias) in float64, computed here independently of helpers.chapters.ch05_compile."""
+    """residual + GELU(x + bias) in float64, computed here independently of
+    helpers.chapters.ch05_compile."""
     u = (x + bias).double()
     if exact:  # the erf GELU, not GPT-2's
         g = u * 0.5 * (1.0 + torch.erf(u / math.sqrt(2.0)))
@@ -49,14 +50,15 @@ def _reference_chain(
 
 
 def check_fused_chain(make_fused_chain: Callable[[], Callable]) -> None:
-    """Check ``make_fused_chain() -> f`` where ``f(x, bias, residual) = residual + GELU_tanh(x + bias)``
-    is compiled with ``torch.compile``.
+    """Check ``make_fused_chain() -> f`` where
+    ``f(x, bias, residual) = residual + GELU_tanh(x + bias)`` is compiled with ``torch.compile``.
 
-    On fp32 CPU tensors (CUDA where the CPU has no C++ compiler) x, residual (64, 96) and bias (96,): the output must match a float64
-    reference (relative error < 1e-5), Dynamo must have compiled exactly one graph for the call
-    (``torch._dynamo.utils.counters["stats"]["unique_graphs"]``), and the profiler must see at most one
-    kernel (:func:`helpers.chapters.ch05_compile.count_kernels`; where this torch version records inductor's
-    C++ kernels).
+    On fp32 CPU tensors (CUDA where the CPU has no C++ compiler) x, residual (64, 96) and bias
+    (96,): the output must match a float64 reference (relative error < 1e-5), Dynamo must have
+    compiled exactly one graph for the call
+    (``torch._dynamo.utils.counters["stats"]["unique_graphs"]``), and the profiler must see at most
+    one kernel (:func:`helpers.chapters.ch05_compile.count_kernels`; where this torch version
+    records inductor's C++ kernels).
 
     Raises:
         AssertionError: with a hint, when the output, the graph count or the kernel count is wrong.
@@ -73,14 +75,16 @@ def check_fused_chain(make_fused_chain: Callable[[], Callable]) -> None:
     ]:  # no C++ compiler: use the GPU's Triton if there is one
         if not (torch.cuda.is_available() and hardware.compile_support(torch.device("cuda"))[0]):
             raise AssertionError(
-                f"torch.compile cannot run on this machine ({why}); run this check where it can. {_reread(gid)}"
+                f"torch.compile cannot run on this machine ({why}); "
+                f"run this check where it can. {_reread(gid)}"
             )
         device = torch.device("cuda")
     torch._dynamo.reset()
     fused = make_fused_chain()
     if fused is None or not callable(fused):
         raise AssertionError(
-            f"make_fused_chain() returned {type(fused).__name__}, expected the compiled function: return torch.compile(...). {_reread(gid)}"
+            f"make_fused_chain() returned {type(fused).__name__}, expected the compiled function: "
+            f"return torch.compile(...). {_reread(gid)}"
         )
     gen = torch.Generator().manual_seed(5)
     x = (torch.randn(64, 96, generator=gen) * 2.0).to(device)
@@ -93,7 +97,8 @@ def check_fused_chain(make_fused_chain: Callable[[], Callable]) -> None:
         out = fused(x, bias, residual)
     if not isinstance(out, torch.Tensor) or out.shape != x.shape:
         raise AssertionError(
-            f"f(x, bias, residual) returned {type(out).__name__} {getattr(out, 'shape', '')}, expected a tensor of shape {tuple(x.shape)}. {_reread(gid)}"
+            f"f(x, bias, residual) returned {type(out).__name__} {getattr(out, 'shape', '')}, "
+            f"expected a tensor of shape {tuple(x.shape)}. {_reread(gid)}"
         )
 
     def rel(ref: torch.Tensor) -> float:
@@ -102,7 +107,10 @@ def check_fused_chain(make_fused_chain: Callable[[], Callable]) -> None:
     err = rel(_reference_chain(x, bias, residual))
     if err > 1e-5:
         if rel(_reference_chain(x, bias, residual, exact=True)) < 1e-5:
-            why = "your GELU is the exact (erf) one; GPT-2 uses the tanh approximation 0.5*u*(1 + tanh(sqrt(2/pi)*(u + 0.044715*u**3)))"
+            why = (
+                "your GELU is the exact (erf) one; GPT-2 uses the tanh approximation "
+                "0.5*u*(1 + tanh(sqrt(2/pi)*(u + 0.044715*u**3)))"
+            )
         elif rel(_reference_chain(x, bias, residual, half=1.0)) < 1e-5:
             why = "the factor 0.5 of the GELU is missing"
         elif rel(_reference_chain(x, bias, residual, with_residual=False)) < 1e-5:
@@ -116,18 +124,22 @@ def check_fused_chain(make_fused_chain: Callable[[], Callable]) -> None:
         raise AssertionError(f"{why}. {_reread(gid)}")
     if graphs == 0:
         raise AssertionError(
-            f"the result is right but nothing was compiled (0 Dynamo graphs): wrap the chain in torch.compile and return the compiled function. {_reread(gid)}"
+            "the result is right but nothing was compiled (0 Dynamo graphs): "
+            f"wrap the chain in torch.compile and return the compiled function. {_reread(gid)}"
         )
     if graphs > 1:
         raise AssertionError(
-            f"the chain was split into {graphs} graphs (a graph break: print, .item(), torch._dynamo.graph_break ...), so it cannot fuse into one kernel. {_reread(gid)}"
+            f"the chain was split into {graphs} graphs (a graph break: print, .item(), "
+            f"torch._dynamo.graph_break ...), so it cannot fuse into one kernel. {_reread(gid)}"
         )
     if counted["kernels"] > 1:
         raise AssertionError(
-            f"one graph, but {counted['kernels']} kernels ran ({', '.join(counted['names'][:4])}): keep only tensor ops in the chain. {_reread(gid)}"
+            f"one graph, but {counted['kernels']} kernels ran ({', '.join(counted['names'][:4])}): "
+            f"keep only tensor ops in the chain. {_reread(gid)}"
         )
     print(
-        f"PASS {gid}: one compiled graph, at most one kernel, output equals residual + GELU_tanh(x + bias) (rel. error < 1e-5)"
+        f"PASS {gid}: one compiled graph, at most one kernel, output equals "
+        "residual + GELU_tanh(x + bias) (rel. error < 1e-5)"
     )
 
 
@@ -208,11 +220,13 @@ def check_compile_pays_off(steps_to_break_even: Callable[[float, float, float], 
             returned = steps_to_break_even(compile_s, eager_ms, compiled_ms)
         except ZeroDivisionError:
             raise AssertionError(
-                f"{call} divided by zero: when the compiled step saves nothing it never pays off, return math.inf. {_reread(gid)}"
+                f"{call} divided by zero: when the compiled step saves nothing it never pays off, "
+                f"return math.inf. {_reread(gid)}"
             ) from None
         if returned is None and math.isinf(want):
             raise AssertionError(
-                f"{call} returned None: when compiling never pays off, return math.inf (as the exercise asks). {_reread(gid)}"
+                f"{call} returned None: when compiling never pays off, return math.inf "
+                f"(as the exercise asks). {_reread(gid)}"
             )
         got = as_number(returned, call, _reread(gid))
         if got == want or (not math.isinf(want) and abs(got - want) < 1e-9):
@@ -220,20 +234,30 @@ def check_compile_pays_off(steps_to_break_even: Callable[[float, float, float], 
         per_ms = compile_s / (eager_ms - compiled_ms) if eager_ms != compiled_ms else math.inf
         if math.isinf(want):
             why = (
-                f"{call} returned {got:g}, but the compiled step ({compiled_ms} ms) is not faster than eager "
-                f"({eager_ms} ms): it never pays off, return math.inf"
+                f"{call} returned {got:g}, but the compiled step ({compiled_ms} ms) is not faster "
+                f"than eager ({eager_ms} ms): it never pays off, return math.inf"
             )
         elif math.isclose(got, per_ms, rel_tol=1e-6) or got == math.ceil(per_ms):
-            why = f"{call} returned {got:g}: compile_s is in seconds and the step times in ms; convert before dividing"
+            why = (
+                f"{call} returned {got:g}: compile_s is in seconds and the step times in ms; "
+                "convert before dividing"
+            )
         elif got == want - 1:
-            why = f"{call} returned {got:g}, expected {want:g}: a fraction of a step still has to be run, round up with math.ceil"
+            why = (
+                f"{call} returned {got:g}, expected {want:g}: "
+                "a fraction of a step still has to be run, round up with math.ceil"
+            )
         elif not float(got).is_integer():
-            why = f"{call} returned {got:g}: a number of steps is a whole number; round up with math.ceil"
+            why = (
+                f"{call} returned {got:g}: a number of steps is a whole number; "
+                "round up with math.ceil"
+            )
         else:
             why = f"{call} returned {got:g}, expected {want:g} steps"
         raise AssertionError(f"{why}. {_reread(gid)}")
     print(
-        f"PASS {gid}: break-even steps right for {len(PAYS_OFF_CASES)} cases, including compiled slower (inf) and no compile cost (0)"
+        f"PASS {gid}: break-even steps right for {len(PAYS_OFF_CASES)} cases, "
+        "including compiled slower (inf) and no compile cost (0)"
     )
 
 

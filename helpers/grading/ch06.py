@@ -1,4 +1,5 @@
-"""Graded checks of chapter 06 (Flash Attention): SDPA in the attention block and the online softmax of two tiles.
+"""Graded checks of chapter 06 (Flash Attention): SDPA in the attention block and
+the online softmax of two tiles.
 
 Every chapter module has the same shape: ``SECTIONS`` (grade id -> the section a failed check's hint
 points to), the ``check_*`` functions (run the learner's function on small CPU inputs, print one
@@ -24,9 +25,9 @@ def _reread(grade_id: str) -> str:
 
 
 def check_sdpa_attention(fn: Callable[..., Any]) -> None:
-    """Check ``causal_attention(q, k, v)`` written with SDPA: same output and gradients as the manual
-    reference (fp32, relative error < 1e-4), and no (T, T) tensor allocated in forward or backward,
-    measured by recording the shape of every tensor the ops return.
+    """Check ``causal_attention(q, k, v)`` written with SDPA: same output and gradients as the
+    manual reference (fp32, relative error < 1e-4), and no (T, T) tensor allocated in forward or
+    backward, measured by recording the shape of every tensor the ops return.
 
     Raises:
         AssertionError: with a hint, for a wrong result or a materialised (T, T) tensor.
@@ -50,7 +51,8 @@ def check_sdpa_attention(fn: Callable[..., Any]) -> None:
     ref = attention.manual_attention(q, k, v)
     if tuple(out.shape) != tuple(ref.shape):
         raise AssertionError(
-            f"causal_attention returned shape {tuple(out.shape)}, expected {tuple(ref.shape)} = (B, nh, T, hs). {_reread(gid)}"
+            f"causal_attention returned shape {tuple(out.shape)}, "
+            f"expected {tuple(ref.shape)} = (B, nh, T, hs). {_reread(gid)}"
         )
     err = attention.relative_error(out, ref)
     if not err < 1e-4:
@@ -68,11 +70,13 @@ def check_sdpa_attention(fn: Callable[..., Any]) -> None:
     if square:
         ops = sorted({op for op, _ in square})
         raise AssertionError(
-            f"{len(square)} tensors of shape (..., T, T) were allocated (by {', '.join(ops[:4])}): build no score matrix or "
-            f"mask tensor; call F.scaled_dot_product_attention(q, k, v, is_causal=True). {_reread(gid)}"
+            f"{len(square)} tensors of shape (..., T, T) were allocated (by {', '.join(ops[:4])}): "
+            "build no score matrix or mask tensor; "
+            f"call F.scaled_dot_product_attention(q, k, v, is_causal=True). {_reread(gid)}"
         )
     print(
-        f"PASS {gid}: same output as manual attention (rel. error {err:.1e}) and no (T, T) tensor in forward or backward"
+        f"PASS {gid}: same output as manual attention (rel. error {err:.1e}) and no (T, T) tensor "
+        "in forward or backward"
     )
 
 
@@ -102,21 +106,25 @@ def check_online_softmax(fn: Callable[..., Any]) -> None:
             raise AssertionError(f"combine_two_tiles returned None. {_reread(gid)}")
         if any(len(shape) >= 1 and shape[-1] == t1 + t2 for _, shape in rec.shapes):
             raise AssertionError(
-                f"a tensor with {t1 + t2} = t1 + t2 columns was built: that is the full score row. Keep one tile at a "
-                f"time: a running max, a running denominator and a running output. {_reread(gid)}"
+                f"a tensor with {t1 + t2} = t1 + t2 columns was built: that is the full score row. "
+                "Keep one tile at a time: a running max, a running denominator and a running "
+                f"output. {_reread(gid)}"
             )
         if not torch.isfinite(out).all():
             raise AssertionError(
-                f"with scores of size ~{scale:g} the result has inf/nan: subtract the running max before exp(). {_reread(gid)}"
+                f"with scores of size ~{scale:g} the result has inf/nan: "
+                f"subtract the running max before exp(). {_reread(gid)}"
             )
         err = attention.relative_error(out, ref)
         if not err < 1e-5:
             raise AssertionError(
-                f"relative error {err:.2e} (scores ~{scale:g}): when the max grows from m1 to m, rescale the first tile's "
-                f"denominator and output by exp(m1 - m) before adding the second tile. {_reread(gid)}"
+                f"relative error {err:.2e} (scores ~{scale:g}): when the max grows from m1 to m, "
+                "rescale the first tile's denominator and output by exp(m1 - m) before adding "
+                f"the second tile. {_reread(gid)}"
             )
     print(
-        f"PASS {gid}: two tiles combined exactly (also with scores of 1e4), never building the full score row"
+        f"PASS {gid}: two tiles combined exactly (also with scores of 1e4), "
+        "never building the full score row"
     )
 
 

@@ -1,4 +1,5 @@
-"""Graded checks of chapter 07 (vocab padding): padding the vocabulary and never sampling a padded id.
+"""Graded checks of chapter 07 (vocab padding): padding the vocabulary and
+never sampling a padded id.
 
 Every chapter module has the same shape: ``SECTIONS`` (grade id -> the section a failed check's hint
 points to), the ``check_*`` functions (run the learner's function on small CPU inputs, print one
@@ -55,14 +56,16 @@ def check_pad_vocab(fn: Callable[[int, int], int]) -> None:
             why = f"{call} returned {got:g}, expected {want} (the *smallest* multiple >= n)."
         raise AssertionError(f"{why} {_reread(gid)}")
     print(
-        f"PASS {gid}: pad_vocab rounds up to the next multiple for {len(PAD_CASES)} cases, aligned ones included"
+        f"PASS {gid}: pad_vocab rounds up to the next multiple for {len(PAD_CASES)} cases, "
+        "aligned ones included"
     )
 
 
 def check_masked_sampling(fn: Callable[..., Any]) -> None:
-    """Check ``sample_next(logits, vocab_size, generator) -> (B, 1) int64``: samples from the softmax
-    of the logits of real ids only. Run on a seeded untrained GPT with padded vocab whose padded
-    rows are made the most likely ids, so only masking keeps them out; the samples must also vary.
+    """Check ``sample_next(logits, vocab_size, generator) -> (B, 1) int64``: samples from the
+    softmax of the logits of real ids only. Run on a seeded untrained GPT with padded vocab whose
+    padded rows are made the most likely ids, so only masking keeps them out; the samples must also
+    vary.
 
     Raises:
         AssertionError: with a hint.
@@ -92,13 +95,13 @@ def check_masked_sampling(fn: Callable[..., Any]) -> None:
     ids = torch.cat([torch.as_tensor(s).reshape(-1) for s in samples])
     if ids.max().item() >= 100:
         raise AssertionError(
-            f"sample_next returned id {ids.max().item()} >= vocab_size = 100: padded ids must get logit -inf (or be "
-            f"sliced off) before sampling. {_reread(gid)}"
+            f"sample_next returned id {ids.max().item()} >= vocab_size = 100: "
+            f"padded ids must get logit -inf (or be sliced off) before sampling. {_reread(gid)}"
         )
     if ids.unique().numel() < 10:
         raise AssertionError(
-            f"only {ids.unique().numel()} distinct ids in {ids.numel()} draws: sample with torch.multinomial from the "
-            f"softmax, not argmax. {_reread(gid)}"
+            f"only {ids.unique().numel()} distinct ids in {ids.numel()} draws: "
+            f"sample with torch.multinomial from the softmax, not argmax. {_reread(gid)}"
         )
     # The PASS line names no count of distinct ids: torch.multinomial draws differently across torch
     # versions, and a compared notebook output must depend only on what the learner wrote.

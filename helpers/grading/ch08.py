@@ -15,7 +15,9 @@ from typing import Any
 from helpers.grading.common import as_number, reread
 
 SECTIONS = {
-    "ch08_recipe_dtype": "chapter 08, section 2 (Exercise: the precision recipe, without trusting is_bf16_supported)",
+    "ch08_recipe_dtype": (
+        "chapter 08, section 2 (Exercise: the precision recipe, without trusting is_bf16_supported)"
+    ),
     "ch08_max_batch_15gb": "chapter 08, section 5 (Exercise: the largest batch in a T4's 15 GB)",
 }
 
@@ -33,8 +35,8 @@ def _reread(grade_id: str) -> str:
 class FakeDevice:
     """A stand-in for a device, as the exercise sees it: ``name``, ``capability`` (CUDA compute
     capability ``(major, minor)``, None for a CPU) and ``is_bf16_supported()``, which answers what
-    ``torch.cuda.is_bf16_supported()`` answers on that device with a recent torch (True on a T4 and a
-    V100: bf16 is emulated there, slowly; False on a CPU, which has no CUDA device)."""
+    ``torch.cuda.is_bf16_supported()`` answers on that device with a recent torch (True on a T4 and
+    a V100: bf16 is emulated there, slowly; False on a CPU, which has no CUDA device)."""
 
     name: str
     capability: tuple[int, int] | None
@@ -69,8 +71,8 @@ def check_recipe_dtype(fn: Callable[[Any], Any]) -> None:
     """Check ``precision_recipe(device) -> {"autocast": "bf16" | "fp16" | None, "grad_scaler": bool,
     "tf32": bool}`` on fake T4, A100, H100, V100 and CPU devices (:class:`FakeDevice`).
 
-    Right: bf16 autocast and TF32 from compute capability 8.0; fp16 autocast with a GradScaler and no
-    TF32 below it, although ``is_bf16_supported()`` says True there; a CPU (capability None): no
+    Right: bf16 autocast and TF32 from compute capability 8.0; fp16 autocast with a GradScaler and
+    no TF32 below it, although ``is_bf16_supported()`` says True there; a CPU (capability None): no
     autocast, no scaler, no TF32.
 
     Raises:
@@ -92,15 +94,16 @@ def check_recipe_dtype(fn: Callable[[Any], Any]) -> None:
         if got["autocast"] != want["autocast"]:
             if want["autocast"] == "fp16" and got["autocast"] == "bf16":
                 why = (
-                    "is_bf16_supported() says True there, but bf16 is only emulated below compute capability 8.0: "
-                    "decide from the capability"
+                    "is_bf16_supported() says True there, but bf16 is only emulated below compute "
+                    "capability 8.0: decide from the capability"
                 )
             elif want["autocast"] is None:
                 why = "a CPU (capability None) keeps fp32: autocast None"
             else:
                 why = "bf16 is native from compute capability 8.0 and needs no loss scaling"
             raise AssertionError(
-                f"on {where} autocast should be {want['autocast']!r}, got {got['autocast']!r}: {why}. {_reread(gid)}"
+                f"on {where} autocast should be {want['autocast']!r}, got {got['autocast']!r}: "
+                f"{why}. {_reread(gid)}"
             )
         if bool(got["grad_scaler"]) != want["grad_scaler"]:
             why = (
@@ -109,7 +112,8 @@ def check_recipe_dtype(fn: Callable[[Any], Any]) -> None:
                 else "only fp16 needs a GradScaler (bf16 and fp32 have fp32's range)"
             )
             raise AssertionError(
-                f"on {where} grad_scaler should be {want['grad_scaler']}, got {got['grad_scaler']!r}: {why}. {_reread(gid)}"
+                f"on {where} grad_scaler should be {want['grad_scaler']}, "
+                f"got {got['grad_scaler']!r}: {why}. {_reread(gid)}"
             )
         if bool(got["tf32"]) != want["tf32"]:
             why = (
@@ -118,11 +122,12 @@ def check_recipe_dtype(fn: Callable[[Any], Any]) -> None:
                 else "TF32 matmuls are free speed from compute capability 8.0"
             )
             raise AssertionError(
-                f"on {where} tf32 should be {want['tf32']}, got {got['tf32']!r}: {why}. {_reread(gid)}"
+                f"on {where} tf32 should be {want['tf32']}, got {got['tf32']!r}: "
+                f"{why}. {_reread(gid)}"
             )
     print(
-        f"PASS {gid}: T4 and V100 -> fp16 + GradScaler (is_bf16_supported() said True), A100 and H100 -> bf16 + TF32, "
-        f"CPU -> fp32, on {len(RECIPE_DEVICES)} devices"
+        f"PASS {gid}: T4 and V100 -> fp16 + GradScaler (is_bf16_supported() said True), "
+        f"A100 and H100 -> bf16 + TF32, CPU -> fp32, on {len(RECIPE_DEVICES)} devices"
     )
 
 
@@ -159,9 +164,10 @@ def _recipe_tf32_on_every_gpu(device):
 def step_parts(
     config, T: int, autocast: bool, manual_attention: bool
 ) -> Callable[[int], dict[str, int]]:
-    """``parts_for_batch(B)``: the parts of ``helpers.measure.memory.training_step_estimate(config, B, T, ...)``
-    in bytes (parameters, gradients, adamw_state, activations, logits; no "total"), computed from one
-    call: the first three do not depend on B, the last two grow linearly with it."""
+    """``parts_for_batch(B)``: the parts of
+    ``helpers.measure.memory.training_step_estimate(config, B, T, ...)`` in bytes (parameters,
+    gradients, adamw_state, activations, logits; no "total"), computed from one call: the first
+    three do not depend on B, the last two grow linearly with it."""
     from helpers.measure import memory
 
     one = memory.training_step_estimate(config, 1, T, autocast, manual_attention)
@@ -201,12 +207,14 @@ def _cases():
 
 
 def check_max_batch_15gb(fn: Callable[..., Any]) -> None:
-    """Check ``max_batch_for_budget(parts_for_batch, budget_gb) -> int``: the largest B whose estimated
-    training-step bytes, the sum of every part ``parts_for_batch(B)`` returns (see :func:`step_parts`),
-    fit in ``budget_gb`` GB (1 GB = 1e9 bytes, as the T4's 15 GB); 0 when not even B=1 fits.
+    """Check ``max_batch_for_budget(parts_for_batch, budget_gb) -> int``: the largest B whose
+    estimated training-step bytes, the sum of every part ``parts_for_batch(B)`` returns (see
+    :func:`step_parts`), fit in ``budget_gb`` GB (1 GB = 1e9 bytes, as the T4's 15 GB); 0 when not
+    even B=1 fits.
 
-    Cases: GPT-2 124M with fp16 + SDPA, fp32 + manual attention and fp16 + manual attention at T=1024,
-    fp16 + SDPA at T=512, all in 15 GB; fp16 + SDPA in 40 GB; and a 1 GB budget that fits nothing.
+    Cases: GPT-2 124M with fp16 + SDPA, fp32 + manual attention and fp16 + manual attention at
+    T=1024, fp16 + SDPA at T=512, all in 15 GB; fp16 + SDPA in 40 GB; and a 1 GB budget that fits
+    nothing.
 
     Raises:
         AssertionError: with a hint naming the likely mistake.
@@ -246,13 +254,17 @@ def check_max_batch_15gb(fn: Callable[..., Any]) -> None:
             why = (
                 f"B={g} needs {sum(parts(g).values()) / 1e9:.2f} GB"
                 if got[i] > want[i]
-                else f"a larger batch still fits: B={want[i]} needs {sum(parts(want[i]).values()) / 1e9:.2f} GB"
+                else (
+                    f"a larger batch still fits: B={want[i]} needs "
+                    f"{sum(parts(want[i]).values()) / 1e9:.2f} GB"
+                )
             )
         raise AssertionError(
             f"{what} in {budget_gb} GB: expected B={want[i]}, got {got[i]:g}; {why}. {_reread(gid)}"
         )
     print(
-        f"PASS {gid}: largest B for {len(cases) - 1} GPT-2 124M set-ups in 15 or 40 GB (B = {want[:-1]}), and 0 when nothing fits"
+        f"PASS {gid}: largest B for {len(cases) - 1} GPT-2 124M set-ups in 15 or 40 GB "
+        f"(B = {want[:-1]}), and 0 when nothing fits"
     )
 
 

@@ -1,4 +1,5 @@
-"""Graded checks of chapter 09 (memory and throughput trade-offs), merged into :mod:`helpers.grading`.
+"""Graded checks of chapter 09 (memory and throughput trade-offs),
+merged into :mod:`helpers.grading`.
 
 Each check runs the learner's function on a tiny GPT-2-shaped model on the CPU, prints one
 ``PASS <grade_id>: ...`` line, or raises an AssertionError whose one-line message names the mistake
@@ -15,8 +16,12 @@ from typing import Any
 from helpers.grading.common import as_number, is_close, reread
 
 SECTIONS = {
-    "ch09_accumulation_step": "chapter 09, sections 1-2 (Gradient accumulation; Forgetting to divide)",
-    "ch09_checkpointed_block": "chapter 09, sections 4-5 (Activation checkpointing; The reentrant trap)",
+    "ch09_accumulation_step": (
+        "chapter 09, sections 1-2 (Gradient accumulation; Forgetting to divide)"
+    ),
+    "ch09_checkpointed_block": (
+        "chapter 09, sections 4-5 (Activation checkpointing; The reentrant trap)"
+    ),
 }
 
 
@@ -49,8 +54,8 @@ def _norm(tensors) -> float:
 def check_accumulation_step(fn: Callable[..., Any]) -> None:
     """Check ``accumulation_step(model, micro_batches) -> logged loss``.
 
-    On a tiny GPT (fp32, CPU) with 4 and then 2 equal micro-batches: each micro-batch must get its own
-    forward, the accumulated gradients must equal those of one forward + backward over the whole
+    On a tiny GPT (fp32, CPU) with 4 and then 2 equal micro-batches: each micro-batch must get its
+    own forward, the accumulated gradients must equal those of one forward + backward over the whole
     batch (relative error < 1e-4), and the returned loss must be the mean of the micro-losses (equal
     to the big batch's loss), detached from the autograd graph.
 
@@ -80,8 +85,9 @@ def check_accumulation_step(fn: Callable[..., Any]) -> None:
         call = f"accumulation_step(model, {n} micro-batches of {B // n})"
         if seen != [B // n] * n:
             raise AssertionError(
-                f"{call} ran forward on batches of sizes {seen}, expected {n} forwards of {B // n}: run one forward "
-                f"+ backward per micro-batch (that is what keeps the memory of one micro-batch). {_reread(gid)}"
+                f"{call} ran forward on batches of sizes {seen}, "
+                f"expected {n} forwards of {B // n}: run one forward + backward per micro-batch "
+                f"(that is what keeps the memory of one micro-batch). {_reread(gid)}"
             )
         grads = {k: p.grad for k, p in model.named_parameters()}
         want = {k: p.grad for k, p in ref.named_parameters()}
@@ -102,15 +108,17 @@ def check_accumulation_step(fn: Callable[..., Any]) -> None:
         if not err < 1e-4:
             if abs(ratio - n) < 1e-3 * n:
                 why = (
-                    f"the gradients are {ratio:.2f}x those of the big batch (N = {n}): divide each micro-loss by "
-                    f"the number of micro-steps before backward, not only the number you log."
+                    f"the gradients are {ratio:.2f}x those of the big batch (N = {n}): "
+                    "divide each micro-loss by the number of micro-steps before backward, "
+                    "not only the number you log."
                 )
             elif abs(ratio - 1 / n) < 1e-3:
                 why = f"the gradients are 1/{n} of the big batch's: you divided by N twice."
             else:
                 why = (
-                    f"the gradients differ from the big batch's by a relative {err:.1e}: let them add up over the "
-                    f"micro-steps (no zero_grad inside the loop) and divide each loss by N."
+                    f"the gradients differ from the big batch's by a relative {err:.1e}: "
+                    "let them add up over the micro-steps (no zero_grad inside the loop) and "
+                    "divide each loss by N."
                 )
             raise AssertionError(f"{call}: {why} {_reread(gid)}")
         if isinstance(logged, torch.Tensor) and logged.requires_grad:
@@ -121,9 +129,15 @@ def check_accumulation_step(fn: Callable[..., Any]) -> None:
         got = as_number(logged, call, _reread(gid))
         if not is_close(got, big.item(), rel=1e-5):
             if is_close(got, n * big.item(), rel=1e-5):
-                why = f"returned {got:.4f} = {n} x the mean loss {big.item():.4f}: log the mean of the micro-losses, not their sum."
+                why = (
+                    f"returned {got:.4f} = {n} x the mean loss {big.item():.4f}: "
+                    "log the mean of the micro-losses, not their sum."
+                )
             elif is_close(got, big.item() / n, rel=1e-5):
-                why = f"returned {got:.4f} = the mean loss / {n}: log the mean of the undivided micro-losses."
+                why = (
+                    f"returned {got:.4f} = the mean loss / {n}: "
+                    "log the mean of the undivided micro-losses."
+                )
             else:
                 why = (
                     f"returned {got:.4f}, expected the mean of the micro-losses, {big.item():.4f}."
@@ -131,7 +145,8 @@ def check_accumulation_step(fn: Callable[..., Any]) -> None:
             raise AssertionError(f"{call} {why} {_reread(gid)}")
     # no measured error in the PASS line: its last digit differs between CPUs, and nbval compares it
     print(
-        f"PASS {gid}: gradients equal one big batch (within fp32 rounding) and the logged loss is the mean, for N = 4 and 2"
+        f"PASS {gid}: gradients equal one big batch (within fp32 rounding) and the logged loss is "
+        "the mean, for N = 4 and 2"
     )
 
 
@@ -191,10 +206,10 @@ def check_checkpointed_block(fn: Callable[..., Any]) -> None:
     """Check ``checkpointed(block, x) -> y``: ``block(x)`` with activation checkpointing.
 
     On a real transformer Block (n_embd 32, fp32, CPU): the output, the input gradient and every
-    parameter gradient must equal the plain block's (relative error < 1e-5); the block's forward must
-    run again during backward (counted with a forward pre-hook), i.e. the activations were really
-    dropped; and with an input that does *not* require grad every parameter must still get its
-    gradient (the trap of ``use_reentrant=True``).
+    parameter gradient must equal the plain block's (relative error < 1e-5); the block's forward
+    must run again during backward (counted with a forward pre-hook), i.e. the activations were
+    really dropped; and with an input that does *not* require grad every parameter must still get
+    its gradient (the trap of ``use_reentrant=True``).
 
     Raises:
         AssertionError: with a one-line hint naming the mistake.
@@ -241,26 +256,31 @@ def check_checkpointed_block(fn: Callable[..., Any]) -> None:
                 y = fn(block, x)
                 if y is None:
                     raise AssertionError(
-                        f"checkpointed(block, x) returned None: return the block's output. {_reread(gid)}"
+                        "checkpointed(block, x) returned None: "
+                        f"return the block's output. {_reread(gid)}"
                     )
                 if rel(y.detach(), want_y) > 1e-5:
                     raise AssertionError(
-                        f"checkpointed(block, x) differs from block(x) (rel. error {rel(y.detach(), want_y):.1e}): "
+                        "checkpointed(block, x) differs from block(x) "
+                        f"(rel. error {rel(y.detach(), want_y):.1e}): "
                         f"call the block on x itself. {_reread(gid)}"
                     )
                 if not y.requires_grad:
                     raise AssertionError(
-                        f"with {where}, the output does not require grad, so the block's parameters get no gradient "
-                        f"(PyTorch warned: {str(caught[0].message).splitlines()[0] if caught else 'nothing'}): this is the trap of "
-                        f"use_reentrant=True; pass use_reentrant=False. {_reread(gid)}"
+                        f"with {where}, the output does not require grad, "
+                        "so the block's parameters get no gradient (PyTorch warned: "
+                        f"{str(caught[0].message).splitlines()[0] if caught else 'nothing'}): "
+                        "this is the trap of use_reentrant=True; "
+                        f"pass use_reentrant=False. {_reread(gid)}"
                     )
                 (y * w).sum().backward()
         finally:
             hook.remove()
         if calls[0] < 2:
             raise AssertionError(
-                f"the block ran its forward {calls[0]} time(s) for forward + backward: nothing was recomputed, so its "
-                f"activations were stored as usual. Wrap the call in torch.utils.checkpoint.checkpoint. {_reread(gid)}"
+                f"the block ran its forward {calls[0]} time(s) for forward + backward: "
+                "nothing was recomputed, so its activations were stored as usual. "
+                f"Wrap the call in torch.utils.checkpoint.checkpoint. {_reread(gid)}"
             )
         if x_needs_grad and x.grad is None:
             raise AssertionError(
@@ -270,19 +290,20 @@ def check_checkpointed_block(fn: Callable[..., Any]) -> None:
         missing = [k for k, p in block.named_parameters() if p.grad is None]
         if missing:
             raise AssertionError(
-                f"with {where}, {len(missing)} of the block's parameters got no gradient (e.g. {missing[0]}): "
-                f"use use_reentrant=False. {_reread(gid)}"
+                f"with {where}, {len(missing)} of the block's parameters got no gradient "
+                f"(e.g. {missing[0]}): use use_reentrant=False. {_reread(gid)}"
             )
         errs = [rel(p.grad, want_grads[k]) for k, p in block.named_parameters()]
         if x_needs_grad:
             errs.append(rel(x.grad, want_xg))
         if max(errs) > 1e-5:
             raise AssertionError(
-                f"the gradients differ from the plain block's (rel. error {max(errs):.1e}) with {where}. {_reread(gid)}"
+                f"the gradients differ from the plain block's (rel. error {max(errs):.1e}) with "
+                f"{where}. {_reread(gid)}"
             )
     print(
-        f"PASS {gid}: same output and gradients as the plain block, forward recomputed in backward, "
-        "every parameter gets a gradient even when the input needs none"
+        f"PASS {gid}: same output and gradients as the plain block, forward recomputed in "
+        "backward, every parameter gets a gradient even when the input needs none"
     )
 
 

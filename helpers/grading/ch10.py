@@ -114,24 +114,32 @@ def check_dominant_family(fn: Callable[[list[dict]], str]) -> None:
         if got is None:
             why = "dominant_family returned None: the function needs a `return` statement."
         elif not isinstance(got, str):
-            why = f"dominant_family returned {type(got).__name__} {got!r}: return the family name, a str such as 'matmul'."
+            why = (
+                f"dominant_family returned {type(got).__name__} {got!r}: return the family name, "
+                "a str such as 'matmul'."
+            )
         elif got == _largest_kernel_family(rows):
             big = max(rows, key=lambda r: r["ms"])
             why = (
-                f"on the {label} table you returned the family of the single largest kernel ({got!r}, "
-                f"{big['ms']:.2f} ms), but {want!r} kernels add up to more ({_fmt_totals(rows)} ms): "
-                "sum the ms of each family first."
+                f"on the {label} table you returned the family of the single largest "
+                f"kernel ({got!r}, {big['ms']:.2f} ms), but {want!r} kernels add up to more "
+                f"({_fmt_totals(rows)} ms): sum the ms of each family first."
             )
         elif got == _most_rows_family(rows):
             why = (
                 f"on the {label} table you returned the family with the most kernels ({got!r}); "
-                f"what costs time is the sum of their ms ({_fmt_totals(rows)} ms), not how many there are."
+                f"what costs time is the sum of their ms ({_fmt_totals(rows)} ms), "
+                "not how many there are."
             )
         else:
-            why = f"on the {label} table you returned {got!r}, expected {want!r} (largest totals: {_fmt_totals(rows)} ms)."
+            why = (
+                f"on the {label} table you returned {got!r}, expected {want!r} "
+                f"(largest totals: {_fmt_totals(rows)} ms)."
+            )
         raise AssertionError(f"{why} {_reread(gid)}")
     print(
-        f"PASS {gid}: dominant_family sums ms per family on {len(cases)} tables (the recorded H200 ones and synthetic ones)"
+        f"PASS {gid}: dominant_family sums ms per family on {len(cases)} tables "
+        "(the recorded H200 ones and synthetic ones)"
     )
 
 
@@ -198,10 +206,11 @@ def _synthetic_chapter_cases() -> list[tuple[str, list[dict], float, bool]]:
 def check_which_chapter(fn: Callable[[list[dict], float, bool], str]) -> None:
     """Check ``which_chapter(table, step_ms, low_precision) -> str`` ("ch03" ... "ch10").
 
-    The rules (chapter 10, section 9; reference: :func:`helpers.chapters.ch10_profiling.suggest_chapter`):
-    GPU idle > 25% of ``step_ms`` -> "ch05"; else by the family with the largest total ms: matmul
-    -> "ch04" (fp32) or "ch03" (already low precision), attention -> "ch06", elementwise /
-    reduction / copy / cast / triton fused -> "ch05", optimizer -> "ch09", other -> "ch10".
+    The rules (chapter 10, section 9; reference:
+    :func:`helpers.chapters.ch10_profiling.suggest_chapter`): GPU idle > 25% of ``step_ms``
+    -> "ch05"; else by the family with the largest total ms: matmul -> "ch04" (fp32) or "ch03"
+    (already low precision), attention -> "ch06", elementwise / reduction / copy / cast /
+    triton fused -> "ch05", optimizer -> "ch09", other -> "ch10".
 
     Raises:
         AssertionError: with a hint naming the rule that was missed.
@@ -226,18 +235,21 @@ def check_which_chapter(fn: Callable[[list[dict], float, bool], str]) -> None:
             why = f"which_chapter returned {got!r}: return a chapter id written like 'ch05'."
         elif want == "ch05" and idle > profiling.LAUNCH_BOUND_IDLE:
             why = (
-                f"on the {label} table the kernels fill only {100 * (1 - idle):.0f}% of the {step_ms:.1f} ms step: "
-                f"the GPU waits for the host {100 * idle:.0f}% of the time, check that before any family."
+                f"on the {label} table the kernels fill only {100 * (1 - idle):.0f}% of the "
+                f"{step_ms:.1f} ms step: the GPU waits for the host {100 * idle:.0f}% of the time, "
+                "check that before any family."
             )
         elif got == by_single and want != by_single:
             why = (
-                f"on the {label} table you judged by the single largest kernel ({_largest_kernel_family(rows)}); "
-                f"judge by the family totals ({_fmt_totals(rows)} ms)."
+                f"on the {label} table you judged by the single largest kernel "
+                f"({_largest_kernel_family(rows)}); judge by the family totals "
+                f"({_fmt_totals(rows)} ms)."
             )
         elif got in ("ch03", "ch04") and want in ("ch03", "ch04"):
             why = (
-                f"on the {label} table (low_precision={low}) matmuls dominate: in fp32 / TF32 mixed precision "
-                "helps most (ch04); already in bf16 / fp16, a larger batch does (ch03)."
+                f"on the {label} table (low_precision={low}) matmuls dominate: "
+                "in fp32 / TF32 mixed precision helps most (ch04); already in bf16 / fp16, "
+                "a larger batch does (ch03)."
             )
         else:
             why = (
@@ -246,7 +258,8 @@ def check_which_chapter(fn: Callable[[list[dict], float, bool], str]) -> None:
             )
         raise AssertionError(f"{why} {_reread(gid)}")
     print(
-        f"PASS {gid}: which_chapter follows the rules on {len(cases)} profiles (the recorded H200 ones and synthetic ones)"
+        f"PASS {gid}: which_chapter follows the rules on {len(cases)} profiles "
+        "(the recorded H200 ones and synthetic ones)"
     )
 
 
@@ -256,7 +269,7 @@ CHECKS: dict[str, Callable[..., Any]] = {
 }
 
 
-# ---- plausible wrong answers: each check must reject every one (tests/test_grading.py) ----------------
+# ---- plausible wrong answers: each check must reject every one (tests/test_grading.py) -----------
 
 
 def _family_of_largest_kernel(table):

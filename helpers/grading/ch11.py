@@ -36,8 +36,9 @@ def check_shard_batches(fn: Callable[[torch.Tensor, int, int], torch.Tensor]) ->
     batch ``x`` of shape (N, T): the rank-th contiguous block ``x[rank*N/W : (rank+1)*N/W]``.
 
     For each (N, W) the shards of all ranks must have N/W rows each, never share a row, together
-    hold every row, and keep the rows in order (what :class:`helpers.chapters.ch11_multi_gpu.ShardedBatchLoader`
-    does, so the ranks together train on exactly the single-process batch).
+    hold every row, and keep the rows in order (what
+    :class:`helpers.chapters.ch11_multi_gpu.ShardedBatchLoader` does, so the ranks together train on
+    exactly the single-process batch).
 
     Raises:
         AssertionError: a one-line hint naming the first property that fails.
@@ -52,15 +53,18 @@ def check_shard_batches(fn: Callable[[torch.Tensor, int, int], torch.Tensor]) ->
             got = fn(x.clone(), world, rank)
             if not isinstance(got, torch.Tensor):
                 raise AssertionError(
-                    f"{call} returned {type(got).__name__}, expected a tensor of rows of x. {_reread(gid)}"
+                    f"{call} returned {type(got).__name__}, expected a tensor of rows of x. "
+                    f"{_reread(gid)}"
                 )
             if got.dim() != 2 or got.shape[1] != x.shape[1]:
                 raise AssertionError(
-                    f"{call} returned shape {tuple(got.shape)}, expected ({per_rank}, {x.shape[1]}): whole rows of x. {_reread(gid)}"
+                    f"{call} returned shape {tuple(got.shape)}, "
+                    f"expected ({per_rank}, {x.shape[1]}): whole rows of x. {_reread(gid)}"
                 )
             if world > 1 and got.shape[0] == n_rows:
                 raise AssertionError(
-                    f"{call} returned all {n_rows} rows: every rank trains on the full batch, so the {world} ranks do the same work {world} times. {_reread(gid)}"
+                    f"{call} returned all {n_rows} rows: every rank trains on the full batch, "
+                    f"so the {world} ranks do the same work {world} times. {_reread(gid)}"
                 )
             shards.append(got)
         rows = [
@@ -70,10 +74,16 @@ def check_shard_batches(fn: Callable[[torch.Tensor, int, int], torch.Tensor]) ->
         flat = [i for r in rows for i in r]
         where = f"N={n_rows}, world_size={world}"
         if len(set(flat)) < len(flat):
-            why = f"{where}: the shards overlap (rank sizes {sizes}): a row trained on by two ranks counts twice in the average."
+            why = (
+                f"{where}: the shards overlap (rank sizes {sizes}): "
+                "a row trained on by two ranks counts twice in the average."
+            )
         elif set(flat) != set(range(n_rows)):
             missing = sorted(set(range(n_rows)) - set(flat))
-            why = f"{where}: rows {missing} are on no rank (rank sizes {sizes}): an off-by-one start or stride skips rows."
+            why = (
+                f"{where}: rows {missing} are on no rank (rank sizes {sizes}): "
+                "an off-by-one start or stride skips rows."
+            )
         elif len(set(sizes)) != 1:
             why = f"{where}: unequal shards {sizes}: every rank must get N/world_size rows."
         elif rows != [list(range(r * per_rank, (r + 1) * per_rank)) for r in range(world)]:
@@ -85,7 +95,8 @@ def check_shard_batches(fn: Callable[[torch.Tensor, int, int], torch.Tensor]) ->
             continue
         raise AssertionError(f"{why} {_reread(gid)}")
     print(
-        f"PASS {gid}: {len(SHARD_CASES)} (N, world_size) cases: equal, disjoint, in-order shards whose union is the global batch"
+        f"PASS {gid}: {len(SHARD_CASES)} (N, world_size) cases: equal, disjoint, "
+        "in-order shards whose union is the global batch"
     )
 
 
@@ -108,15 +119,18 @@ def check_allreduce_mean(fn: Callable[[list[torch.Tensor]], list[torch.Tensor]])
         got = fn([g.clone() for g in grads])
         if not isinstance(got, (list, tuple)) or not all(isinstance(t, torch.Tensor) for t in got):
             raise AssertionError(
-                f"{call} returned {type(got).__name__}, expected a list of {world} tensors (one per rank). {_reread(gid)}"
+                f"{call} returned {type(got).__name__}, expected a list of {world} tensors "
+                f"(one per rank). {_reread(gid)}"
             )
         if len(got) != world:
             raise AssertionError(
-                f"{call} returned {len(got)} tensors, expected {world}: one per rank, every rank holds the result. {_reread(gid)}"
+                f"{call} returned {len(got)} tensors, expected {world}: "
+                f"one per rank, every rank holds the result. {_reread(gid)}"
             )
         if any(t.shape != torch.Size(shape) for t in got):
             raise AssertionError(
-                f"{call} returned shapes {[tuple(t.shape) for t in got]}, expected {shape} on every rank. {_reread(gid)}"
+                f"{call} returned shapes {[tuple(t.shape) for t in got]}, "
+                f"expected {shape} on every rank. {_reread(gid)}"
             )
         total = torch.stack(grads).sum(0)
         mean = total / world
@@ -124,22 +138,35 @@ def check_allreduce_mean(fn: Callable[[list[torch.Tensor]], list[torch.Tensor]])
         if all(close(t, mean) for t in got):
             continue
         if all(close(t, total) for t in got):
-            why = f"{call}: every rank holds the SUM of the gradients: divide by the world size ({world}) to get the mean."
+            why = (
+                f"{call}: every rank holds the SUM of the gradients: "
+                f"divide by the world size ({world}) to get the mean."
+            )
         elif all(close(t, mean / world) for t in got):
-            why = f"{call}: every rank holds the mean divided by {world} again: divide the sum by the world size once."
+            why = (
+                f"{call}: every rank holds the mean divided by {world} again: "
+                "divide the sum by the world size once."
+            )
         elif (
             all(close(t, grads[0]) for t in got)
             or close(got[0], mean)
             and not all(close(t, mean) for t in got[1:])
         ):
-            why = f"{call}: only rank 0's result is right (or every rank got rank 0's gradient): after an all-reduce every rank holds the same mean."
+            why = (
+                f"{call}: only rank 0's result is right (or every rank got rank 0's gradient): "
+                "after an all-reduce every rank holds the same mean."
+            )
         elif all(close(t, g) for t, g in zip(got, grads, strict=True)):
             why = f"{call}: every rank kept its own gradient: nothing was reduced."
         else:
-            why = f"{call}: rank 0 holds {got[0].flatten()[:3].tolist()}..., expected the mean {mean.flatten()[:3].tolist()}..."
+            why = (
+                f"{call}: rank 0 holds {got[0].flatten()[:3].tolist()}..., "
+                f"expected the mean {mean.flatten()[:3].tolist()}..."
+            )
         raise AssertionError(f"{why} {_reread(gid)}")
     print(
-        f"PASS {gid}: {len(ALLREDUCE_CASES)} world sizes: every rank holds the mean of all ranks' gradients"
+        f"PASS {gid}: {len(ALLREDUCE_CASES)} world sizes: "
+        "every rank holds the mean of all ranks' gradients"
     )
 
 

@@ -13,7 +13,9 @@ from collections.abc import Callable
 from helpers.grading.common import as_number, reread
 
 SECTIONS = {
-    "ch12_steps_in_budget": "chapter 12, section 3 (Train the fastest configuration for a fixed time)",
+    "ch12_steps_in_budget": (
+        "chapter 12, section 3 (Train the fastest configuration for a fixed time)"
+    ),
 }
 
 
@@ -52,16 +54,29 @@ def check_steps_in_budget(fn: Callable[[float, float, float], int]) -> None:
         if got == want:
             continue
         if got == math.floor(1000.0 * budget_s / step_ms) and first > step_ms:
-            why = f"{call} returned {got:g}: the first step costs {first:g} ms, not {step_ms:g}; take its extra cost out of the budget."
+            why = (
+                f"{call} returned {got:g}: the first step costs {first:g} ms, not {step_ms:g}; "
+                "take its extra cost out of the budget."
+            )
         elif got == want - 1:
-            why = f"{call} returned {got:g}, one too few: the first step is one of the steps, so count it."
+            why = (
+                f"{call} returned {got:g}, one too few: "
+                "the first step is one of the steps, so count it."
+            )
         elif got < 1:
-            why = f"{call} returned {got:g}: the budget is in seconds and the step times in milliseconds."
+            why = (
+                f"{call} returned {got:g}: "
+                "the budget is in seconds and the step times in milliseconds."
+            )
         else:
-            why = f"{call} returned {got:g}, expected {want}: round down, a step that does not fit the budget is not run."
+            why = (
+                f"{call} returned {got:g}, expected {want}: round down, a step that does not fit "
+                "the budget is not run."
+            )
         raise AssertionError(f"{why} {hint}")
     print(
-        f"PASS {gid}: steps_in_budget is right for {len(BUDGET_CASES)} budgets, compile-heavy first steps included"
+        f"PASS {gid}: steps_in_budget is right for {len(BUDGET_CASES)} budgets, "
+        "compile-heavy first steps included"
     )
 
 

@@ -76,7 +76,9 @@ def _kernel_manager_class(prefix: tuple[str, ...] = ()) -> type:
             if self._kernel_spec is None:
                 self._kernel_spec = KernelSpec(
                     argv=argv,
-                    display_name=f"Python {sys.version_info.major}.{sys.version_info.minor} (grader)",
+                    display_name=(
+                        f"Python {sys.version_info.major}.{sys.version_info.minor} (grader)"
+                    ),
                     language="python",
                     resource_dir="",
                 )
@@ -102,8 +104,8 @@ exit 98"""
 
 def sandbox_prefix(read_only: Iterable[Path], hidden: Iterable[Path]) -> tuple[str, ...]:
     """The command that starts a kernel in an OS sandbox: a private mount namespace (``unshare``,
-    util-linux; as an unprivileged user also a user namespace) in which ``read_only`` paths cannot be
-    written and ``hidden`` paths look empty. Paths that do not exist are left out."""
+    util-linux; as an unprivileged user also a user namespace) in which ``read_only`` paths cannot
+    be written and ``hidden`` paths look empty. Paths that do not exist are left out."""
     user = () if os.geteuid() == 0 else ("--user", "--map-root-user")
     ro = [str(p) for p in read_only if p.exists()]
     hide = [str(p) for p in hidden if p.is_dir()]
@@ -175,7 +177,8 @@ def kernel_env() -> dict[str, str]:
 def execute_notebook(
     nb: Any, cwd: Path, timeout: int = 600, sandbox: tuple[str, ...] = ()
 ) -> NotebookRun:
-    """Run every code cell of ``nb`` (in place) in a fresh kernel; never raises for the notebook's faults.
+    """Run every code cell of ``nb`` (in place) in a fresh kernel;
+    never raises for the notebook's faults.
 
     Errors are allowed (later cells still run). A cell running longer than ``timeout`` seconds is
     interrupted (KeyboardInterrupt in the kernel) and recorded as ``timeout``; when the kernel does
@@ -369,7 +372,8 @@ def grade_notebook(
         gid = nbgrader_metadata(cell).get("grade_id")
         if gid in ref.points and is_check_cell(cell):
             # The reference's check code, run against a freshly re-executed helpers.grading: a
-            # submission that reassigned grading.check_* (or the name `grading`) cannot pass that way.
+            # submission that reassigned grading.check_* (or the name `grading`) cannot pass
+            # that way.
             cell.source = FRESH_CHECKS_PRELUDE + ref.sources[gid]
             where[gid] = index
     with tempfile.TemporaryDirectory(prefix="grading-") as folder:
@@ -397,7 +401,8 @@ def _broke(cell: CellRun) -> bool:
 def _verdict(
     run: NotebookRun, index: int, timeout: int, check_indices: frozenset[int] = frozenset()
 ) -> tuple[str, str]:
-    """(status, reason) of the check cell at ``index``; ``check_indices`` are never blamed as the cause."""
+    """(status, reason) of the check cell at ``index``;
+    ``check_indices`` are never blamed as the cause."""
     cell = run.cells.get(index, CellRun(index, "not run"))
     k = index + 1  # cells are counted from 1, markdown included, as a reader counts them
     if cell.status == "ok":
@@ -425,13 +430,15 @@ def _verdict(
     if run.stuck_after_timeout_in is not None:
         return (
             "failed",
-            f"timeout after {timeout} s in cell {run.stuck_after_timeout_in + 1} (kernel did not recover)",
+            f"timeout after {timeout} s in cell {run.stuck_after_timeout_in + 1} "
+            "(kernel did not recover)",
         )
     return "error", "cell not run"
 
 
 def _match_reference(path: Path, refs: dict[str, Reference]) -> Reference | None:
-    """The reference with the same file name, else the one sharing most grade ids (renamed files)."""
+    """The reference with the same file name, else the one sharing most grade ids
+    (renamed files)."""
     if path.name in refs:
         return refs[path.name]
     try:
@@ -462,7 +469,8 @@ def grade(submissions: Path, reference: Path, timeout: int = 600) -> list[dict[s
     ``missing`` rows. Nothing a submission does stops the grading of the others.
 
     Raises:
-        FileNotFoundError: when ``submissions`` has no student folder, or ``reference`` no graded notebook.
+        FileNotFoundError: when ``submissions`` has no student folder,
+            or ``reference`` no graded notebook.
     """
     refs = load_references(reference)
     if not submissions.is_dir():
@@ -507,7 +515,8 @@ def grade(submissions: Path, reference: Path, timeout: int = 600) -> list[dict[s
             rows.append(_row(folder.name, "", "", 0, 0, "missing", "no notebook submitted"))
     assignment = sorted({name for per_student in chosen.values() for name in per_student})
 
-    # Every submission is read before any of them runs, so one cannot change what another is graded on.
+    # Every submission is read before any of them runs,
+    # so one cannot change what another is graded on.
     texts: dict[Path, str | None] = {}
     for per_student in chosen.values():
         for path in per_student.values():
@@ -612,7 +621,8 @@ def totals_table(rows: list[dict[str, Any]]) -> str:
     lines = [f"{'student':<{width}}  {'points':>12}  {'checks passed':>13}"]
     for student, (pts, max_pts, passed, checks) in per.items():
         lines.append(
-            f"{student:<{width}}  {_fmt(pts) + ' / ' + _fmt(max_pts):>12}  {f'{passed} / {checks}':>13}"
+            f"{student:<{width}}  {_fmt(pts) + ' / ' + _fmt(max_pts):>12}  "
+            f"{f'{passed} / {checks}':>13}"
         )
     return "\n".join(lines)
 
@@ -621,7 +631,9 @@ def main(argv: list[str] | None = None) -> int:
     """Command line: ``make-student`` and ``grade`` (see docs/grading.md)."""
     parser = argparse.ArgumentParser(
         prog="python -m helpers.grading",
-        description="Graded exercises: student versions of the notebooks, and grading of submissions.",
+        description=(
+            "Graded exercises: student versions of the notebooks, and grading of submissions."
+        ),
     )
     sub = parser.add_subparsers(dest="command", required=True)
     ms = sub.add_parser("make-student", help="write student versions of the exercise notebooks")

@@ -12,7 +12,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-CODE_STUB = '# YOUR CODE HERE\nraise NotImplementedError("Write this function: see the exercise text above")'
+CODE_STUB = (
+    "# YOUR CODE HERE\n"
+    'raise NotImplementedError("Write this function: see the exercise text above")'
+)
 TEXT_STUB = "YOUR ANSWER HERE"
 _BEGIN = re.compile(r"^\s*#+\s*BEGIN SOLUTION\b")
 _END = re.compile(r"^\s*#+\s*END SOLUTION\b")
@@ -82,8 +85,8 @@ def _replace_regions(
         if begin.match(line):
             if begin_line is not None:
                 raise SolutionMarkerError(
-                    f"{where}: line {number} opens a region while the one opened on line {begin_line} "
-                    f"is still open ({line.strip()!r}). Add the missing END marker."
+                    f"{where}: line {number} opens a region while the one opened on line "
+                    f"{begin_line} is still open ({line.strip()!r}). Add the missing END marker."
                 )
             begin_line = number
             found = True
@@ -93,8 +96,8 @@ def _replace_regions(
         elif end.match(line):
             if begin_line is None:
                 raise SolutionMarkerError(
-                    f"{where}: line {number} ({line.strip()!r}) closes a region that was never opened. "
-                    "Add the missing BEGIN marker or delete this line."
+                    f"{where}: line {number} ({line.strip()!r}) closes a region that was never "
+                    "opened. Add the missing BEGIN marker or delete this line."
                 )
             begin_line = None
         elif begin_line is None:

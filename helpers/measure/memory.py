@@ -78,13 +78,14 @@ def training_step_estimate(
     """Estimated peak bytes of one training step of ``config`` (a GPTConfig) at batch B, length T.
 
     Parts (bytes): parameters and gradients (fp32, 4 B each), AdamW state (exp_avg and exp_avg_sq,
-    fp32: 8 B per parameter), activations kept for backward (see :func:`activation_bytes_per_layer`),
-    and the logits: B·T·V elements in the compute dtype, plus what the fp32 cross-entropy keeps and
-    makes: its fp32 log-softmax output (saved for backward, 4 B) and, during backward, the fp32
-    gradients of that output and of its input (8 B) — 14 B per logit under autocast, 16 B in fp32.
-    The logits term was fitted to nothing: it counts the tensors of ``F.cross_entropy(logits.float())``
-    (the model's loss); on the H200 it brings the estimate from 62% to 97% of the measured peak of a
-    bf16 + SDPA eager step at B=16, T=1024 (17.58 GiB measured, chapter 03).
+    fp32: 8 B per parameter), activations kept for backward (see
+    :func:`activation_bytes_per_layer`), and the logits: B·T·V elements in the compute dtype, plus
+    what the fp32 cross-entropy keeps and makes: its fp32 log-softmax output (saved for backward,
+    4 B) and, during backward, the fp32 gradients of that output and of its input (8 B) — 14 B per
+    logit under autocast, 16 B in fp32. The logits term was fitted to nothing: it counts the tensors
+    of ``F.cross_entropy(logits.float())`` (the model's loss); on the H200 it brings the estimate
+    from 62% to 97% of the measured peak of a bf16 + SDPA eager step at B=16, T=1024 (17.58 GiB
+    measured, chapter 03).
     An estimate, not a measurement: chapter 03 compares it with ``torch.cuda.max_memory_allocated``.
     """
     n_params = _param_count(config)
@@ -116,9 +117,9 @@ def is_oom(error: BaseException) -> bool:
 
 
 def fits(try_step, B: int, device) -> tuple[bool, int | None]:
-    """Run ``try_step(B)``; (True, peak bytes) if it fits (peak None on a CPU, which has no counter),
-    (False, None) after a CUDA out-of-memory error, with the failed step's memory released; other
-    errors are raised.
+    """Run ``try_step(B)``; (True, peak bytes) if it fits (peak None on a CPU, which has no
+    counter), (False, None) after a CUDA out-of-memory error, with the failed step's memory
+    released; other errors are raised.
 
     The clean-up happens *outside* the ``except`` block: inside it, the exception's traceback still
     references the failed step's frames (its tensors), so nothing could be freed.
@@ -215,8 +216,9 @@ class _RandomBatches:
 
 def make_step_probe(trainer, T: int, limit: SimulatedMemoryLimit | None = None):
     """A ``try_step(B)`` for :func:`find_max_batch_size`: one full training step of ``trainer``
-    (a :class:`helpers.core.train.Trainer`) on random (B, T) ids. With ``limit`` (for CPUs), the step
-    first checks :func:`training_step_estimate` against the simulated budget, raising OOM above it.
+    (a :class:`helpers.core.train.Trainer`) on random (B, T) ids. With ``limit`` (for CPUs), the
+    step first checks :func:`training_step_estimate` against the simulated budget, raising OOM
+    above it.
     """
     cfg = trainer.model_config
     autocast = trainer.run.autocast is not None

@@ -84,7 +84,8 @@ def matmul_bars(rows: list[dict], device_name: str):
 
 
 def loss_curve(losses: list[float], title: str, reference: float | None = None):
-    """Training loss (nats) against step; ``reference`` draws a dashed line (e.g. ln(vocab)). Returns the Figure."""
+    """Training loss (nats) against step; ``reference`` draws a dashed line (e.g. ln(vocab)).
+    Returns the Figure."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -123,7 +124,8 @@ def step_times(times_ms: list[float], title: str, first_timed: int = 0):
 def roofline(points: list[dict], peak_flops_per_s: float, bandwidth_bytes_per_s: float, title: str):
     """Roofline: attainable FLOP/s = min(peak, intensity × bandwidth) against arithmetic intensity
     (FLOP/byte, log-log), with measured ops as points (from ``timing.roofline_points``). Williams,
-    Waterman & Patterson 2009, "Roofline" (https://doi.org/10.1145/1498765.1498785). Returns the Figure."""
+    Waterman & Patterson 2009, "Roofline" (https://doi.org/10.1145/1498765.1498785).
+    Returns the Figure."""
     import matplotlib.pyplot as plt
     import numpy as np
 
@@ -158,7 +160,8 @@ def roofline(points: list[dict], peak_flops_per_s: float, bandwidth_bytes_per_s:
 
 def memory_vs_batch(batch_sizes, measured_bytes, estimated_bytes, limit_bytes, title: str):
     """Peak memory (GiB) against batch size: measured points, the estimate as a line, the device
-    limit dashed. ``measured_bytes`` entries may be None (not measurable here). Returns the Figure."""
+    limit dashed. ``measured_bytes`` entries may be None (not measurable here).
+    Returns the Figure."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5))

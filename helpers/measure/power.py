@@ -183,9 +183,9 @@ class GPUPowerSampler:
     ``nvidia-smi --query-gpu=... -lms interval_ms`` runs in the background (NVIDIA's tool, reading the driver's
     NVML counters); a thread timestamps each line as it arrives::
 
-        with hardware.GPUPowerSampler(torch.device("cuda")) as smi:
+        with power.GPUPowerSampler(torch.device("cuda")) as smi:
             t0 = time.time(); run_steps(); t1 = time.time()
-        print(hardware.format_power_summary(hardware.power_summary(smi.samples, t0, t1)))
+        print(power.format_power_summary(power.power_summary(smi.samples, t0, t1)))
         if smi.problem(): print(smi.problem())     # why there are no samples, when there are none
 
     See :class:`PowerSample` for what each reading means (the power is a ~1 s average on Ampere and newer).

@@ -18,7 +18,8 @@ RESULTS_DIR_ENV = "COURSE_RESULTS_DIR"
 
 def results_dir() -> Path | None:
     """The first existing folder of: ``$COURSE_RESULTS_DIR``, the repository's ``results/`` next to
-    this package (a clone or an editable install), ``./results``, ``../results``. None if none exists."""
+    this package (a clone or an editable install), ``./results``, ``../results``.
+    None if none exists."""
     candidates = [os.environ.get(RESULTS_DIR_ENV, "").strip()]
     candidates += [str(helpers.REPO_ROOT / "results"), "results", "../results"]
     for c in candidates:
@@ -28,7 +29,8 @@ def results_dir() -> Path | None:
 
 
 def load(name: str) -> dict | None:
-    """The committed result ``name`` (e.g. "h200-ladder-b16.json") as a dict, or None if not found."""
+    """The committed result ``name`` (e.g. "h200-ladder-b16.json") as a dict,
+    or None if not found."""
     folder = results_dir()
     if folder is None or not (folder / name).is_file():
         return None
@@ -38,6 +40,6 @@ def load(name: str) -> dict | None:
 def missing(name: str) -> str:
     """What to print when :func:`load` found nothing."""
     return (
-        f"committed result {name} not found: clone the course repository (its results/ folder holds the "
-        f"course's own GPU measurements) or set {RESULTS_DIR_ENV} to that folder."
+        f"committed result {name} not found: clone the course repository (its results/ folder "
+        f"holds the course's own GPU measurements) or set {RESULTS_DIR_ENV} to that folder."
     )

@@ -101,7 +101,8 @@ def tokens_per_second(tokens_per_step: int, step_ms: float) -> float:
 def peak_flops(device: torch.device | str) -> tuple[float | None, str]:
     """Dense 16-bit tensor-core peak of ``device`` in FLOP/s, and where the number comes from.
 
-    Returns (None, reason) for a CPU or a GPU with no datasheet profile in :mod:`helpers.measure.hardware`.
+    Returns (None, reason) for a CPU or a GPU with no datasheet profile in
+    :mod:`helpers.measure.hardware`.
     """
     device = torch.device(device)
     if device.type != "cuda":
@@ -109,7 +110,8 @@ def peak_flops(device: torch.device | str) -> tuple[float | None, str]:
     if hardware.emulated_profile() is not None:
         return (
             None,
-            f"emulating a {hardware.emulated_profile().key}: the speed is the real GPU's, so no MFU is claimed",
+            f"emulating a {hardware.emulated_profile().key}: the speed is the real GPU's, "
+            "so no MFU is claimed",
         )
     name = torch.cuda.get_device_name(device)
     prof = gpus.match_profile(name, torch.cuda.get_device_properties(device).total_memory)
@@ -121,7 +123,8 @@ def peak_flops(device: torch.device | str) -> tuple[float | None, str]:
 def mfu(
     flops_per_token: float, tokens_per_s: float, peak_flops_per_s: float | None
 ) -> tuple[float | None, str]:
-    """Model FLOPs utilisation = achieved FLOP/s / peak FLOP/s (PaLM, Chowdhery et al. 2022, App. B).
+    """Model FLOPs utilisation = achieved FLOP/s / peak FLOP/s
+    (PaLM, Chowdhery et al. 2022, App. B).
 
     Returns (None, reason) when the peak is unknown, when the FLOPs per token or the throughput is
     not a positive finite number (a NaN, an infinite or a negative timing), or when the achieved
@@ -137,7 +140,8 @@ def mfu(
     if value > 1.0:
         return (
             None,
-            f"achieved {achieved / 1e12:.1f} TFLOP/s exceeds the peak {peak_flops_per_s / 1e12:.1f}: timing or peak is wrong",
+            f"achieved {achieved / 1e12:.1f} TFLOP/s exceeds the peak "
+            f"{peak_flops_per_s / 1e12:.1f}: timing or peak is wrong",
         )
     return value, "ok"
 
@@ -222,7 +226,8 @@ def host_time_without_sync(fn: Callable[[], object], iters: int = 10) -> float:
 def host_time_with_sync(
     fn: Callable[[], object], device: torch.device | str, iters: int = 10
 ) -> float:
-    """Mean ms per call of ``fn`` by a host clock, synchronising before the start and after the end."""
+    """Mean ms per call of ``fn`` by a host clock,
+    synchronising before the start and after the end."""
     synchronize(device)
     t0 = time.perf_counter()
     for _ in range(iters):
@@ -233,7 +238,8 @@ def host_time_with_sync(
 
 def copy_bandwidth(device: torch.device | str, n_bytes: int = 2**30) -> float:
     """Measured memory bandwidth in bytes/s: a device-to-device copy of ``n_bytes``, counting the
-    bytes read plus the bytes written (2 · n_bytes per copy); median of 10 after 3 warm-up copies."""
+    bytes read plus the bytes written (2 · n_bytes per copy);
+    median of 10 after 3 warm-up copies."""
     src = torch.randn(n_bytes // 4, device=device)
     dst = torch.empty_like(src)
     t = measure(lambda: dst.copy_(src), device, warmup=3, iters=10)

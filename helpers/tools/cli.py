@@ -1,4 +1,5 @@
-"""Small checks shared by the course's command-line tools (``python -m helpers.chapters.ch04_precision`` ...).
+"""Small checks shared by the course's command-line tools
+(``python -m helpers.chapters.ch04_precision`` ...).
 
 A user error (a GPU asked for where there is none, an output path that is a folder, a count of 0,
 a file that is not what it should be) ends in one line ``error: ...`` and exit status 2, checked
@@ -39,7 +40,8 @@ def device(value: str | torch.device | None) -> torch.device:
         raise ValueError(f"the course runs on 'cpu' or 'cuda', not {dev.type!r}")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(
-            f"--device {value} asked, but this PyTorch sees no CUDA GPU: use --device cpu (a CPU-only build, or no driver)"
+            f"--device {value} asked, but this PyTorch sees no CUDA GPU: "
+            "use --device cpu (a CPU-only build, or no driver)"
         )
     hardware.apply_env_emulation_once(dev)  # $COURSE_EMULATE_GPU holds for --device cuda too
     return dev
@@ -49,8 +51,8 @@ def out_path(path: str | Path | None, flag: str = "--out") -> Path | None:
     """An output file path, checked before the run: its folder is created; a folder is refused.
 
     Raises:
-        ValueError: ``path`` is an existing folder, its folder cannot be made (a file is in the way),
-            or that folder or the file is not writable.
+        ValueError: ``path`` is an existing folder, its folder cannot be made (a file is in the
+            way), or that folder or the file is not writable.
     """
     if path is None:
         return None
@@ -77,8 +79,8 @@ def at_least(name: str, value: int | None, minimum: int = 1) -> None:
 
 
 def guarded(main: Callable[..., int]) -> Callable[..., int]:
-    """Wrap a tool's ``main``: ValueError and OSError (user errors: bad values, missing or unreadable
-    files, malformed JSON) become ``error: ...`` on stderr and exit status 2."""
+    """Wrap a tool's ``main``: ValueError and OSError (user errors: bad values, missing or
+    unreadable files, malformed JSON) become ``error: ...`` on stderr and exit status 2."""
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs) -> int:

@@ -1,15 +1,15 @@
 """Authoring tools for the chapter notebooks.
 
-``python -m helpers.tools.notebooks record notebooks/01_fp32_baseline.ipynb ...`` executes notebooks in
-place (each in a fresh kernel of this Python, started in the notebook's folder) and saves their
-outputs: the one command to re-record a notebook after changing it. Run it on the GPU whose
-outputs should be committed (the course commits H200 outputs).
+``python -m helpers.tools.notebooks record notebooks/01_fp32_baseline.ipynb ...`` executes
+notebooks in place (each in a fresh kernel of this Python, started in the notebook's folder) and
+saves their outputs: the one command to re-record a notebook after changing it. Run it on the GPU
+whose outputs should be committed (the course commits H200 outputs).
 
-``python -m helpers.tools.notebooks refresh notebooks/07_vocab_padding.ipynb ...`` executes them on this
-machine but replaces only the outputs nbval compares (cells *not* tagged ``nbval-ignore-output``):
-for when a committed result file changed and the cells that print it must follow, while the cells
-that show the committed GPU's own measurements keep them. The compared cells are device-independent
-by design (CI compares them on a CPU), so any machine gives the same outputs.
+``python -m helpers.tools.notebooks refresh notebooks/07_vocab_padding.ipynb ...`` executes them on
+this machine but replaces only the outputs nbval compares (cells *not* tagged
+``nbval-ignore-output``): for when a committed result file changed and the cells that print it must
+follow, while the cells that show the committed GPU's own measurements keep them. The compared cells
+are device-independent by design (CI compares them on a CPU), so any machine gives the same outputs.
 """
 
 from __future__ import annotations
