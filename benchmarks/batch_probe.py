@@ -10,13 +10,12 @@ budget.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 
 import torch
 
 from helpers.core import train
-from helpers.measure import hardware, memory
+from helpers.measure import hardware, memory, results
 
 CONFIGS = {
     "fp32, manual attention": dict(),
@@ -52,9 +51,7 @@ def main(argv=None) -> int:
             flush=True,
         )
     out = {
-        "device": hardware.summary(device, probe_sdpa=False).name,
-        "torch": torch.__version__,
-        "date": datetime.date.today().isoformat(),
+        **results.provenance(device),
         "seq_len": T,
         "model": model_config.__dict__,
         "total_memory_bytes": torch.cuda.get_device_properties(device).total_memory

@@ -16,16 +16,13 @@ be measured in a separate command (max-autotune-no-cudagraphs takes minutes on a
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 from pathlib import Path
 
-import torch
-
 from helpers.chapters import ch05_compile as compilation
 from helpers.core import data, train
-from helpers.measure import hardware
+from helpers.measure import hardware, results
 
 MODES = ("eager", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
 
@@ -46,10 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     model_config, _, _ = train.default_shapes(device)
     tokens = data.load_tokens()
     meta = {
-        "device": hardware.summary(device, probe_sdpa=False).name,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "date": datetime.date.today().isoformat(),
+        **results.provenance(device),
     }
     rows = []
     if args.out.is_file():

@@ -16,7 +16,6 @@ events, median). The module settings of ``helpers.core.kernels`` are restored af
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 
@@ -24,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers.core import kernels
-from helpers.measure import timing
+from helpers.measure import results, timing
 
 
 def fwd_bwd(kind: str, x: torch.Tensor, w: torch.Tensor, t: torch.Tensor):
@@ -131,9 +130,7 @@ def main(argv=None) -> int:
     for N in args.tokens:
         rows += bench(N, V, C, args.iters, dev)
     out = {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "date": datetime.date.today().isoformat(),
+        **results.provenance(dev),
         "vocab": V,
         "n_embd": C,
         "timing": f"median of {args.iters} CUDA-event-timed calls",

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import sys
 
@@ -24,6 +23,7 @@ from helpers.core import data
 from helpers.core.model import GPTConfig
 from helpers.core.train import build
 from helpers.ladder import ladder_configs, last_runnable
+from helpers.measure import results
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from perf import VARIANTS, experiment  # noqa: E402
@@ -84,9 +84,7 @@ def main(argv=None) -> int:
         )
         print(f"{v}: loss(last 10) = {end:.4f}  ({100 * rel:+.2f}% vs plain bf16)", flush=True)
     out = {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "date": datetime.date.today().isoformat(),
+        **results.provenance(device),
         "batch_size": args.batch_size,
         "seq_len": 1024,
         "steps": args.steps,

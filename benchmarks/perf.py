@@ -27,11 +27,11 @@ from collections import defaultdict
 
 import torch
 
+from helpers import bench
 from helpers.core import data
 from helpers.core.model import GPTConfig, flops_per_token
-from helpers.core.train import build
 from helpers.ladder import last_runnable
-from helpers.measure import memory, power, timing
+from helpers.measure import power, results
 
 VARIANTS = {
     "final": {},
@@ -202,12 +202,9 @@ def main(argv=None) -> int:
     with smi:
         for B in args.batch_size:
             run_batch_size(B, args, device, cfg, tokens, rows, smi if args.power else None)
-    import datetime
 
     out = {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "date": datetime.date.today().isoformat(),
+        **results.provenance(device),
         "rows": rows,
     }
     if args.out:
@@ -219,54 +216,67 @@ def main(argv=None) -> int:
 def run_batch_size(
     B: int, args, device: torch.device, cfg: GPTConfig, tokens, rows: list, smi
 ) -> None:
-    """Every variant at batch size B: build, compile in the warm-up, time;
+    """Every variant at batch size B through bench.measure (build, compile in the warm-up, time);
     profile and power if asked."""
     final = last_runnable(B, 1024, device)
     for v in args.variants:
         run = final.replace(name=v, **VARIANTS[v])
-        memory.reset_peak(device)
-        trainer = build(run, cfg, device)
-        loader = data.BatchLoader(tokens, B, 1024, device)
-        with experiment(v):  # compilation happens in the warm-up steps, inside the context
-            compile_s = None
-            if smi is not None:  # compile, then keep the GPU under this load before the timed steps
-                t_compile = time.time()
+        settled = {}
+
+        def settle(trainer, loader):
+            """Compile, then keep the GPU under this load before the timed steps."""
+            t_compile = time.time()
+            trainer.step(loader)
+            torch.cuda.synchronize(device)
+            t_settle = time.time()
+            settled["compile_s"] = t_settle - t_compile  # noqa: B023 (runs in this iteration)
+            while time.time() - t_settle < args.power_settle:
                 trainer.step(loader)
                 torch.cuda.synchronize(device)
-                t_settle = time.time()
-                compile_s = t_settle - t_compile
-                while time.time() - t_settle < args.power_settle:
-                    trainer.step(loader)
-                    torch.cuda.synchronize(device)
-            t_before = time.time()
-            t = timing.measure(lambda: trainer.step(loader), device, warmup=3, iters=10)  # noqa: B023
-            t_after = time.time()
-            tok_s = timing.tokens_per_second(B * 1024, t.median_ms)
-            row = {
-                "variant": v,
-                "batch_size": B,
-                "ms_per_step": t.median_ms,
-                "spread_pct": t.spread_pct,
-                "tokens_per_s": tok_s,
-                "tflops": flops_per_token(cfg) * tok_s / 1e12,
-                "peak_mem_bytes": memory.peak_bytes(device),
-                "first_step_s": compile_s if compile_s is not None else t.warmup_ms[0] / 1e3,
-            }
-            if smi is not None:  # the timed steps began when the (synchronised) warm-up steps ended
-                t0 = t_before + sum(t.warmup_ms) / 1e3
-                row["power_timed_steps"] = power.power_summary(smi.samples, t0, t_after)
-                row["power_samples"] = [
-                    dataclasses.asdict(s)
-                    for s in power.samples_in_window(smi.samples, t0, t_after)
-                ]
-                row["power_settle_s"] = args.power_settle
-                row["power_is_average"] = power.power_reading_is_average(device)
-            if args.profile:
-                row["profile"] = profile(trainer, loader)
+            return {}
+
+        def profiled(trainer, loader):
+            return {"profile": profile(trainer, loader)} if args.profile else {}
+
+        with experiment(v):  # compilation happens in the warm-up steps, inside the context
+            m = bench.measure(
+                run,
+                cfg,
+                device,
+                tokens,
+                warmup=3,
+                iters=10,
+                before=settle if smi is not None else None,
+                after=profiled,
+            )
+        if m["status"] != "measured":
+            print(f"B={B:<3} {v:<16} {m['status']}: {m['reason']}", flush=True)
+            continue
+        tok_s = m["tokens_per_s"]
+        row = {
+            "variant": v,
+            "batch_size": B,
+            "ms_per_step": m["ms_per_step"],
+            "spread_pct": m["spread_pct"],
+            "tokens_per_s": tok_s,
+            "tflops": flops_per_token(cfg) * tok_s / 1e12,
+            "peak_mem_bytes": m["peak_mem_bytes"],
+            "first_step_s": settled.get("compile_s", m["first_step_ms"] / 1e3),
+        }
+        if smi is not None:
+            t0, t1 = m["timed_window_s"]
+            row["power_timed_steps"] = power.power_summary(smi.samples, t0, t1)
+            row["power_samples"] = [
+                dataclasses.asdict(s) for s in power.samples_in_window(smi.samples, t0, t1)
+            ]
+            row["power_settle_s"] = args.power_settle
+            row["power_is_average"] = power.power_reading_is_average(device)
+        if "profile" in m:
+            row["profile"] = m["profile"]
         rows.append(row)
         print(
-            f"B={B:<3} {v:<16} {t.median_ms:8.1f} ms  {tok_s:10,.0f} tok/s  "
-            f"{row['tflops']:6.1f} TFLOP/s  spread {t.spread_pct:4.1f}%  "
+            f"B={B:<3} {v:<16} {m['ms_per_step']:8.1f} ms  {tok_s:10,.0f} tok/s  "
+            f"{row['tflops']:6.1f} TFLOP/s  spread {m['spread_pct']:4.1f}%  "
             f"compile+first step {row['first_step_s']:.1f} s",
             flush=True,
         )
@@ -282,7 +292,6 @@ def run_batch_size(
         if "profile" in row:
             for fam, ms in row["profile"]["families_ms"].items():
                 print(f"      {fam:<48} {ms:7.2f} ms/step")
-        trainer = None
 
 
 if __name__ == "__main__":

@@ -6,14 +6,11 @@ python benchmarks/sweeps.py --out-dir results --prefix h200
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 from pathlib import Path
 
-import torch
-
 from helpers.chapters import ch06_attention as attention
-from helpers.measure import hardware
+from helpers.measure import hardware, results
 
 
 def main(argv=None) -> int:
@@ -24,9 +21,7 @@ def main(argv=None) -> int:
     device = hardware.default_device()
     cuda = device.type == "cuda"
     meta = {
-        "device": hardware.summary(device, probe_sdpa=False).name,
-        "torch": torch.__version__,
-        "date": datetime.date.today().isoformat(),
+        **results.provenance(device),
     }
     seq_lens = [128, 256, 512, 1024, 2048, 4096] if cuda else [64, 128, 256]
     att = attention.attention_sweep(device, seq_lens, B=8 if cuda else 2)

@@ -9,20 +9,17 @@ reported as ``skipped`` with the reason, never run in another mode.
 from __future__ import annotations
 
 import argparse
-import datetime
-import gc
 import json
-import platform
 import sys
 from pathlib import Path
 
 import torch
 
-from helpers import switches
+from helpers import bench, switches
 from helpers.core import data
-from helpers.core.model import GPTConfig, flops_per_token
-from helpers.core.train import RunConfig, build, default_shapes, slow_reason, unsupported_reason
-from helpers.measure import gpus, hardware, memory, timing
+from helpers.core.model import flops_per_token
+from helpers.core.train import RunConfig, default_shapes, slow_reason, unsupported_reason
+from helpers.measure import gpus, hardware, memory, results
 from helpers.tools import cli
 
 # (name, switches added on top of the previous rung), read from the switch registry
@@ -138,91 +135,6 @@ def select_rungs(configs: list[RunConfig], rungs: list[str]) -> list[RunConfig]:
     return [c for c in configs if aliases(c) & asked]
 
 
-def skipped_row(run: RunConfig, reason: str | None) -> dict:
-    """A result row for ``run`` with status "skipped" and ``reason`` (run_rung fills in the rest)."""
-    return {
-        "name": run.name,
-        "status": "skipped",
-        "ms_per_step": None,
-        "tokens_per_s": None,
-        "speedup": None,
-        "mfu": None,
-        "peak_mem_bytes": None,
-        "first_step_ms": None,
-        "loss": None,
-        "reason": reason,
-        "switches": {k: v for k, v in run.__dict__.items() if k not in ("name",)},
-    }
-
-
-def run_rung(
-    run: RunConfig,
-    model_config: GPTConfig,
-    device: torch.device,
-    tokens: torch.Tensor,
-    warmup: int,
-    iters: int,
-    run_slow: bool = False,
-) -> dict:
-    """Build ``run``, time ``iters`` steps after ``warmup``, and return one result row
-    (``status`` "measured", "skipped" with the hardware reason, or "failed" with the error).
-    A run that is only slow here (:func:`train.slow_reason`) is skipped too, unless ``run_slow``."""
-    reason = unsupported_reason(run, device)
-    if reason is None and not run_slow:
-        reason = slow_reason(run, device)
-    row = skipped_row(run, reason)
-    if reason is not None:
-        return row
-    trainer = None
-    try:
-        memory.reset_peak(device)
-        trainer = build(run, model_config, device)
-        loader = data.BatchLoader(tokens, run.batch_size, run.seq_len, device)
-        losses = []
-        t = timing.measure(
-            lambda: losses.append(trainer.step(loader)), device, warmup=warmup, iters=iters
-        )
-        row["peak_mem_bytes"] = memory.peak_bytes(device)
-        row["loss"] = float(losses[-1])
-        row["first_step_ms"] = t.warmup_ms[0] if t.warmup_ms else None
-        row["ms_per_step"] = t.median_ms
-        row["spread_pct"] = t.spread_pct
-        row["tokens_per_s"] = timing.tokens_per_second(run.tokens_per_step, t.median_ms)
-        peak, peak_src = timing.peak_flops(device)
-        row["mfu"], mfu_reason = timing.mfu(
-            flops_per_token(model_config, run.seq_len), row["tokens_per_s"], peak
-        )
-        row["status"] = "measured"
-        row["reason"] = "ok" if row["mfu"] is not None else f"MFU not reported: {mfu_reason}"
-        if peak is not None:
-            row["peak_source"] = peak_src
-    except torch.cuda.OutOfMemoryError:
-        emulated = hardware.emulated_profile()
-        if emulated is not None:
-            where = f"under the emulated {emulated.key}'s memory cap"
-        elif device.type == "cuda":
-            where = f"on this GPU ({memory.format_bytes(torch.cuda.get_device_properties(device).total_memory)})"
-        else:
-            where = "on this device"
-        # torch's own message names the real GPU's free memory, which misleads under emulation: keep ours short
-        row["status"], row["reason"] = (
-            "failed",
-            f"out of memory at B={run.batch_size} {where}: lower B, or see chapter 09",
-        )
-    except Exception as e:  # a rung that breaks is reported, never faked
-        row["status"], row["reason"] = (
-            "failed",
-            f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}",
-        )
-    finally:
-        trainer = None  # drop the model, optimizer and graphs before the next rung
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        torch._dynamo.reset()
-    return row
-
-
 def run_ladder(
     batch_size: int | None = None,
     seq_len: int | None = None,
@@ -256,18 +168,13 @@ def run_ladder(
         configs = select_rungs(configs, rungs)
     rows = []
     for run in tqdm(configs, desc="ladder", disable=not progress):
-        rows.append(run_rung(run, model_config, device, tokens, warmup, iters, run_slow=run_slow))
+        rows.append(bench.measure(run, model_config, device, tokens, warmup, iters, run_slow))
     base = next((r["ms_per_step"] for r in rows if r["status"] == "measured"), None)
     for r in rows:
         if r["status"] == "measured" and base is not None:
             r["speedup"] = base / r["ms_per_step"]
-    summ = hardware.summary(device, probe_sdpa=False)
     return {
-        "device": summ.name if device.type == "cuda" else f"cpu ({summ.name})",
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "date": datetime.date.today().isoformat(),
+        **results.provenance(device),
         "config": {
             "model": {
                 k: v

@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 
-from helpers import ladder
+from helpers import bench, ladder
 from helpers.core.train import RunConfig
 from helpers.measure import gpus, hardware
 
@@ -308,9 +308,9 @@ def test_bf16_rungs_are_skipped_on_a_slow_bf16_cpu_unless_asked(monkeypatch, tin
         ["fp32"]
     )
     tokens = torch.randint(0, tiny_config.vocab_size, (4096,))
-    row = ladder.run_rung(asked[2][0], tiny_config, torch.device("cpu"), tokens, 0, 1)
+    row = bench.measure(asked[2][0], tiny_config, torch.device("cpu"), tokens, 0, 1)
     assert row["status"] == "skipped" and "uses fp32" in row["reason"]
-    row = ladder.run_rung(
+    row = bench.measure(
         asked[2][0], tiny_config, torch.device("cpu"), tokens, 0, 1, run_slow=True
     )
     assert row["status"] == "measured"
@@ -350,8 +350,8 @@ def test_out_of_memory_rung_is_failed_with_a_short_reason(monkeypatch, tiny_conf
             "CUDA out of memory. Tried to allocate 768.00 MiB. GPU 0 has 125 GiB free"
         )
 
-    monkeypatch.setattr(ladder, "build", oom)
-    row = ladder.run_rung(
+    monkeypatch.setattr(bench, "build", oom)
+    row = bench.measure(
         RunConfig(batch_size=2, seq_len=16),
         tiny_config,
         torch.device("cpu"),

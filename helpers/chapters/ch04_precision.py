@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from helpers.measure import results
 from helpers.tools import cli
 
 if TYPE_CHECKING:
@@ -244,7 +245,9 @@ PRECISIONS = {
     "fp32": dict(matmul_precision="fp32", autocast=None),
     "tf32": dict(matmul_precision="tf32", autocast=None),
     "bf16": dict(matmul_precision="fp32", autocast="bf16"),
-    "fp16": dict(matmul_precision="fp32", autocast="fp16"),  # + GradScaler (helpers.core.train.build)
+    "fp16": dict(
+        matmul_precision="fp32", autocast="fp16"
+    ),  # + GradScaler (helpers.core.train.build)
 }
 
 CPU_FP16_REASON = (
@@ -331,7 +334,7 @@ def compare_precisions(
 
     Per precision: build with :func:`helpers.core.train.build`; train ``steps`` steps recording the loss
     and the GradScaler's scale (:func:`train_recording`); then time ``iters`` more steps after
-    ``warmup`` untimed ones with :func:`helpers.measure.timing.measure` (CUDA events on a GPU). Peak memory
+    ``warmup`` untimed ones, both through :func:`helpers.bench.measure` (CUDA events on a GPU). Peak memory
     covers build, training and timing (CUDA only). ``model_config``, ``batch_size`` and ``seq_len``
     default to :func:`helpers.core.train.default_shapes`. A precision this device cannot run is returned
     as ``"skipped"`` with the reason (:func:`skip_reason`), never run in another mode; so are fp16 on
@@ -346,12 +349,11 @@ def compare_precisions(
     Raises:
         ValueError: steps < 1, iters < 1, warmup < 0, an unknown name, or seq_len > block_size.
     """
-    import functools
-
     from tqdm.auto import tqdm
 
+    from helpers import bench
     from helpers.core import data, train
-    from helpers.measure import memory, timing
+    from helpers.measure import memory
 
     if steps < 1 or iters < 1 or warmup < 0:
         raise ValueError(
@@ -386,24 +388,26 @@ def compare_precisions(
             rows.append(row)
             if row["reason"] is not None:
                 continue
-            memory.reset_peak(device)
-            trainer = train.build(run, cfg, device)
-            loader = data.BatchLoader(tokens, B, T, device)
-            rec = train_recording(trainer, loader, steps)
-            t = timing.measure(
-                functools.partial(trainer.step, loader), device, warmup=warmup, iters=iters
+            measured = bench.measure(
+                run,
+                cfg,
+                device,
+                tokens,
+                warmup,
+                iters,
+                before=lambda trainer, loader: train_recording(trainer, loader, steps),
             )
+            if measured["status"] != "measured":
+                row.update(status=measured["status"], reason=measured["reason"])
+                continue
             row.update(
                 status="measured",
                 reason="ok",
-                **rec,
-                final_loss=rec["losses"][-1],
-                ms_per_step=t.median_ms,
-                spread_pct=t.spread_pct,
-                tokens_per_s=timing.tokens_per_second(run.tokens_per_step, t.median_ms),
-                peak_mem_bytes=memory.peak_bytes(device),
+                **{k: measured[k] for k in ("losses", "grad_scale", "skipped_steps")},
+                final_loss=measured["losses"][-1],
+                **{k: measured[k] for k in ("ms_per_step", "spread_pct", "tokens_per_s")},
+                peak_mem_bytes=measured["peak_mem_bytes"],
             )
-            trainer = loader = None  # free the model before the next precision
             memory.reset_peak(device)
     finally:
         torch.set_float32_matmul_precision(old)
@@ -497,9 +501,7 @@ def plot_grad_scale(rows: list[dict], device_name: str):
 def main(argv: list[str] | None = None) -> int:
     """``python -m helpers.chapters.ch04_precision compare --steps N --out results/<file>.json``"""
     import argparse
-    import datetime
     import json
-    import platform
     import sys
     from pathlib import Path
 
@@ -572,12 +574,8 @@ def main(argv: list[str] | None = None) -> int:
     print(format_comparison(rows))
     if args.out:
         record = {
-            "device": name,
+            **results.provenance(device),
             "capability": summ.capability,
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda,
-            "python": platform.python_version(),
-            "date": datetime.date.today().isoformat(),
             "config": {
                 "model": {k: v for k, v in cfg.__dict__.items()},
                 "batch_size": B,

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import datetime
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -28,10 +27,10 @@ import torch
 import torch.nn as nn
 import torch.utils.checkpoint
 
-from helpers import switches
+from helpers import bench, switches
 from helpers.core import data, tokenizer, train
 from helpers.core.model import GPT, GPTConfig
-from helpers.measure import memory, timing
+from helpers.measure import memory, results, timing
 from helpers.tools import cli
 
 # --------------------------------------------------------------------------------------------
@@ -198,25 +197,25 @@ def accumulation_sweep(
     rows = []
     for n in accum_steps:
         trainer.run = run.replace(grad_accum_steps=n)
-        memory.reset_peak(device)
-        losses = []
-        t = timing.measure(
-            lambda losses=losses: losses.append(trainer.step(loader)),
+        row = bench.measure(
+            trainer.run,
+            model_config,
             device,
             warmup=warmup,
             iters=iters,
+            trainer=trainer,
+            loader=loader,
         )
-        peak = memory.peak_bytes(device)
-        loss = losses[-1].item()
-        tokens = trainer.run.tokens_per_step
+        if row["status"] != "measured":
+            raise RuntimeError(f"grad_accum_steps={n}: {row['reason']}")
         rows.append(
             dict(
                 grad_accum_steps=n,
-                tokens_per_step=tokens,
-                ms=t.median_ms,
-                tokens_per_s=timing.tokens_per_second(tokens, t.median_ms),
-                peak_bytes=peak,
-                loss=loss,
+                tokens_per_step=trainer.run.tokens_per_step,
+                ms=row["ms_per_step"],
+                tokens_per_s=row["tokens_per_s"],
+                peak_bytes=row["peak_mem_bytes"],
+                loss=row["loss"],
             )
         )
     return rows
@@ -270,6 +269,21 @@ def saved_activation_bytes(
     return out, sum(seen.values())
 
 
+def _saved_bytes_of_one_forward(trainer, loader) -> dict:
+    """{"saved_bytes": activation bytes one extra forward of ``trainer``'s model saves for
+    backward}."""
+    trainer.optimizer.zero_grad(set_to_none=True)
+    x, y = loader.next_batch()
+    with trainer.autocast():
+        (logits, loss), saved = saved_activation_bytes(
+            lambda m=trainer.model, x=x, y=y: m(x, y), list(trainer.model.parameters())
+        )
+    # the un-backwarded graph holds every saved activation: drop it before the next setting is
+    # measured (kept alive, it added ~9 GiB per setting to the next peak on the H200)
+    del logits, loss, x, y
+    return {"saved_bytes": saved}
+
+
 def checkpointing_sweep(
     run: train.RunConfig,
     model_config: GPTConfig,
@@ -291,41 +305,33 @@ def checkpointing_sweep(
     rows = []
     for k in settings:
         memory.reset_peak(device)
-        baseline = (
-            torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-        )  # earlier work's tensors
-        trainer = train.build(run.replace(checkpoint_every=k), model_config, device)
-        loader = data.BatchLoader(tokens, run.batch_size, run.seq_len, device)
-        t = timing.measure(
-            lambda trainer=trainer, loader=loader: trainer.step(loader),
+        # tensors of earlier work, not of this setting
+        baseline = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+        row = bench.measure(
+            run.replace(checkpoint_every=k),
+            model_config,
             device,
-            warmup=warmup,
-            iters=iters,
+            tokens,
+            warmup,
+            iters,
+            after=_saved_bytes_of_one_forward,
         )
-        peak = memory.peak_bytes(device)
-        peak = None if peak is None else peak - baseline
-        trainer.optimizer.zero_grad(set_to_none=True)
-        x, y = loader.next_batch()
-        with trainer.autocast():
-            (logits, loss), saved = saved_activation_bytes(
-                lambda m=trainer.model, x=x, y=y: m(x, y), list(trainer.model.parameters())
-            )
-        # the un-backwarded graph holds every saved activation: drop it before the next setting is measured
-        # (kept alive, it added ~9 GiB per setting to the next peak on the H200)
-        del logits, loss, x, y
-        n_layer = trainer.model_config.n_layer
+        if row["status"] != "measured":
+            raise RuntimeError(f"checkpoint_every={k}: {row['reason']}")
+        peak = row["peak_mem_bytes"]
         rows.append(
             dict(
                 checkpoint_every=k,
-                checkpointed_blocks=0 if k == 0 else len(range(0, n_layer, k)),
-                ms=t.median_ms,
-                tokens_per_s=timing.tokens_per_second(run.batch_size * run.seq_len, t.median_ms),
-                peak_bytes=peak,
-                saved_bytes=saved,
+                checkpointed_blocks=0 if k == 0 else len(range(0, model_config.n_layer, k)),
+                ms=row["ms_per_step"],
+                tokens_per_s=timing.tokens_per_second(
+                    run.batch_size * run.seq_len, row["ms_per_step"]
+                ),
+                peak_bytes=None if peak is None else peak - baseline,
+                saved_bytes=row["saved_bytes"],
                 baseline_bytes=baseline,
             )
         )
-        trainer = loader = t = None
     memory.reset_peak(device)
     return rows
 
@@ -707,11 +713,8 @@ def benchmark_run(device: torch.device | str) -> tuple[train.RunConfig, GPTConfi
 
 
 def _provenance(device: torch.device, run: train.RunConfig, cfg: GPTConfig, what: str) -> dict:
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     return {
-        "device": name,
-        "torch": torch.__version__,
-        "date": datetime.date.today().isoformat(),
+        **results.provenance(device),
         "what": what,
         "config": {"run": dataclasses.asdict(run), "model": dataclasses.asdict(cfg)},
     }
@@ -766,7 +769,8 @@ def main(argv: list[str] | None = None) -> int:
     from pathlib import Path
 
     p = argparse.ArgumentParser(
-        prog="python -m helpers.chapters.ch09_tradeoffs", description="Chapter 09 measurements (JSON)."
+        prog="python -m helpers.chapters.ch09_tradeoffs",
+        description="Chapter 09 measurements (JSON).",
     )
     p.add_argument("kind", choices=["checkpointing", "accumulation"])
     p.add_argument(

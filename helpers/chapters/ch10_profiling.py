@@ -681,9 +681,10 @@ def describe(run) -> str:
 
 @cli.guarded
 def main(argv: list[str] | None = None) -> int:
+    from helpers import bench
     from helpers.core import data
     from helpers.core.train import build, default_shapes
-    from helpers.measure import hardware, timing
+    from helpers.measure import hardware
 
     p = argparse.ArgumentParser(
         prog="python -m helpers.chapters.ch10_profiling", description=__doc__.splitlines()[0]
@@ -794,26 +795,36 @@ def main(argv: list[str] | None = None) -> int:
         else ([16, 64] if device.type == "cuda" else [B0])
     )
     tables = []
-    command = "python -m helpers.chapters.ch10_profiling " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m helpers.chapters.ch10_profiling " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
     for i, B in enumerate(sizes):
         run = final_rung(B, T, device, args.eager)
-        trainer = build(run, cfg, device)
-        loader = data.BatchLoader(tokens, B, T, device)
-        step = lambda: trainer.step(loader)  # noqa: B023, E731 (called inside this iteration)
-        step_ms = timing.measure(step, device, warmup=args.warmup, iters=args.iters).median_ms
         trace = args.trace if (args.trace is not None and i == len(sizes) - 1) else None
-        prof = profile_steps(trainer, loader, active=args.steps, trace_path=trace)
+        row = bench.measure(
+            run,
+            cfg,
+            device,
+            tokens,
+            args.warmup,
+            args.iters,
+            after=lambda trainer, loader, trace=trace: {
+                "profile": profile_steps(trainer, loader, active=args.steps, trace_path=trace)
+            },
+        )
+        if row["status"] != "measured":
+            raise RuntimeError(f"B={B}: {row['status']}: {row['reason']}")
+        step_ms, prof = row["ms_per_step"], row["profile"]
         entry = table_from_profile(prof, describe(run), B, T, step_ms, command)
         entry["step_ms_how"] = (
             f"median of {args.iters} timed steps after {args.warmup} warm-up steps "
-            "(helpers.measure.timing.measure, not profiled)"
+            "(helpers.bench.measure, not profiled)"
         )
         tables.append(entry)
         fams = ", ".join(f"{k} {v:.2f}" for k, v in prof.families_ms().items())
         print(f"B={B}: {step_ms:.1f} ms/step; device time by family (ms/step): {fams}", flush=True)
         for note in prof.notes:
             print(f"B={B}: note: {note}")
-        trainer = None
     out = {
         "format": TABLE_FORMAT,
         "what": (

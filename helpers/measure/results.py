@@ -7,9 +7,14 @@ grading directory) still finds them, or says plainly that they are not there.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import platform
+import subprocess
 from pathlib import Path
+
+import torch
 
 import helpers
 
@@ -43,3 +48,38 @@ def missing(name: str) -> str:
         f"committed result {name} not found: clone the course repository (its results/ folder "
         f"holds the course's own GPU measurements) or set {RESULTS_DIR_ENV} to that folder."
     )
+
+
+def provenance(device: torch.device | str) -> dict:
+    """Where and when a measurement is made, the first keys of every result the course writes:
+    {"device": the GPU's name (with "emulating <GPU>" while emulating) or "cpu (<processor>)",
+    "torch": version, "cuda": CUDA version or None, "python": version, "date": ISO date,
+    "commit": the checkout's git commit (short hash; None outside a git checkout), "emulated":
+    the emulated profile's key or None}."""
+    from helpers.measure import hardware
+
+    device = torch.device(device)
+    summ = hardware.summary(device, probe_sdpa=False)
+    emulated = hardware.emulated_profile()
+    return {
+        "device": summ.name if device.type == "cuda" else f"cpu ({summ.name})",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "date": datetime.date.today().isoformat(),
+        "commit": _commit(),
+        "emulated": emulated.key if emulated is not None else None,
+    }
+
+
+def _commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(helpers.REPO_ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
