@@ -100,6 +100,7 @@ def accumulation_report(
     device: torch.device | str,
     clip: float = 1.0,
     lr: float = 6e-4,
+    model_switches: dict | None = None,
 ) -> dict:
     """Gradients of one (B, T) batch against ``micro_steps`` micro-batches of B / micro_steps
     sequences, accumulated with and without dividing each loss; fp32 (TF32 off), real text.
@@ -118,7 +119,7 @@ def accumulation_report(
     try:
         x, y = data.BatchLoader(data.load_tokens(), B, T, device).next_batch()
         torch.manual_seed(1337)
-        base = GPT(model_config).to(device)
+        base = GPT(model_config, **(model_switches or {})).to(device)
         models = {
             how: copy.deepcopy(base)
             for how in ("one big batch", "accumulated, divided", "accumulated, not divided")
@@ -391,7 +392,10 @@ def max_batch_under_limit(
 
 
 def reentrant_trap(
-    model_config: GPTConfig, device: torch.device | str, use_reentrant: bool
+    model_config: GPTConfig,
+    device: torch.device | str,
+    use_reentrant: bool,
+    model_switches: dict | None = None,
 ) -> dict:
     """Fine-tuning with frozen embeddings and every block checkpointed: which parameters get a gradient?
 
@@ -403,7 +407,7 @@ def reentrant_trap(
     """
     device = torch.device(device)
     torch.manual_seed(1337)
-    m = GPT(model_config).to(device)
+    m = GPT(model_config, **(model_switches or {})).to(device)
     m.transformer.wte.weight.requires_grad_(False)
     m.transformer.wpe.weight.requires_grad_(False)
     m.transformer.h = nn.ModuleList([Checkpointed(b, use_reentrant) for b in m.transformer.h])
@@ -708,8 +712,7 @@ def benchmark_run(device: torch.device | str) -> tuple[train.RunConfig, GPTConfi
         )
     else:
         run = train.RunConfig(name="fp32+sdpa", attention="sdpa", batch_size=B, seq_len=T)
-    # the model config carries the run's model switches too, for code that builds a GPT directly
-    return run, dataclasses.replace(cfg, attention=run.attention, vocab_multiple=run.vocab_multiple)
+    return run, dataclasses.replace(cfg, **train.shape_switches(run))
 
 
 def _provenance(device: torch.device, run: train.RunConfig, cfg: GPTConfig, what: str) -> dict:

@@ -97,7 +97,9 @@ def manual_attention(
     if causal_mask is None:
         causal_mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, T)
-    att = att.masked_fill(~causal_mask[:T, :T], float("-inf"))
+    if causal_mask.size(-1) != T:
+        causal_mask = causal_mask[:T, :T]
+    att = att.masked_fill(~causal_mask, float("-inf"))
     att = F.softmax(att, dim=-1)
     if dropout is not None:
         att = dropout(att)
