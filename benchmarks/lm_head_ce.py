@@ -10,7 +10,8 @@ gradient, the backward matmuls run in the forward), the two-kernel CE for 4, 8 a
 row and the fused one for several chunk sizes. Then the fused kernel alone for a few launch
 settings (warps per row, columns per iteration), with its effective bandwidth, and the LM head's
 matmuls (two layouts of the weight gradient). Timing: ``helpers.measure.timing.measure`` (CUDA
-events, median). The module settings of ``helpers.core.kernels`` are restored afterwards.
+events, median). The launch settings it varies (``triton_ce.NUM_WARPS``, ``fused_ce.FUSED_*`` of
+``helpers.core.kernels``) are restored afterwards.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers.core import kernels
+from helpers.core.kernels import fused_ce, triton_ce
 from helpers.measure import results, timing
 
 
@@ -53,10 +55,10 @@ def bench(N: int, V: int, C: int, iters: int, dev: torch.device) -> list[dict]:
         0, min(V, 50257), (N,), device=dev
     )  # real GPT-2 ids; padded columns never targets
     saved = (
-        kernels.NUM_WARPS,
-        kernels.FUSED_CHUNK_ROWS,
-        kernels.FUSED_NUM_WARPS,
-        kernels.FUSED_BLOCK,
+        triton_ce.NUM_WARPS,
+        fused_ce.FUSED_CHUNK_ROWS,
+        fused_ce.FUSED_NUM_WARPS,
+        fused_ce.FUSED_BLOCK,
     )
 
     def record(what: str, ms: float, **extra) -> None:
@@ -67,20 +69,20 @@ def bench(N: int, V: int, C: int, iters: int, dev: torch.device) -> list[dict]:
     for kind in ("pytorch", "triton"):
         for warps in (4, 8, 16) if kind == "triton" else (None,):
             if warps:
-                kernels.NUM_WARPS = warps
+                triton_ce.NUM_WARPS = warps
             record(
                 f"LM head + CE forward+backward, {kind}" + (f", {warps} warps" if warps else ""),
                 timing.measure(fwd_bwd(kind, x, w, t), dev, warmup=3, iters=iters).median_ms,
             )
-    kernels.NUM_WARPS = saved[0]
+    triton_ce.NUM_WARPS = saved[0]
     for chunk in (None, 32768, 16384, 8192, 4096):
         if chunk is None or chunk < N:
-            kernels.FUSED_CHUNK_ROWS = chunk
+            fused_ce.FUSED_CHUNK_ROWS = chunk
             record(
                 f"LM head + CE forward+backward, fused, chunks of {chunk or N} rows",
                 timing.measure(fwd_bwd("fused", x, w, t), dev, warmup=3, iters=iters).median_ms,
             )
-    kernels.FUSED_CHUNK_ROWS = saved[1]
+    fused_ce.FUSED_CHUNK_ROWS = saved[1]
     with torch.no_grad():
         logits = x @ w.t()
         nbytes = (
@@ -88,9 +90,9 @@ def bench(N: int, V: int, C: int, iters: int, dev: torch.device) -> list[dict]:
         )  # one read + one write: the least it can move
         for warps in (2, 4, 8, 16):
             for block in (4096, 8192):
-                kernels.FUSED_NUM_WARPS, kernels.FUSED_BLOCK = warps, block
+                fused_ce.FUSED_NUM_WARPS, fused_ce.FUSED_BLOCK = warps, block
                 ms = timing.measure(
-                    lambda: kernels._cross_entropy_rows_with_grad(logits, t),
+                    lambda: fused_ce._cross_entropy_rows_with_grad(logits, t),
                     dev,
                     warmup=2,
                     iters=iters,
@@ -100,7 +102,7 @@ def bench(N: int, V: int, C: int, iters: int, dev: torch.device) -> list[dict]:
                     ms,
                     GB_per_s_at_one_read_one_write=nbytes / ms / 1e6,
                 )
-        kernels.FUSED_NUM_WARPS, kernels.FUSED_BLOCK = saved[2], saved[3]
+        fused_ce.FUSED_NUM_WARPS, fused_ce.FUSED_BLOCK = saved[2], saved[3]
         g = logits  # same shape and dtype as the gradient G
         for what, fn in (
             ("logits = x @ W.T", lambda: x @ w.t()),

@@ -67,7 +67,7 @@ VARIANTS = {
     "max-autotune-gemm": {},
     # SDPA may not pick cuDNN's kernel (set before compiling, so the trace sees it)
     "no-cudnn-attention": {},
-    # the fused LM-head CE with other chunk sizes than kernels.FUSED_CHUNK_ROWS (32768)
+    # the fused LM-head CE with other chunk sizes than fused_ce.FUSED_CHUNK_ROWS (32768)
     "fused-unchunked": {},
     "fused-chunk-8192": {},
     "fused-chunk-16384": {},
@@ -84,7 +84,7 @@ FUSED_CHUNKS = {
 def experiment(name: str):
     """Context for variants that are not RunConfig switches: inductor settings (coord-descent,
     max-autotune-gemm), the SDPA backends (no-cudnn-attention),
-    ``helpers.core.kernels.FUSED_CHUNK_ROWS`` (fused-*); restores them afterwards."""
+    ``helpers.core.kernels.fused_ce.FUSED_CHUNK_ROWS`` (fused-*); restores them afterwards."""
     import contextlib
 
     import torch._inductor.config as inductor_config
@@ -98,9 +98,9 @@ def experiment(name: str):
     if name in FUSED_CHUNKS:
         from unittest import mock
 
-        from helpers.core import kernels
+        from helpers.core.kernels import fused_ce
 
-        return mock.patch.object(kernels, "FUSED_CHUNK_ROWS", FUSED_CHUNKS[name])
+        return mock.patch.object(fused_ce, "FUSED_CHUNK_ROWS", FUSED_CHUNKS[name])
     if name == "no-cudnn-attention":
 
         @contextlib.contextmanager

@@ -1,4 +1,5 @@
-"""The hand-written Triton cross-entropy (helpers/core/kernels.py) and the switches that use it.
+"""The hand-written Triton kernels (the package helpers/core/kernels/) and the switches that use
+them.
 
 On a machine without a GPU the kernels run in Triton's CPU interpreter, in a subprocess (the
 interpreter is chosen when Triton is imported). On a GPU they run for real, also under
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 from helpers.core import kernels, train
+from helpers.core.kernels import _triton, fp8, fused_ce
 from helpers.core.model import GPT, GPTConfig
 
 needs_triton = pytest.mark.skipif(
@@ -30,6 +32,7 @@ CHECK = textwrap.dedent(
     """
     import sys, torch, torch.nn.functional as F
     from helpers.core import kernels
+    from helpers.core.kernels import fused_ce
     device = sys.argv[1]
     torch.manual_seed(0)
     cases = [(5, 7, torch.float32, 1.0), (9, 4097, torch.bfloat16, 3.0),
@@ -61,7 +64,7 @@ CHECK = textwrap.dedent(
     # the fused LM head + CE: the loss and the gradients of x and W against
     # x @ W.T + F.cross_entropy, in fp32 and under bf16 autocast, with an ignored row, the GPT-2
     # padded vocab, and rows in 1 or 3 chunks
-    kernels.FUSED_CHUNK_ROWS = 4
+    fused_ce.FUSED_CHUNK_ROWS = 4
     for N, C, V, amp in [(6, 16, 37, False), (9, 32, 4099, True), (5, 8, 50304, False),
                          (3, 8, 100, True)]:
         x0, w0 = torch.randn(N, C, device=device), torch.randn(V, C, device=device) * 0.5
@@ -108,13 +111,13 @@ CHECK = textwrap.dedent(
             (loss * 0.3).backward()
         got.append(emb.weight.grad.clone())
     assert (got[0] - got[1]).abs().max().item() <= 1e-5 * got[1].abs().max().item()
-    kernels.FUSED_CHUNK_ROWS = 0
+    fused_ce.FUSED_CHUNK_ROWS = 0
     try:
         kernels.linear_cross_entropy(base.t(), emb.weight, t)
         raise AssertionError("FUSED_CHUNK_ROWS = 0 accepted")
     except ValueError as e:
         assert "FUSED_CHUNK_ROWS" in str(e)
-    kernels.FUSED_CHUNK_ROWS = 4
+    fused_ce.FUSED_CHUNK_ROWS = 4
     x0, w0 = torch.randn(9, 32, device=device), torch.randn(4099, 32, device=device) * 0.5
     t = torch.randint(0, 4099, (9,), device=device)
     # refused: the gradient would round before the loss scale
@@ -175,9 +178,9 @@ def test_a_wrong_fused_gradient_fails_the_check():
     """The fused LM-head CE's check looks at gradients, not only the loss: a dW off by a factor
     n / (n + 1) (a right loss, a wrong backward scale) is caught."""
     broken = CHECK.replace(
-        "kernels.FUSED_CHUNK_ROWS = 4",
-        "kernels.FUSED_CHUNK_ROWS = 4\n"
-        "kernels._LinearCrossEntropy.backward = staticmethod(lambda ctx, g: (lambda dx, dw, n: "
+        "fused_ce.FUSED_CHUNK_ROWS = 4",
+        "fused_ce.FUSED_CHUNK_ROWS = 4\n"
+        "fused_ce._LinearCrossEntropy.backward = staticmethod(lambda ctx, g: (lambda dx, dw, n: "
         "(dx * g / n, dw * g / (n + 1), None, None))(*ctx.saved_tensors))",
     )
     assert broken != CHECK
@@ -194,15 +197,16 @@ FP8_CHECK = textwrap.dedent(
     """
     import sys, torch, torch.nn.functional as F
     from helpers.core import kernels
+    from helpers.core.kernels import fp8, fused_ce
     device = sys.argv[1]
     torch.manual_seed(0)
     # 1. the kernel's gradient bits: (softmax - onehot) * 2**15 rounded to e5m2 as torch rounds it
     logits = torch.randn(37, 4100, device=device) * 4
     t = torch.randint(0, 4100, (37,), device=device)
     t[3] = kernels.IGNORE_INDEX
-    loss_rows, g8 = kernels._cross_entropy_rows_with_e5m2_grad(logits, t)
+    loss_rows, g8 = fused_ce._cross_entropy_rows_with_e5m2_grad(logits, t)
     assert g8.dtype == torch.float8_e5m2 and g8.shape == logits.shape
-    ref = (torch.softmax(logits, -1) - F.one_hot(t.clamp(min=0), 4100)) * kernels.FP8_GRAD_SCALE
+    ref = (torch.softmax(logits, -1) - F.one_hot(t.clamp(min=0), 4100)) * fp8.FP8_GRAD_SCALE
     ref[3] = 0
     ref8 = ref.to(torch.float8_e5m2)
     # the kernel's softmax is computed differently from torch's: a value within fp32 rounding of an
@@ -225,7 +229,7 @@ FP8_CHECK = textwrap.dedent(
         return a + (a8.float() * inv - a).detach()
     def emulated(x, w, t):  # the same fp8 rounding of x and W, then an fp32 LM head
         return F.cross_entropy(rounded(x) @ rounded(w).t(), t)
-    kernels.FUSED_CHUNK_ROWS = 16
+    fused_ce.FUSED_CHUNK_ROWS = 16
     for N, C, V, amp in [(37, 32, 4096, False), (16, 64, 50304, True), (50, 16, 160, True)]:
         x0, w0 = torch.randn(N, C, device=device), torch.randn(V, C, device=device) * 0.5
         t = torch.randint(0, V, (N,), device=device)
@@ -273,7 +277,7 @@ FP8_CHECK = textwrap.dedent(
 # the interpreter checks run the fp8 matmuls with PyTorch's CPU _scaled_mm (oneDNN),
 # which some CPUs lack
 needs_cpu_fp8 = pytest.mark.skipif(
-    kernels.triton is not None and not kernels._cpu_scaled_mm_fp8()[0],
+    kernels.triton is not None and not fp8._cpu_scaled_mm_fp8()[0],
     reason="PyTorch's CPU _scaled_mm has no fp8 kernel for this CPU (oneDNN, e.g. AVX2 only)",
 )
 
@@ -300,12 +304,12 @@ def test_fp8_lm_head_matches_its_emulation_in_the_triton_interpreter():
 
 FP8_BUGS = {
     # the gradient stored at twice the scale the matmuls undo
-    "grad_scale": "_g = kernels._cross_entropy_rows_with_e5m2_grad\n"
-    "kernels._cross_entropy_rows_with_e5m2_grad = lambda l, t: "
+    "grad_scale": "_g = fused_ce._cross_entropy_rows_with_e5m2_grad\n"
+    "fused_ce._cross_entropy_rows_with_e5m2_grad = lambda l, t: "
     "(lambda r: (r[0], (r[1].float() * 2).to(torch.float8_e5m2)))(_g(l, t))",
     # a transpose that loses its last column (the last row of the source)
-    "transpose": "_t = kernels.transpose_fp8\n"
-    "kernels.transpose_fp8 = lambda a: "
+    "transpose": "_t = fused_ce.transpose_fp8\n"
+    "fused_ce.transpose_fp8 = lambda a: "
     "torch.cat([_t(a)[:, :-1], torch.zeros_like(_t(a)[:, :1])], 1)",
 }
 
@@ -317,8 +321,8 @@ def test_a_wrong_fp8_lm_head_fails_its_check(bug):
     """The fp8 check can fail: a gradient at twice its scale, or a transpose that drops data,
     is caught."""
     broken = FP8_CHECK.replace(
-        "\nkernels.FUSED_CHUNK_ROWS = 16\n",
-        "\nkernels.FUSED_CHUNK_ROWS = 16\n" + FP8_BUGS[bug] + "\n",
+        "\nfused_ce.FUSED_CHUNK_ROWS = 16\n",
+        "\nfused_ce.FUSED_CHUNK_ROWS = 16\n" + FP8_BUGS[bug] + "\n",
     )
     assert broken != FP8_CHECK
     out = run_fp8_check(broken)
@@ -386,7 +390,7 @@ def test_compiled_model_with_the_fp8_lm_head_trains_like_bf16():
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("fp8 tensor cores need compute capability >= 8.9")
     results = _compiled_step_results(
-        {fp8: dict(loss_kernel="fused", lm_head_fp8=fp8) for fp8 in (False, True)}
+        {use_fp8: dict(loss_kernel="fused", lm_head_fp8=use_fp8) for use_fp8 in (False, True)}
     )
     (lb, gb), (l8, g8) = results[False], results[True]
     assert abs(lb - l8) < 1e-2 * abs(lb), (lb, l8)
@@ -395,8 +399,8 @@ def test_compiled_model_with_the_fp8_lm_head_trains_like_bf16():
 
 def test_cross_entropy_says_why_it_cannot_run_on_a_cpu(monkeypatch):
     monkeypatch.setattr(
-        kernels, "_INTERPRETED_AT_IMPORT", False
-    )  # the module reads TRITON_INTERPRET at import
+        _triton, "_INTERPRETED_AT_IMPORT", False
+    )  # the package reads TRITON_INTERPRET at import
     ok, reason = kernels.available("cpu")
     assert not ok and ("CUDA GPU" in reason or "not installed" in reason)
     with pytest.raises(RuntimeError, match="Use F.cross_entropy"):
@@ -412,8 +416,8 @@ def test_cross_entropy_rejects_bad_shapes_and_dtypes():
 
 def test_unsupported_reason_names_the_triton_kernel_on_a_cpu(monkeypatch):
     monkeypatch.setattr(
-        kernels, "_INTERPRETED_AT_IMPORT", False
-    )  # the module reads TRITON_INTERPRET at import
+        _triton, "_INTERPRETED_AT_IMPORT", False
+    )  # the package reads TRITON_INTERPRET at import
     run = train.RunConfig(autocast="bf16", loss_kernel="triton")
     assert "Triton cross-entropy" in train.unsupported_reason(run, "cpu")
     with pytest.raises(ValueError, match="Triton cross-entropy"):
@@ -578,7 +582,10 @@ def test_fp8_lm_head_needs_the_fused_loss_and_fp8_tensor_cores(monkeypatch):
     ):  # a CPU-only torch: a reason, not torch's "not compiled with CUDA" assertion
         ok, reason = kernels.fp8_available("cuda")
         assert not ok and "no CUDA GPU" in reason and "8.9" in reason
-    monkeypatch.setattr(kernels, "available", lambda device: (True, ""))
+    # Triton can run, as far as train (through the package), fp8_available and
+    # linear_cross_entropy ask
+    for module in (kernels, fp8, fused_ce):
+        monkeypatch.setattr(module, "available", lambda device: (True, ""))
     for cap, ok in (((7, 5), False), ((8, 0), False), ((8, 9), True), ((9, 0), True)):
         monkeypatch.setattr(hardware, "capability", lambda device, cap=cap: cap)
         got, reason = kernels.fp8_available("cuda")
@@ -593,7 +600,7 @@ def test_fp8_lm_head_needs_the_fused_loss_and_fp8_tensor_cores(monkeypatch):
     assert train.unsupported_reason(run.replace(loss_kernel="fused"), "cuda") is None
     # refused before any work, even for no rows (which would otherwise return nan quietly)
     monkeypatch.setattr(
-        kernels, "fp8_available", lambda device: (False, "no fp8 tensor cores here")
+        fused_ce, "fp8_available", lambda device: (False, "no fp8 tensor cores here")
     )
     with pytest.raises(RuntimeError, match="no fp8 tensor cores here"):
         kernels.linear_cross_entropy(
