@@ -67,7 +67,6 @@ def test_configurations_are_measured_through_the_verb_outside_a_few_named_places
     """Timing a trainer's step by hand is left only where a chapter measures something else than
     a configuration's step: chapter 05's first compiled step in a cold cache, chapter 09's parts
     of one step (AdamW alone, clipping, the data wait)."""
-    import pathlib
     import re
 
     import helpers
