@@ -6,7 +6,8 @@ Layers, each a folder; a layer imports only the layers above it in this list:
   committed results and plots. It knows nothing of the model, so the step below can ask it.
 - ``helpers.switches``: the switch registry, every speed switch declared once (no imports).
 - ``helpers.core``: the model (``model``), the training step and ``RunConfig`` (``train``), the
-  hand-written kernels (``kernels``), the data and the tokenizer.
+  hand-written kernels (``kernels``), data-parallel training on N processes (``distributed``), the
+  data and the tokenizer.
 - ``helpers.ladder``: the speed-up ladder, the course's main job (``python -m helpers.ladder``).
 - ``helpers.chapters``: one module per chapter that needs its own code, named by the chapter's
   number (``ch04_precision`` for ``notebooks/04_mixed_precision.ipynb``).

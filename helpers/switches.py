@@ -1,14 +1,16 @@
 """The switch registry: every speed switch of the course, declared once.
 
-Each :class:`Switch` names a :class:`helpers.core.train.RunConfig` field, its baseline value, the ladder
-rung(s) that turn it on, the chapter that teaches it and the capstone's one-line advice. The ladder's
-rungs (:func:`ladder_rungs`), the capstone's advice (:func:`advice_table`) and the profiler's one-line
-description of a configuration (:func:`rung_fields`) are all read from :data:`SWITCHES`. What a switch
-needs from the hardware is checked by :func:`helpers.core.train.unsupported_reason`; what it does lives in
-its mechanism (the model, the step or a kernel module).
+Each :class:`Switch` names a :class:`helpers.core.train.RunConfig` field, its baseline value, the
+ladder rung(s) that turn it on, the chapter that teaches it and the capstone's one-line advice. The
+ladder's rungs (:func:`ladder_rungs`), the capstone's advice (:func:`advice_table`) and the
+profiler's one-line description of a configuration (:func:`rung_fields`) are all read from
+:data:`SWITCHES`. What a switch needs from the hardware is checked by
+:func:`helpers.core.train.unsupported_reason`; what it does lives in its mechanism (the model, the
+step or a kernel module).
 
-``RunConfig``'s switch fields are made from these records (:func:`helpers.core.train.run_config_class`).
-Adding a rung: one record here, its place in :data:`RUNG_ORDER`, and its mechanism.
+``RunConfig``'s switch fields are made from these records
+(:func:`helpers.core.train.run_config_class`). Adding a rung: one record here, its place in
+:data:`RUNG_ORDER`, and its mechanism.
 """
 
 from __future__ import annotations
@@ -22,9 +24,8 @@ class Switch:
 
     field: str  # the RunConfig field
     baseline: object  # its value in the ladder's first rung ("fp32")
-    rungs: tuple[
-        tuple[str, object], ...
-    ]  # (rung name, value it sets), in ladder order; () = no rung
+    # (rung name, value it sets), in ladder order; () = no rung
+    rungs: tuple[tuple[str, object], ...]
     chapter: str  # the chapter that teaches it, e.g. "04"
     advice: dict = field(default_factory=dict)  # value -> when to use it (the capstone's checklist)
     general: str = ""  # advice for the switch whatever its value
@@ -56,8 +57,11 @@ SWITCHES: tuple[Switch, ...] = (
         (("+ tf32", "tf32"),),
         "04",
         {
-            "tf32": "fp32 matmuls on an NVIDIA GPU of compute capability >= 8.0 (A100, H100/H200, RTX 30xx+): "
-            "one line, torch.set_float32_matmul_precision('high'); nothing to gain on a T4/V100 or a CPU",
+            "tf32": (
+                "fp32 matmuls on an NVIDIA GPU of compute capability >= 8.0 (A100, H100/H200, RTX "
+                "30xx+): one line, torch.set_float32_matmul_precision('high'); nothing to gain on "
+                "a T4/V100 or a CPU"
+            ),
         },
         "choose TF32 ('high') on compute capability >= 8.0; keep 'highest' only to check numerics",
         values=("fp32", "tf32"),
@@ -69,10 +73,15 @@ SWITCHES: tuple[Switch, ...] = (
         (("+ bf16 autocast", "bf16"),),
         "04",
         {
-            "bf16": "training on compute capability >= 8.0 (or a CPU with bf16 kernels): same exponent range as fp32, "
-            "no loss scaling; keep the weights and AdamW state in fp32",
-            "fp16": "GPUs without native bf16 (T4, V100): fp16 autocast plus GradScaler, so small gradients do not "
-            "underflow to zero",
+            "bf16": (
+                "training on compute capability >= 8.0 (or a CPU with bf16 kernels): "
+                "same exponent range as fp32, no loss scaling; "
+                "keep the weights and AdamW state in fp32"
+            ),
+            "fp16": (
+                "GPUs without native bf16 (T4, V100): fp16 autocast plus GradScaler, so small "
+                "gradients do not underflow to zero"
+            ),
         },
         "mixed precision: bf16 where native (compute capability >= 8.0), else fp16 + GradScaler",
         values=(None, "bf16", "fp16"),
@@ -85,9 +94,9 @@ SWITCHES: tuple[Switch, ...] = (
         "05",
         {},
         (
-            "runs long enough to repay the first-step compile time (compare first_step_ms with the ms saved per step); "
-            "needs Triton (GPU, compute capability >= 7.0) or a C++ compiler (CPU); leave it off while the code changes "
-            "every run"
+            "runs long enough to repay the first-step compile time (compare first_step_ms with "
+            "the ms saved per step); needs Triton (GPU, compute capability >= 7.0) or a C++ "
+            "compiler (CPU); leave it off while the code changes every run"
         ),
         values=(None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
         doc="None = eager, else a torch.compile mode",
@@ -98,8 +107,11 @@ SWITCHES: tuple[Switch, ...] = (
         (("+ sdpa attention", "sdpa"),),
         "06",
         {
-            "sdpa": "always for causal attention: F.scaled_dot_product_attention picks a fused kernel (Flash, "
-            "memory-efficient or cuDNN) and never stores the (T, T) scores, so memory drops and the gain grows with T",
+            "sdpa": (
+                "always for causal attention: F.scaled_dot_product_attention picks a fused kernel "
+                "(Flash, memory-efficient or cuDNN) and never stores the (T, T) scores, so memory "
+                "drops and the gain grows with T"
+            ),
         },
         "prefer F.scaled_dot_product_attention over hand-written attention",
         values=("manual", "sdpa"),
@@ -113,8 +125,8 @@ SWITCHES: tuple[Switch, ...] = (
         "07",
         {},
         (
-            "when a matmul dimension is odd (GPT-2's 50257 tokens): pad it to a multiple of 64 and mask the "
-            "padded ids when sampling"
+            "when a matmul dimension is odd (GPT-2's 50257 tokens): pad it to a multiple of 64 "
+            "and mask the padded ids when sampling"
         ),
         minimum=1,
         doc="pad the LM head's rows to a multiple of this: 1 = 50257, 64 -> 50304",
@@ -126,8 +138,10 @@ SWITCHES: tuple[Switch, ...] = (
         (("+ fused AdamW", "fused"),),
         "12",
         {
-            "fused": "on CUDA (and CPU) with many parameter tensors: one fused AdamW kernel instead of several per "
-            "step; small once the step is compiled and the batch is large",
+            "fused": (
+                "on CUDA (and CPU) with many parameter tensors: one fused AdamW kernel instead of "
+                "several per step; small once the step is compiled and the batch is large"
+            ),
         },
         "AdamW: fused where available, else foreach; the for-loop version only for debugging",
         values=("for-loop", "foreach", "fused"),
@@ -139,10 +153,12 @@ SWITCHES: tuple[Switch, ...] = (
         (("+ bf16 residual", "bf16"),),
         "12",
         {
-            "bf16": "with bf16 autocast: cast the embeddings' sum to bf16 once, so every residual add, "
-            "LayerNorm read and residual gradient moves half the bytes; LayerNorm still computes in fp32 and the "
-            "weights and AdamW state stay fp32; compare the loss curve with the fp32 stream's (bf16 keeps 8 bits "
-            "of mantissa)",
+            "bf16": (
+                "with bf16 autocast: cast the embeddings' sum to bf16 once, so every residual "
+                "add, LayerNorm read and residual gradient moves half the bytes; LayerNorm still "
+                "computes in fp32 and the weights and AdamW state stay fp32; compare the loss "
+                "curve with the fp32 stream's (bf16 keeps 8 bits of mantissa)"
+            ),
         },
         values=("fp32", "bf16"),
         doc='"bf16": the residual stream in bf16 (needs autocast="bf16")',
@@ -154,8 +170,11 @@ SWITCHES: tuple[Switch, ...] = (
         (("+ detached logits", True),),
         "12",
         {
-            True: "whenever a compiled training step returns logits it never backpropagates through: an output "
-            "that requires grad gets a (B, T, V) zero gradient that the compiled backward reads and adds, every step",
+            True: (
+                "whenever a compiled training step returns logits it never backpropagates "
+                "through: an output that requires grad gets a (B, T, V) zero gradient that the "
+                "compiled backward reads and adds, every step"
+            ),
         },
         values=(False, True),
         doc="return detached logits when the model computes the loss",
@@ -167,12 +186,17 @@ SWITCHES: tuple[Switch, ...] = (
         (("+ Triton CE", "triton"), ("+ fused LM-head CE", "fused")),
         "12",
         {
-            "triton": "when the profile shows cross-entropy over a large vocabulary: a hand-written kernel reads "
-            "the logits once forward and once backward; it paid off here only after the logits were detached",
-            "fused": "when the logits are the largest tensor in memory (large vocabulary, large B): the LM head "
-            "and the loss run in chunks of rows with the logits' gradient made in the forward, so no "
-            "logits-sized tensor waits for backward; mostly a memory saving (peak -6.5 GiB at B=64 on the "
-            "H200); not under fp16",
+            "triton": (
+                "when the profile shows cross-entropy over a large vocabulary: a hand-written "
+                "kernel reads the logits once forward and once backward; it paid off here only "
+                "after the logits were detached"
+            ),
+            "fused": (
+                "when the logits are the largest tensor in memory (large vocabulary, large B): "
+                "the LM head and the loss run in chunks of rows with the logits' gradient made in "
+                "the forward, so no logits-sized tensor waits for backward; mostly a memory "
+                "saving (peak -6.5 GiB at B=64 on the H200); not under fp16"
+            ),
         },
         values=("pytorch", "triton", "fused"),
         doc='"pytorch" (F.cross_entropy), "triton" (hand-written CE) or "fused" (LM head + CE)',
@@ -184,9 +208,12 @@ SWITCHES: tuple[Switch, ...] = (
         (("+ clip in AdamW", True),),
         "12",
         {
-            True: "with fused AdamW and gradient clipping: AdamW divides by the clip factor while it reads the "
-            "gradients, instead of a separate pass that rescales all of them; a fixed, small saving (one pass "
-            "over the parameters), so it matters most at small B",
+            True: (
+                "with fused AdamW and gradient clipping: AdamW divides by the clip factor while "
+                "it reads the gradients, instead of a separate pass that rescales all of them; "
+                "a fixed, small saving (one pass over the parameters), so it matters most at "
+                "small B"
+            ),
         },
         values=(False, True),
         doc="clip by handing fused AdamW the clip factor instead of rescaling every gradient",
@@ -197,10 +224,13 @@ SWITCHES: tuple[Switch, ...] = (
         (("+ fp8 LM head", True),),
         "12",
         {
-            True: "on a GPU with fp8 tensor cores (compute capability >= 8.9: L4, RTX 40xx, H100/H200) when "
-            "the LM head is a large share of the matmul time (GPT-2 124M: about 30% of the weight matmuls' "
-            "FLOPs): its three matmuls ran 1.5-1.9x faster than bf16 on the H200; a numerics change (e4m3 "
-            "inputs, e5m2 gradient), so compare the loss curve with bf16's before keeping it",
+            True: (
+                "on a GPU with fp8 tensor cores (compute capability >= 8.9: L4, RTX 40xx, "
+                "H100/H200) when the LM head is a large share of the matmul time (GPT-2 124M: "
+                "about 30% of the weight matmuls' FLOPs): its three matmuls ran 1.5-1.9x faster "
+                "than bf16 on the H200; a numerics change (e4m3 inputs, e5m2 gradient), so "
+                "compare the loss curve with bf16's before keeping it"
+            ),
         },
         values=(False, True),
         doc='the fused LM-head CE\'s matmuls on fp8 tensor cores (needs loss_kernel="fused")',
@@ -213,8 +243,8 @@ SWITCHES: tuple[Switch, ...] = (
         "09",
         {},
         (
-            "when the batch you want does not fit in memory: the same gradient in several micro-steps; "
-            "it saves memory, not time"
+            "when the batch you want does not fit in memory: the same gradient in several "
+            "micro-steps; it saves memory, not time"
         ),
         minimum=1,
         doc="micro-steps per optimizer step",
@@ -289,7 +319,8 @@ def rung_fields(switches: tuple[Switch, ...] = SWITCHES) -> tuple[str, ...]:
 
 
 def advice_table(switches: tuple[Switch, ...] = SWITCHES) -> dict:
-    """{(field, value): advice} for every value with advice, and {field: advice} for the general one."""
+    """{(field, value): advice} for every value with advice, and {field: advice} for the general
+    one."""
     table: dict = {}
     for s in switches:
         table.update({(s.field, value): text for value, text in s.advice.items()})

@@ -686,8 +686,8 @@ def _grade(subs: Path, tmp_path: Path) -> dict[str, dict]:
 
 
 needs_sandbox = pytest.mark.skipif(
-    not grading.grader.sandbox_available()[0],
-    reason=f"no OS sandbox here: {grading.grader.sandbox_available()[1]}",
+    not grading.sandbox.sandbox_available()[0],
+    reason=f"no OS sandbox here: {grading.sandbox.sandbox_available()[1]}",
 )
 
 
@@ -754,7 +754,7 @@ def test_a_submission_cannot_change_another_submission_or_the_checks(tmp_path):
 
 def test_every_submission_is_read_before_any_runs(tmp_path, monkeypatch):
     """Without an OS sandbox too: what zzz is graded on was read before aaa's code ran."""
-    monkeypatch.setattr(grading.grader, "_sandbox_checked", (False, "switched off by the test"))
+    monkeypatch.setattr(grading.sandbox, "_sandbox_checked", (False, "switched off by the test"))
     subs = tmp_path / "subs"
     victim = subs / "zzz" / FIXTURE.name
     (subs / "aaa").mkdir(parents=True)

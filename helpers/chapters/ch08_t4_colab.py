@@ -30,8 +30,9 @@ def recommend_recipe(
     batch_size: int | None = None,
     batch_reason: str = "",
 ) -> list[RecipeChoice]:
-    """The fastest *correct* configuration for a profile (e.g. ``PROFILES["T4"]``, ``PROFILES["CPU"]``)
-    or a device (default: this one; while emulating, the emulated GPU), switch by switch with the reason.
+    """The fastest *correct* configuration for a profile (e.g. ``PROFILES["T4"]``,
+    ``PROFILES["CPU"]``) or a device (default: this one; while emulating, the emulated GPU), switch
+    by switch with the reason.
 
     The batch size is never guessed: pass the one ``memory.find_max_batch_size`` measured as
     ``batch_size`` (with ``batch_reason`` saying how), else the choice says to measure it. Turn the
@@ -40,8 +41,8 @@ def recommend_recipe(
     Rules: bf16 autocast only with native bf16 (compute capability >= 8.0; never trust
     ``torch.cuda.is_bf16_supported()``, True on a T4), else fp16 + GradScaler; TF32 only from 8.0;
     torch.compile where Triton runs (>= 7.0) or a CPU has a C++ compiler; SDPA always
-    (FlashAttention-2 from 8.0, the memory-efficient kernel on 7.x); vocab padded to a multiple of 64;
-    fused AdamW on CUDA.
+    (FlashAttention-2 from 8.0, the memory-efficient kernel on 7.x); vocab padded to a multiple of
+    64; fused AdamW on CUDA.
     """
     if isinstance(target, GPUProfile) and target.capability is not None:
         cap, name, compile_ok, compile_reason = (
@@ -59,7 +60,11 @@ def recommend_recipe(
         compile_ok, compile_reason = compile_support(device)
         if device.type == "cuda":
             cap = capability(device)
-            name = (emulated_profile().name if emulated_profile() is not None else torch.cuda.get_device_name(device))
+            name = (
+                emulated_profile().name
+                if emulated_profile() is not None
+                else torch.cuda.get_device_name(device)
+            )
         else:
             cap, name = None, "CPU"
     c = []
@@ -75,7 +80,10 @@ def recommend_recipe(
             RecipeChoice(
                 "autocast",
                 None,
-                "CPU runs are for correctness: keep fp32 (bf16 autocast runs, but its speed depends on the CPU)",
+                (
+                    "CPU runs are for correctness: keep fp32 "
+                    "(bf16 autocast runs, but its speed depends on the CPU)"
+                ),
             )
         )
     else:
@@ -95,8 +103,11 @@ def recommend_recipe(
                 "bf16" if ampere else "fp16",
                 "native bf16: fp32's range, no loss scaling needed"
                 if ampere
-                else f"sm{cap[0]}{cap[1]} has no native bf16 (emulated, slow): fp16 tensor cores + GradScaler "
-                "(fp16 overflows above 65504 and underflows small gradients)",
+                else (
+                    f"sm{cap[0]}{cap[1]} has no native bf16 (emulated, slow): "
+                    "fp16 tensor cores + GradScaler "
+                    "(fp16 overflows above 65504 and underflows small gradients)"
+                ),
             )
         )
     c.append(

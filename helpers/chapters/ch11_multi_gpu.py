@@ -1,43 +1,31 @@
 """More than one GPU: data-parallel training (DDP), fully sharded training (FSDP), and scaling.
 
-One script runs the course's training step on one process or on N, without a code change:
+Chapter 11's runs. One script runs the course's training step on one process or on N, without a
+code change, and measures the scaling:
 
-    python -m helpers.chapters.ch11_multi_gpu train --steps 20                         # one process
-    torchrun --standalone --nproc_per_node=2 -m helpers.chapters.ch11_multi_gpu train --steps 20   # 2 GPUs (or 2 CPU processes)
-    python -m helpers.chapters.ch11_multi_gpu scaling --nproc 1 2 --out results/FILE.json ...     # tokens/s per world size
+    # one process
+    python -m helpers.chapters.ch11_multi_gpu train --steps 20
+    # 2 GPUs (or 2 CPU processes)
+    torchrun --standalone --nproc_per_node=2 -m helpers.chapters.ch11_multi_gpu train --steps 20
+    # tokens/s per world size
+    python -m helpers.chapters.ch11_multi_gpu scaling --nproc 1 2 --out results/FILE.json ...
 
-(``train`` is the default command: ``python -m helpers.chapters.ch11_multi_gpu --steps 20`` is the same run.)
+(``train`` is the default command: ``python -m helpers.chapters.ch11_multi_gpu --steps 20`` is the
+same run.)
 
-``torchrun`` starts N copies and gives each one ``WORLD_SIZE``, ``RANK`` and ``LOCAL_RANK``;
-:func:`init` reads them. On CUDA each process drives ``cuda:LOCAL_RANK`` and talks over NCCL; on a
-CPU it uses gloo. Several machines (nodes) take the same command on every node, plus where to meet:
+Several machines (nodes) take the same command on every node, plus where to meet:
 
     torchrun --nnodes=2 --node_rank=<0 or 1> --nproc_per_node=8 \\
-             --rdzv_backend=c10d --rdzv_endpoint=<host of node 0>:29500 -m helpers.chapters.ch11_multi_gpu train ...
+             --rdzv_backend=c10d --rdzv_endpoint=<host of node 0>:29500 \\
+             -m helpers.chapters.ch11_multi_gpu train ...
 
-What each process does (data parallelism): it holds a full copy of the model, reads its own
-``B`` rows of each global batch of ``B * WORLD_SIZE`` rows (:class:`ShardedBatchLoader`), and runs
-forward and backward on them. ``DistributedDataParallel`` then averages the gradients over the
-processes (an all-reduce), so every copy takes the same AdamW step and stays identical; the result
-is the step a single process would take over the global batch. DDP groups gradients into buckets
-(~25 MB) and starts each bucket's all-reduce as soon as backward has produced all its gradients,
-so the communication overlaps with the rest of backward. During gradient accumulation only the
-last micro-step needs the average: the others run under ``no_sync()`` (:func:`distributed_step`).
-
-FSDP (``fully_shard``) keeps only 1/WORLD_SIZE of every parameter, gradient and AdamW moment on
-each process and gathers a block's full weights just before it runs: the memory of the model
-state falls by about WORLD_SIZE, paid for with more communication (:func:`state_bytes`).
-
-Sources: PyTorch DDP notes (https://pytorch.org/docs/stable/notes/ddp.html), Li et al. 2020,
-"PyTorch Distributed: Experiences on Accelerating Data Parallel Training" (VLDB), the FSDP2 API
-(https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html), torchrun
-(https://pytorch.org/docs/stable/elastic/run.html).
+The mechanism (the process group from torchrun's variables, each rank's rows, DDP and FSDP, the
+distributed step, checkpoints) is :mod:`helpers.core.distributed`.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import datetime
 import json
@@ -45,7 +33,6 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -53,365 +40,11 @@ import torch.distributed as dist
 
 import helpers
 from helpers import switches
-from helpers.core import data, train
+from helpers.core import data, distributed, train
 from helpers.measure import timing
 from helpers.tools import cli
 
 REPO_ROOT = helpers.REPO_ROOT
-
-
-# --------------------------------------------------------------------------------------------
-# Who am I: the process group
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DistEnv:
-    """This process's place in the job (from torchrun's environment variables)."""
-
-    rank: int  # 0 .. world_size-1, unique over all nodes
-    local_rank: int  # index of this process on its node: picks the GPU
-    world_size: int  # number of processes (= GPUs) in the job
-    device: torch.device  # cuda:LOCAL_RANK, or cpu
-    backend: str | None  # "nccl" (CUDA), "gloo" (CPU), None when world_size == 1
-
-    @property
-    def is_main(self) -> bool:
-        """Rank 0: the one process that logs and writes files."""
-        return self.rank == 0
-
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1
-
-
-def env_from_environ(device: str | None = None, environ: dict | None = None) -> DistEnv:
-    """The :class:`DistEnv` described by ``WORLD_SIZE``/``RANK``/``LOCAL_RANK`` (all default to a
-    single process: 1/0/0). ``device``: "cuda", "cpu" or None (CUDA when available). Pure: it
-    starts nothing.
-
-    Raises:
-        ValueError: CUDA asked for but not available, or LOCAL_RANK >= the number of visible GPUs.
-    """
-    environ = os.environ if environ is None else environ
-    world_size = int(environ.get("WORLD_SIZE", 1))
-    rank = int(environ.get("RANK", 0))
-    local_rank = int(environ.get("LOCAL_RANK", 0))
-    kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if kind == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(
-                "device 'cuda' asked for but no CUDA GPU is visible: use --device cpu (gloo)"
-            )
-        if local_rank >= torch.cuda.device_count():
-            raise ValueError(
-                f"LOCAL_RANK={local_rank} but only {torch.cuda.device_count()} GPU(s) are visible: "
-                f"lower --nproc_per_node to at most {torch.cuda.device_count()}"
-            )
-        dev = torch.device("cuda", local_rank)
-    elif kind == "cpu":
-        dev = torch.device("cpu")
-    else:
-        raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
-    backend = None if world_size == 1 else ("nccl" if dev.type == "cuda" else "gloo")
-    return DistEnv(rank, local_rank, world_size, dev, backend)
-
-
-def init(device: str | None = None) -> DistEnv:
-    """Read torchrun's variables and, when WORLD_SIZE > 1, join the process group (NCCL on CUDA,
-    gloo on a CPU). Call :func:`shutdown` at the end. A plain ``python -m`` run is world size 1."""
-    env = env_from_environ(device)
-    if env.device.type == "cuda":
-        torch.cuda.set_device(env.device)
-    if env.distributed and not dist.is_initialized():
-        dist.init_process_group(backend=env.backend)
-    return env
-
-
-def shutdown(env: DistEnv) -> None:
-    """Leave the process group (no-op for a single process)."""
-    if env.distributed and dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def barrier(env: DistEnv) -> None:
-    """Wait until every process got here (no-op for a single process)."""
-    if env.distributed:
-        if env.backend == "nccl":
-            dist.barrier(device_ids=[env.local_rank])
-        else:
-            dist.barrier()
-
-
-# --------------------------------------------------------------------------------------------
-# Each rank reads its own rows
-# --------------------------------------------------------------------------------------------
-
-
-def shard_rows(n_rows: int, world_size: int, rank: int) -> slice:
-    """Rows of a global batch of ``n_rows`` that ``rank`` trains on: the rank-th contiguous block
-    of ``n_rows // world_size`` rows. Disjoint over ranks, and their union is every row.
-
-    Raises:
-        ValueError: ``n_rows`` not divisible by ``world_size`` (ranks would get unequal work and
-            the gradient average would weight rows unequally), or rank outside [0, world_size).
-    """
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-    if n_rows % world_size:
-        raise ValueError(f"{n_rows} rows cannot be split evenly over {world_size} ranks")
-    per_rank = n_rows // world_size
-    return slice(rank * per_rank, (rank + 1) * per_rank)
-
-
-class ShardedBatchLoader:
-    """This rank's (x, y) rows of each global batch of ``batch_size * world_size`` rows.
-
-    Every rank reads the same global batch from the token stream (the same positions as a single
-    :class:`helpers.core.data.BatchLoader` with B = batch_size * world_size) and keeps its
-    :func:`shard_rows` block: (B, T) int64 on ``env.device``. Over the ranks the rows are exactly
-    the single-process global batch, which is what makes DDP's result equal a single-process step.
-    """
-
-    def __init__(self, tokens: torch.Tensor, batch_size: int, seq_len: int, env: DistEnv):
-        self.env = env
-        self.B, self.T = batch_size, seq_len
-        self.global_loader = data.BatchLoader(tokens, batch_size * env.world_size, seq_len, "cpu")
-        self.rows = shard_rows(batch_size * env.world_size, env.world_size, env.rank)
-
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = self.global_loader.next_batch()  # (B * world_size, T) on the CPU
-        x, y = x[self.rows], y[self.rows]  # (B, T): this rank's rows
-        if self.env.device.type == "cuda":
-            return x.pin_memory().to(self.env.device, non_blocking=True), y.pin_memory().to(
-                self.env.device, non_blocking=True
-            )
-        return x, y
-
-
-# --------------------------------------------------------------------------------------------
-# Wrapping the model: DDP or FSDP
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class AllReduceCounter:
-    """How many bucket all-reduces DDP launched, and their bytes (see :func:`counting_allreduce_hook`)."""
-
-    calls: int = 0
-    bytes: int = 0
-
-
-def counting_allreduce_hook(state: AllReduceCounter, bucket) -> torch.futures.Future[torch.Tensor]:
-    """A DDP communication hook: count the bucket, then do what DDP does by default (average the
-    bucket's gradients over the ranks with one all-reduce)."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    buffer = bucket.buffer()
-    state.calls += 1
-    state.bytes += buffer.numel() * buffer.element_size()
-    return default_hooks.allreduce_hook(None, bucket)
-
-
-# DDP compares the hook's annotation with the real type, not with the string this module's
-# `from __future__ import annotations` leaves there.
-counting_allreduce_hook.__annotations__["return"] = torch.futures.Future[torch.Tensor]
-
-
-def wrap_ddp(
-    trainer: train.Trainer,
-    env: DistEnv,
-    bucket_cap_mb: float = 25.0,
-    count_allreduces: bool = False,
-) -> tuple[torch.nn.Module, AllReduceCounter | None]:
-    """Wrap ``trainer.model`` in DistributedDataParallel and make it the trainer's forward.
-
-    DDP shares the model's parameters (it broadcasts rank 0's values once, at construction), so
-    ``trainer.model.parameters()`` and ``trainer.optimizer`` stay the ones the step clips and steps.
-    Returns (the DDP module, the all-reduce counter or None).
-
-    Raises:
-        ValueError: world size 1 (nothing to average), or a compiled run (not wired in this chapter).
-    """
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    if not env.distributed:
-        raise ValueError("DDP needs WORLD_SIZE > 1: launch with torchrun --nproc_per_node=N")
-    if trainer.run.compile is not None:
-        raise ValueError("torch.compile + DDP is not wired in this chapter: use compile=None")
-    ddp = DDP(
-        trainer.model,
-        device_ids=[env.local_rank] if env.device.type == "cuda" else None,
-        bucket_cap_mb=bucket_cap_mb,
-    )
-    counter = None
-    if count_allreduces:
-        counter = AllReduceCounter()
-        ddp.register_comm_hook(counter, counting_allreduce_hook)
-    trainer.forward = ddp
-    return ddp, counter
-
-
-def fully_shard_api():
-    """``fully_shard`` from ``torch.distributed.fsdp`` (torch >= 2.6), else from the older
-    ``torch.distributed._composable.fsdp``.
-
-    Raises:
-        ImportError: this torch has neither (FSDP2 needs torch >= 2.4).
-    """
-    try:
-        from torch.distributed.fsdp import fully_shard
-    except ImportError:
-        from torch.distributed._composable.fsdp import fully_shard
-    return fully_shard
-
-
-def fsdp_unsupported_reason(device: torch.device) -> str | None:
-    """Why FSDP2 cannot run on ``device`` with this torch (None if it can, as far as the course has seen).
-
-    torch 2.4.1's ``fully_shard`` creates CUDA streams even for a CPU mesh and fails on a machine without a
-    GPU ("CUDA driver version is insufficient", seen 2026-11-29); torch 2.13 runs it with gloo on a CPU.
-    Versions in between are untested, so only torch < 2.5 on a CPU is refused.
-    """
-    version = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
-    if torch.device(device).type == "cpu" and version < (2, 5):
-        return (
-            f"FSDP2 on a CPU needs a newer torch than {torch.__version__} (its fully_shard needs CUDA here): "
-            "run the FSDP part on a GPU, or upgrade torch"
-        )
-    return None
-
-
-def wrap_fsdp(trainer: train.Trainer, env: DistEnv) -> torch.nn.Module:
-    """Shard ``trainer.model`` over all ranks with FSDP2: each transformer block is one unit
-    (its full weights are gathered just before it runs, then freed), the rest (embeddings, final
-    LayerNorm) is the root unit. The parameters become DTensors holding 1/world_size of the rows,
-    so a new AdamW is made over them (its moments are sharded too). Returns the sharded model,
-    which is also the trainer's model and forward.
-
-    Raises:
-        ValueError: world size 1, or a compiled run.
-        RuntimeError: FSDP2 cannot run on this device with this torch (:func:`fsdp_unsupported_reason`).
-    """
-    if not env.distributed:
-        raise ValueError("FSDP needs WORLD_SIZE > 1: launch with torchrun --nproc_per_node=N")
-    if trainer.run.compile is not None:
-        raise ValueError("torch.compile + FSDP is not wired in this chapter: use compile=None")
-    reason = fsdp_unsupported_reason(env.device)
-    if reason is not None:
-        raise RuntimeError(reason)
-    from torch.distributed.device_mesh import init_device_mesh
-
-    fully_shard = fully_shard_api()
-    mesh = init_device_mesh(env.device.type, (env.world_size,))
-    for block in trainer.model.transformer.h:
-        fully_shard(block, mesh=mesh)
-    fully_shard(trainer.model, mesh=mesh)
-    trainer.forward = trainer.model
-    trainer.optimizer = train.make_optimizer(trainer.model, trainer.run)
-    return trainer.model
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t  # a DTensor's shard on this rank
-
-
-def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-    """Bytes of model state held by THIS rank: {"params", "grads", "optimizer", "total"}.
-
-    Counts the local shard of sharded (FSDP) tensors, the whole tensor otherwise; grads that are
-    None count 0; optimizer state counts AdamW's tensors (exp_avg, exp_avg_sq; the 0-d step too).
-    """
-    params = list(model.parameters())
-    nbytes = lambda ts: sum(_local(t).numel() * t.element_size() for t in ts if t is not None)  # noqa: E731
-    opt = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
-    out = {
-        "params": nbytes(params),
-        "grads": nbytes(p.grad for p in params),
-        "optimizer": nbytes(opt),
-    }
-    out["total"] = sum(out.values())
-    return out
-
-
-# --------------------------------------------------------------------------------------------
-# The distributed step (mirrors train.Trainer.step)
-# --------------------------------------------------------------------------------------------
-
-
-def _sync_context(forward: torch.nn.Module, sync: bool):
-    """No gradient communication on this micro-step when ``sync`` is False: ``no_sync()`` for
-    DDP, ``set_requires_gradient_sync(False)`` for FSDP; a no-op for a plain module."""
-    if sync:
-        if hasattr(forward, "set_requires_gradient_sync"):
-            forward.set_requires_gradient_sync(True)
-        return contextlib.nullcontext()
-    if hasattr(forward, "no_sync"):
-        return forward.no_sync()
-    if hasattr(forward, "set_requires_gradient_sync"):
-        forward.set_requires_gradient_sync(False)
-    return contextlib.nullcontext()
-
-
-def distributed_step(
-    trainer: train.Trainer, batches, sync_every_micro_step: bool = False
-) -> torch.Tensor:
-    """One optimizer step of ``trainer`` with its forward wrapped by DDP or FSDP (or not at all).
-
-    The same work as :meth:`helpers.core.train.Trainer.step`, in the same order: zero_grad ->
-    for each of ``grad_accum_steps`` micro-batches: autocast forward + loss / grad_accum_steps,
-    backward (scaled for fp16) -> unscale -> clip (``Trainer.clip``) -> optimizer step (``Trainer.optimizer_step``). The gradients are
-    averaged over the ranks only during the LAST micro-step's backward (``no_sync`` before it),
-    unless ``sync_every_micro_step`` (an ablation: same result, more communication).
-
-    ``batches``: anything with ``next_batch()`` giving this rank's (x, y), (B, T) int64 on the
-    device. Returns this rank's mean micro-batch loss, a detached 0-d fp32 tensor (no host sync).
-    """
-    run = trainer.run
-    torch.set_float32_matmul_precision("highest" if run.matmul_precision == "fp32" else "high")
-    trainer.optimizer.zero_grad(set_to_none=True)
-    total = None
-    for i in range(run.grad_accum_steps):
-        x, y = batches.next_batch()
-        last = i == run.grad_accum_steps - 1
-        with _sync_context(trainer.forward, sync=last or sync_every_micro_step):
-            with trainer.autocast():
-                _, loss = trainer.forward(x, y)
-            loss = loss / run.grad_accum_steps  # mean over micro-steps, not a sum
-            if trainer.scaler is not None:
-                trainer.scaler.scale(loss).backward()
-            else:
-                loss.backward()
-        total = loss.detach() if total is None else total + loss.detach()
-    trainer.clip()  # unscale (fp16), clip_grad_norm_ or the fused clip's divisor: Trainer.step's own code
-    trainer.optimizer_step()
-    return total
-
-
-# --------------------------------------------------------------------------------------------
-# Checkpoints: gathered everywhere, written by rank 0
-# --------------------------------------------------------------------------------------------
-
-
-def full_state(trainer: train.Trainer) -> dict:
-    """{"model": full state_dict, "optimizer": full optimizer state_dict}, on the CPU, with the
-    same keys as an unwrapped model's. A collective for FSDP (every rank must call it); for DDP
-    and a single process it is a local copy."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer, options=opts)
-    return {"model": model_sd, "optimizer": optim_sd}
-
-
-def save_checkpoint(path: str | Path, trainer: train.Trainer, env: DistEnv, step: int) -> None:
-    """Write model + optimizer state to ``path`` from rank 0 only, then wait at a barrier, so no
-    rank reads (or the job exits before) the file is complete. Every rank must call it."""
-    state = full_state(trainer)
-    if env.is_main:
-        state.update(step=step, run=dataclasses.asdict(trainer.run), world_size=env.world_size)
-        torch.save(state, path)
-    barrier(env)
 
 
 # --------------------------------------------------------------------------------------------
@@ -422,13 +55,13 @@ def save_checkpoint(path: str | Path, trainer: train.Trainer, env: DistEnv, step
 def run_config_from(
     args: argparse.Namespace, device: torch.device
 ) -> tuple[train.RunConfig, object]:
-    """RunConfig and model config from the command line (B and T default to train.default_shapes)."""
+    """RunConfig and model config from the command line (B and T default to
+    train.default_shapes)."""
     cfg, B, T = train.default_shapes(device)
     if args.model == "small":
         cfg = train.small_model_config()
-    elif (
-        args.model == "tiny"
-    ):  # the unit tests' size (tests/conftest.py): seconds even under torchrun
+    elif args.model == "tiny":
+        # the unit tests' size (tests/conftest.py): seconds even under torchrun
         from helpers.core.model import GPTConfig
 
         cfg = GPTConfig(block_size=32, n_layer=2, n_head=2, n_embd=32)
@@ -450,30 +83,30 @@ def run_config_from(
     return run, cfg
 
 
-def train_run(args: argparse.Namespace, env: DistEnv) -> dict:
+def train_run(args: argparse.Namespace, env: distributed.DistEnv) -> dict:
     """Train ``args.steps`` steps on this process's shard; every rank returns the same summary.
 
     The summary (JSON-ready): world size, mode, run, tokens per step over all ranks, median step
     time (ms, after ``args.warmup`` steps) and tokens/s, the losses averaged over the ranks,
     all-reduces in the last step (DDP, with --count-allreduces), rank 0's state bytes, and the sum
     of the parameters on each rank (DDP: equal on every rank). ``args.checkpoint``: rank 0 writes
-    model + optimizer state there (:func:`save_checkpoint`).
+    model + optimizer state there (:func:`helpers.core.distributed.save_checkpoint`).
     """
     run, cfg = run_config_from(args, env.device)
     trainer = train.build(run, cfg, env.device)
     counter = None
     if args.mode == "fsdp":
-        wrap_fsdp(trainer, env)
+        distributed.wrap_fsdp(trainer, env)
     elif env.distributed:
-        _, counter = wrap_ddp(
+        _, counter = distributed.wrap_ddp(
             trainer, env, args.bucket_cap_mb, count_allreduces=args.count_allreduces
         )
-    loader = ShardedBatchLoader(data.load_tokens(), run.batch_size, run.seq_len, env)
+    loader = distributed.ShardedBatchLoader(data.load_tokens(), run.batch_size, run.seq_len, env)
     losses, calls = [], []
 
     def step() -> None:
         before = counter.calls if counter else 0
-        losses.append(distributed_step(trainer, loader, args.sync_every_micro_step))
+        losses.append(distributed.distributed_step(trainer, loader, args.sync_every_micro_step))
         calls.append((counter.calls - before) if counter else None)
 
     if env.device.type == "cuda":
@@ -485,7 +118,7 @@ def train_run(args: argparse.Namespace, env: DistEnv) -> dict:
         dist.all_reduce(loss_t)  # SUM (gloo has no AVG)
         loss_t /= env.world_size
     if args.checkpoint:
-        save_checkpoint(args.checkpoint, trainer, env, step=args.steps)
+        distributed.save_checkpoint(args.checkpoint, trainer, env, step=args.steps)
     param_sums = None
     if args.mode != "fsdp" or not env.distributed:  # DDP: every rank must hold the same parameters
         mine = (
@@ -515,7 +148,7 @@ def train_run(args: argparse.Namespace, env: DistEnv) -> dict:
         "tokens_per_s": timing.tokens_per_second(tokens_per_step, t.median_ms),
         "timed_steps": len(t.times_ms),
         "losses": loss_t.tolist(),
-        "state_bytes_rank0": state_bytes(trainer.model, trainer.optimizer),
+        "state_bytes_rank0": distributed.state_bytes(trainer.model, trainer.optimizer),
         "peak_bytes_rank0": torch.cuda.max_memory_allocated(env.device)
         if env.device.type == "cuda"
         else None,
@@ -544,7 +177,10 @@ def _train_parser(p: argparse.ArgumentParser) -> None:
         "--model",
         choices=("auto", "small", "tiny", "gpt2"),
         default="auto",
-        help="auto: GPT-2 124M on CUDA, train.small_model_config on CPU; tiny: the unit tests' 2x32 model",
+        help=(
+            "auto: GPT-2 124M on CUDA, train.small_model_config on CPU; "
+            "tiny: the unit tests' 2x32 model"
+        ),
     )
     p.add_argument(
         "--device", choices=("cuda", "cpu"), default=None, help="default: cuda when available"
@@ -555,7 +191,9 @@ def _train_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--autocast", choices=("bf16", "fp16"), default=None)
     p.add_argument("--attention", choices=("manual", "sdpa"), default="manual")
     p.add_argument("--vocab-multiple", type=int, default=1)
-    p.add_argument("--matmul-precision", choices=switches.get("matmul_precision").values, default="fp32")
+    p.add_argument(
+        "--matmul-precision", choices=switches.get("matmul_precision").values, default="fp32"
+    )
     p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument(
         "--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size in MB (default 25)"
@@ -573,7 +211,8 @@ def _train_parser(p: argparse.ArgumentParser) -> None:
 
 
 def parse_train_args(argv: list[str]) -> argparse.Namespace:
-    """The ``train`` command's options from a list of strings (see ``python -m helpers.chapters.ch11_multi_gpu train -h``)."""
+    """The ``train`` command's options from a list of strings
+    (see ``python -m helpers.chapters.ch11_multi_gpu train -h``)."""
     p = argparse.ArgumentParser(prog="python -m helpers.chapters.ch11_multi_gpu train")
     _train_parser(p)
     return p.parse_args(argv)
@@ -581,54 +220,45 @@ def parse_train_args(argv: list[str]) -> argparse.Namespace:
 
 def run_here(argv: list[str]) -> dict:
     """The ``train`` command in THIS process as a single process (world size 1, no process group):
-    what ``python -m helpers.chapters.ch11_multi_gpu train ARGV`` computes, returned instead of written.
+    what ``python -m helpers.chapters.ch11_multi_gpu train ARGV`` computes, returned instead of
+    written.
 
     Raises:
         ValueError: when this process was started by torchrun (use :func:`launch` or the CLI).
     """
-    env = env_from_environ(parse_train_args(argv).device, environ={})
+    env = distributed.env_from_environ(parse_train_args(argv).device, environ={})
     if int(os.environ.get("WORLD_SIZE", 1)) > 1:
         raise ValueError("run_here is for one process; under torchrun use the train command")
     return train_run(parse_train_args(argv), env)
 
 
-def max_param_diff(checkpoint_a: str | Path, checkpoint_b: str | Path) -> float:
-    """Largest |a - b| over every parameter of two checkpoints written by :func:`save_checkpoint`.
-
-    Raises:
-        ValueError: the checkpoints hold different parameter names or shapes.
-    """
-    a = torch.load(checkpoint_a, map_location="cpu")["model"]
-    b = torch.load(checkpoint_b, map_location="cpu")["model"]
-    if a.keys() != b.keys() or any(a[k].shape != b[k].shape for k in a):
-        raise ValueError("the two checkpoints hold different parameters")
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
-
-
 def main_train(args: argparse.Namespace) -> int:
-    env = init(args.device)
+    env = distributed.init(args.device)
     try:
         summary = train_run(args, env)
         if env.is_main:  # rank-0-only logging
             losses = summary["losses"]
             print(
-                f"world_size={env.world_size} ({summary['mode']}, {env.backend or 'no backend'}, {summary['device']}): "
+                f"world_size={env.world_size} ({summary['mode']}, "
+                f"{env.backend or 'no backend'}, {summary['device']}): "
                 f"loss {losses[0]:.4f} -> {losses[-1]:.4f}, {summary['step_ms']:.1f} ms/step, "
                 f"{summary['tokens_per_s']:,.0f} tokens/s"
             )
             if args.json:
                 Path(args.json).write_text(json.dumps(summary, indent=1))
-        # every rank waits here before leaving the group: a rank that tore gloo down while the other was
-        # still busy aborted with "terminate called without an active exception" (seen once in CI)
-        barrier(env)
+        # every rank waits here before leaving the group: a rank that tore gloo down while the other
+        # was still busy aborted with "terminate called without an active exception" (seen once in
+        # CI)
+        distributed.barrier(env)
     finally:
-        shutdown(env)
+        distributed.shutdown(env)
     if env.distributed:
-        # A torchrun worker that finished cleanly leaves without Python's interpreter finalization. Gloo's
-        # worker threads can still hold DDP's communication-hook futures (Python objects) after the group is
-        # destroyed, and tearing those down during finalization aborted a worker with "terminate called
-        # without an active exception" after its results were written (CI, twice; pytorch/pytorch PR 179291
-        # describes the mechanism). Everything is written and flushed first.
+        # A torchrun worker that finished cleanly leaves without Python's interpreter finalization.
+        # Gloo's worker threads can still hold DDP's communication-hook futures (Python objects)
+        # after the group is destroyed, and tearing those down during finalization aborted a worker
+        # with "terminate called without an active exception" after its results were written (CI,
+        # twice; pytorch/pytorch PR 179291 describes the mechanism). Everything is written and
+        # flushed first.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
@@ -641,8 +271,8 @@ def main_train(args: argparse.Namespace) -> int:
 
 
 def launch(nproc: int, args: list[str], timeout_s: float = 600) -> dict:
-    """Run ``torchrun --standalone --nproc_per_node=nproc -m helpers.chapters.ch11_multi_gpu train ARGS
-    --json TMP`` (or plain ``python -m`` for nproc=0) from the repository root, and return the
+    """Run ``torchrun --standalone --nproc_per_node=nproc -m helpers.chapters.ch11_multi_gpu train
+    ARGS --json TMP`` (or plain ``python -m`` for nproc=0) from the repository root, and return the
     summary rank 0 wrote. ``--standalone`` picks a free port, so runs never clash.
 
     Raises:
@@ -651,7 +281,15 @@ def launch(nproc: int, args: list[str], timeout_s: float = 600) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "summary.json"
         if nproc == 0:
-            cmd = [sys.executable, "-m", "helpers.chapters.ch11_multi_gpu", "train", *args, "--json", str(out)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "helpers.chapters.ch11_multi_gpu",
+                "train",
+                *args,
+                "--json",
+                str(out),
+            ]
         else:
             cmd = [
                 sys.executable,
@@ -692,7 +330,8 @@ def scaling(nprocs: list[int], modes: list[str], train_args: list[str], command:
             summary = launch(0 if n == 1 else n, [*train_args, "--mode", mode])
             rows.append(summary)
             print(
-                f"{summary['mode']:>6} N={n}: {summary['tokens_per_s']:,.0f} tokens/s, {summary['step_ms']:.1f} ms/step"
+                f"{summary['mode']:>6} N={n}: {summary['tokens_per_s']:,.0f} tokens/s, "
+                f"{summary['step_ms']:.1f} ms/step"
             )
     single = next((r for r in rows if r["world_size"] == 1), None)
     for r in rows:
@@ -728,10 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--modes", nargs="+", choices=("ddp", "fsdp"), default=["ddp"])
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] not in ("train", "scaling", "-h", "--help"):
-        argv = [
-            "train",
-            *argv,
-        ]  # `python -m helpers.chapters.ch11_multi_gpu --steps 20` means the train command
+        # `python -m helpers.chapters.ch11_multi_gpu --steps 20` means the train command
+        argv = ["train", *argv]
     args, rest = p.parse_known_args(argv)
     if args.command == "train":
         if rest:
@@ -749,9 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         cli.at_least("nproc", n)
     cli.out_path(args.out)
     nprocs = args.nproc or list(range(1, max(1, torch.cuda.device_count()) + 1))
-    result = scaling(
-        nprocs, args.modes, rest, command="python -m helpers.chapters.ch11_multi_gpu " + " ".join(argv)
-    )
+    command = "python -m helpers.chapters.ch11_multi_gpu " + " ".join(argv)
+    result = scaling(nprocs, args.modes, rest, command=command)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
     return 0

@@ -6,7 +6,9 @@
   ``AssertionError`` whose first line says what is wrong and which section to reread. Notebooks call
   them as ``grading.check_matmul_flops(fn)``.
 - **Student versions** (:mod:`helpers.grading.student`, ``python -m helpers.grading make-student``).
-- **Grading** (:mod:`helpers.grading.grader`, ``python -m helpers.grading grade``).
+- **Grading** (:mod:`helpers.grading.grader`, ``python -m helpers.grading grade``): each
+  submission runs in a fresh kernel (:mod:`helpers.grading.kernel`), inside an OS sandbox where
+  the machine allows it (:mod:`helpers.grading.sandbox`).
 
 Teacher guide with the exact commands: docs/grading.md.
 """
@@ -33,6 +35,8 @@ from helpers.grading import (
     ch12,
     common,
     grader,
+    kernel,
+    sandbox,
     student,
 )
 from helpers.grading.ch00 import check_matmul_flops, check_tflops
@@ -51,17 +55,14 @@ from helpers.grading.ch12 import check_steps_in_budget
 from helpers.grading.grader import (
     COLUMNS,
     FRESH_CHECKS_PRELUDE,
-    CellRun,
-    NotebookRun,
-    execute_notebook,
     grade,
     grade_notebook,
-    kernel_env,
     load_references,
     main,
     totals_table,
     write_csv,
 )
+from helpers.grading.kernel import CellRun, NotebookRun, execute_notebook, kernel_env
 from helpers.grading.student import (
     CODE_STUB,
     TEXT_STUB,
@@ -131,6 +132,8 @@ __all__ = [
     "ch12",
     "common",
     "grader",
+    "kernel",
+    "sandbox",
     "student",
     "check_matmul_flops",
     "check_tflops",

@@ -37,7 +37,7 @@ def check_shard_batches(fn: Callable[[torch.Tensor, int, int], torch.Tensor]) ->
 
     For each (N, W) the shards of all ranks must have N/W rows each, never share a row, together
     hold every row, and keep the rows in order (what
-    :class:`helpers.chapters.ch11_multi_gpu.ShardedBatchLoader` does, so the ranks together train on
+    :class:`helpers.core.distributed.ShardedBatchLoader` does, so the ranks together train on
     exactly the single-process batch).
 
     Raises:

@@ -23,9 +23,8 @@ class GPUProfile:
     fp32_tflops: float | None  # plain FP32 (CUDA cores)
     tf32_tflops: float | None  # TF32 tensor cores (>= sm80)
     bf16_tflops: float | None  # BF16 tensor cores (>= sm80)
-    fp16_tflops: (
-        float | None
-    )  # FP16 tensor cores (FP32 accumulate where the datasheet distinguishes)
+    # FP16 tensor cores (FP32 accumulate where the datasheet distinguishes)
+    fp16_tflops: float | None
     source: str
     note: str = ""  # why a figure is None although the hardware has the feature
 
@@ -37,8 +36,9 @@ class GPUProfile:
 
     @property
     def autocast_label(self) -> str:
-        """The autocast of this profile's recipe (:func:`helpers.chapters.ch08_t4_colab.recommend_recipe`):
-        bf16 where native (compute capability >= 8.0), else fp16 with a GradScaler; none on a CPU."""
+        """The autocast of this profile's recipe
+        (:func:`helpers.chapters.ch08_t4_colab.recommend_recipe`): bf16 where native (compute
+        capability >= 8.0), else fp16 with a GradScaler; none on a CPU."""
         if self.capability is None:
             return "none (fp32)"
         return "bf16" if self.native_bf16 else "fp16 + GradScaler"
@@ -46,7 +46,8 @@ class GPUProfile:
     @property
     def native_bf16(self) -> bool:
         """bf16 tensor cores: compute capability >= 8.0. A CPU profile answers True (bf16 runs, see
-        :func:`native_bf16`). Never ``torch.cuda.is_bf16_supported()``: it is True on a T4, emulated."""
+        :func:`native_bf16`). Never ``torch.cuda.is_bf16_supported()``: it is True on a T4,
+        emulated."""
         return self.capability is None or self.capability >= (8, 0)
 
 
@@ -54,147 +55,153 @@ PROFILES: dict[str, GPUProfile] = {
     p.key: p
     for p in [
         GPUProfile(
-            "T4",
-            "NVIDIA T4",
-            (7, 5),
-            16,
-            320,
-            8.1,
-            None,
-            None,
-            65,
-            "NVIDIA T4 Tensor Core GPU datasheet (2019)",
+            key="T4",
+            name="NVIDIA T4",
+            capability=(7, 5),
+            memory_gb=16,
+            bandwidth_gbs=320,
+            fp32_tflops=8.1,
+            tf32_tflops=None,
+            bf16_tflops=None,
+            fp16_tflops=65,
+            source="NVIDIA T4 Tensor Core GPU datasheet (2019)",
         ),
         GPUProfile(
-            "V100",
-            "NVIDIA V100 SXM2",
-            (7, 0),
-            16,
-            900,
-            15.7,
-            None,
-            None,
-            125,
-            "NVIDIA V100 Tensor Core GPU datasheet (2020), SXM2",
+            key="V100",
+            name="NVIDIA V100 SXM2",
+            capability=(7, 0),
+            memory_gb=16,
+            bandwidth_gbs=900,
+            fp32_tflops=15.7,
+            tf32_tflops=None,
+            bf16_tflops=None,
+            fp16_tflops=125,
+            source="NVIDIA V100 Tensor Core GPU datasheet (2020), SXM2",
         ),
         GPUProfile(
-            "A10",
-            "NVIDIA A10",
-            (8, 6),
-            24,
-            600,
-            31.2,
-            62.5,
-            125,
-            125,
-            "NVIDIA A10 Tensor Core GPU datasheet (2021)",
+            key="A10",
+            name="NVIDIA A10",
+            capability=(8, 6),
+            memory_gb=24,
+            bandwidth_gbs=600,
+            fp32_tflops=31.2,
+            tf32_tflops=62.5,
+            bf16_tflops=125,
+            fp16_tflops=125,
+            source="NVIDIA A10 Tensor Core GPU datasheet (2021)",
         ),
         GPUProfile(
-            "A10G",
-            "NVIDIA A10G",
-            (8, 6),
-            24,
-            600,
-            None,
-            None,
-            None,
-            None,
-            "no NVIDIA datasheet (an AWS-only variant of the A10, EC2 G5 instances); 24 GB GDDR6 "
-            "and 600 GB/s as in Baseten, 'NVIDIA A10 vs A10G for ML model inference' (2023)",
+            key="A10G",
+            name="NVIDIA A10G",
+            capability=(8, 6),
+            memory_gb=24,
+            bandwidth_gbs=600,
+            fp32_tflops=None,
+            tf32_tflops=None,
+            bf16_tflops=None,
+            fp16_tflops=None,
+            source=(
+                "no NVIDIA datasheet (an AWS-only variant of the A10, EC2 G5 instances); "
+                "24 GB GDDR6 and 600 GB/s as in Baseten, "
+                "'NVIDIA A10 vs A10G for ML model inference' (2023)"
+            ),
             note="NVIDIA publishes no A10G peak FLOP/s: no MFU is claimed on it",
         ),
         GPUProfile(
-            "L4",
-            "NVIDIA L4",
-            (8, 9),
-            24,
-            300,
-            30.3,
-            60,
-            121,
-            121,
-            "NVIDIA L4 Tensor Core GPU datasheet (2023); sparse figures halved",
+            key="L4",
+            name="NVIDIA L4",
+            capability=(8, 9),
+            memory_gb=24,
+            bandwidth_gbs=300,
+            fp32_tflops=30.3,
+            tf32_tflops=60,
+            bf16_tflops=121,
+            fp16_tflops=121,
+            source="NVIDIA L4 Tensor Core GPU datasheet (2023); sparse figures halved",
         ),
         GPUProfile(
-            "A100-40GB",
-            "NVIDIA A100 40GB",
-            (8, 0),
-            40,
-            1555,
-            19.5,
-            156,
-            312,
-            312,
-            "NVIDIA A100 Tensor Core GPU datasheet (2021)",
+            key="A100-40GB",
+            name="NVIDIA A100 40GB",
+            capability=(8, 0),
+            memory_gb=40,
+            bandwidth_gbs=1555,
+            fp32_tflops=19.5,
+            tf32_tflops=156,
+            bf16_tflops=312,
+            fp16_tflops=312,
+            source="NVIDIA A100 Tensor Core GPU datasheet (2021)",
         ),
         GPUProfile(
-            "A100-80GB",
-            "NVIDIA A100 80GB SXM",
-            (8, 0),
-            80,
-            2039,
-            19.5,
-            156,
-            312,
-            312,
-            "NVIDIA A100 Tensor Core GPU datasheet (2021), SXM",
+            key="A100-80GB",
+            name="NVIDIA A100 80GB SXM",
+            capability=(8, 0),
+            memory_gb=80,
+            bandwidth_gbs=2039,
+            fp32_tflops=19.5,
+            tf32_tflops=156,
+            bf16_tflops=312,
+            fp16_tflops=312,
+            source="NVIDIA A100 Tensor Core GPU datasheet (2021), SXM",
         ),
         GPUProfile(
-            "H100-PCIe",
-            "NVIDIA H100 PCIe",
-            (9, 0),
-            80,
-            2000,
-            51,
-            378,
-            756,
-            756,
-            "NVIDIA H100 Tensor Core GPU datasheet (2023), PCIe; sparse figures halved",
+            key="H100-PCIe",
+            name="NVIDIA H100 PCIe",
+            capability=(9, 0),
+            memory_gb=80,
+            bandwidth_gbs=2000,
+            fp32_tflops=51,
+            tf32_tflops=378,
+            bf16_tflops=756,
+            fp16_tflops=756,
+            source="NVIDIA H100 Tensor Core GPU datasheet (2023), PCIe; sparse figures halved",
         ),
         GPUProfile(
-            "H100-SXM",
-            "NVIDIA H100 SXM",
-            (9, 0),
-            80,
-            3350,
-            67,
-            494.7,
-            989.4,
-            989.4,
-            "NVIDIA H100 Tensor Core GPU datasheet (2023), SXM; sparse figures halved",
+            key="H100-SXM",
+            name="NVIDIA H100 SXM",
+            capability=(9, 0),
+            memory_gb=80,
+            bandwidth_gbs=3350,
+            fp32_tflops=67,
+            tf32_tflops=494.7,
+            bf16_tflops=989.4,
+            fp16_tflops=989.4,
+            source="NVIDIA H100 Tensor Core GPU datasheet (2023), SXM; sparse figures halved",
         ),
         GPUProfile(
-            "H200",
-            "NVIDIA H200 SXM",
-            (9, 0),
-            141,
-            4800,
-            67,
-            494.7,
-            989.4,
-            989.4,
-            "NVIDIA H200 Tensor Core GPU datasheet (2024), SXM; sparse figures halved",
+            key="H200",
+            name="NVIDIA H200 SXM",
+            capability=(9, 0),
+            memory_gb=141,
+            bandwidth_gbs=4800,
+            fp32_tflops=67,
+            tf32_tflops=494.7,
+            bf16_tflops=989.4,
+            fp16_tflops=989.4,
+            source="NVIDIA H200 Tensor Core GPU datasheet (2024), SXM; sparse figures halved",
         ),
         GPUProfile(
-            "CPU",
-            "CPU (any)",
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            "no datasheet: CPUs differ too much for one figure",
-            note="peak FLOP/s and bandwidth depend on the CPU model, its cores and vector units; "
-            "memory is the machine's RAM: no MFU is claimed on a CPU",
+            key="CPU",
+            name="CPU (any)",
+            capability=None,
+            memory_gb=None,
+            bandwidth_gbs=None,
+            fp32_tflops=None,
+            tf32_tflops=None,
+            bf16_tflops=None,
+            fp16_tflops=None,
+            source="no datasheet: CPUs differ too much for one figure",
+            note=(
+                "peak FLOP/s and bandwidth depend on the CPU model, its cores and vector units; "
+                "memory is the machine's RAM: no MFU is claimed on a CPU"
+            ),
         ),
     ]
 }
 
 
 def match_profile(device_name: str, total_memory_bytes: int | None = None) -> GPUProfile | None:
-    """The datasheet profile for a CUDA device name (e.g. 'NVIDIA A100-SXM4-80GB'), or None if unknown."""
+    """The datasheet profile for a CUDA device name (e.g. 'NVIDIA A100-SXM4-80GB'), or None if
+    unknown."""
     n = device_name.upper().replace("-", " ")
     if "H200" in n:
         return PROFILES["H200"] if "NVL" not in n else None
@@ -213,30 +220,34 @@ def match_profile(device_name: str, total_memory_bytes: int | None = None) -> GP
         return PROFILES["T4"]
     if "L4" in n.split():
         return PROFILES["L4"]
-    if (
-        "A10" in n.split()
-    ):  # not "A10G": PROFILES["A10G"] has no peak FLOP/s to compute an MFU against
+    # not "A10G": PROFILES["A10G"] has no peak FLOP/s to compute an MFU against
+    if "A10" in n.split():
         return PROFILES["A10"]
     return None
 
 
 def format_profiles(profiles: list[GPUProfile] | None = None) -> str:
-    """The datasheet profiles as a fixed-width table: capability, memory (GB), bandwidth (GB/s), dense
-    peak TFLOP/s per format ('-' = no native support or not published; see each profile's note), and
-    the autocast dtype the course uses there (:attr:`GPUProfile.autocast_label`). Sources follow the table, one line per profile."""
+    """The datasheet profiles as a fixed-width table: capability, memory (GB), bandwidth (GB/s),
+    dense peak TFLOP/s per format ('-' = no native support or not published; see each profile's
+    note), and the autocast dtype the course uses there (:attr:`GPUProfile.autocast_label`).
+    Sources follow the table, one line per profile."""
 
     def num(x: float | None) -> str:
         return "-" if x is None else f"{x:g}"
 
     profiles = list(PROFILES.values()) if profiles is None else profiles
-    head = f"{'profile':<10} {'sm':>4} {'GB':>5} {'GB/s':>6} {'fp32':>6} {'tf32':>6} {'bf16':>6} {'fp16':>6}  autocast"
+    head = (
+        f"{'profile':<10} {'sm':>4} {'GB':>5} {'GB/s':>6} "
+        f"{'fp32':>6} {'tf32':>6} {'bf16':>6} {'fp16':>6}  autocast"
+    )
     lines = [head, "-" * len(head)]
     for p in profiles:
         sm = "-" if p.capability is None else f"{p.capability[0]}{p.capability[1]}"
         dtype = p.autocast_label
         lines.append(
-            f"{p.key:<10} {sm:>4} {num(p.memory_gb):>5} {num(p.bandwidth_gbs):>6} {num(p.fp32_tflops):>6} "
-            f"{num(p.tf32_tflops):>6} {num(p.bf16_tflops):>6} {num(p.fp16_tflops):>6}  {dtype}"
+            f"{p.key:<10} {sm:>4} {num(p.memory_gb):>5} {num(p.bandwidth_gbs):>6} "
+            f"{num(p.fp32_tflops):>6} {num(p.tf32_tflops):>6} {num(p.bf16_tflops):>6} "
+            f"{num(p.fp16_tflops):>6}  {dtype}"
         )
     lines.append("TFLOP/s dense. Sources:")
     lines += [f"  {p.key}: {p.source}" + (f" ({p.note})" if p.note else "") for p in profiles]

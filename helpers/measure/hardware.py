@@ -28,7 +28,10 @@ def compile_support(device: torch.device) -> tuple[bool, str]:
         if cap < (7, 0):
             return (
                 False,
-                f"inductor's Triton backend needs compute capability >= 7.0, this GPU is {cap[0]}.{cap[1]}",
+                (
+                    "inductor's Triton backend needs compute capability >= 7.0, "
+                    f"this GPU is {cap[0]}.{cap[1]}"
+                ),
             )
         try:
             import triton  # noqa: F401
@@ -47,10 +50,8 @@ def compile_support(device: torch.device) -> tuple[bool, str]:
     return True, f"C++ compiler {compiler} found"
 
 
-_SM80_ATTENTION = (
-    "FLASH_ATTENTION",
-    "CUDNN_ATTENTION",
-)  # SDPA kernels that need compute capability >= 8.0
+# SDPA kernels that need compute capability >= 8.0
+_SM80_ATTENTION = ("FLASH_ATTENTION", "CUDNN_ATTENTION")
 
 
 def sdpa_backends(device: torch.device, dtype: torch.dtype | None = None) -> dict[str, str]:
@@ -70,9 +71,8 @@ def sdpa_backends(device: torch.device, dtype: torch.dtype | None = None) -> dic
     q = torch.randn(1, 2, 64, 64, device=device, dtype=dtype)
     result = {}
     for name in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"):
-        backend = getattr(
-            SDPBackend, name, None
-        )  # CUDNN_ATTENTION is missing from some torch versions
+        # CUDNN_ATTENTION is missing from some torch versions
+        backend = getattr(SDPBackend, name, None)
         if backend is None:
             result[name.lower()] = "not in this torch version"
             continue
@@ -82,9 +82,11 @@ def sdpa_backends(device: torch.device, dtype: torch.dtype | None = None) -> dic
             and name in _SM80_ATTENTION
             and _emulated.capability < (8, 0)
         ):
-            # sdpa_kernel(backend) would switch the kernel back on for the probe: answer as the emulated GPU
+            # sdpa_kernel(backend) would switch the kernel back on for the probe: answer as the
+            # emulated GPU
             result[name.lower()] = (
-                f"unavailable (emulating a {_emulated.key}: sm{_emulated.capability[0]}{_emulated.capability[1]} has no {name.lower()})"
+                f"unavailable (emulating a {_emulated.key}: "
+                f"sm{_emulated.capability[0]}{_emulated.capability[1]} has no {name.lower()})"
             )
             continue
         try:
@@ -127,7 +129,8 @@ def emulated_profile() -> GPUProfile | None:
 
 
 def capability(device: torch.device) -> tuple[int, int] | None:
-    """Compute capability of a CUDA ``device`` (the emulated profile's while emulating); None on CPU."""
+    """Compute capability of a CUDA ``device`` (the emulated profile's while emulating); None on
+    CPU."""
     if device.type != "cuda":
         return None
     if _emulated is not None:
@@ -138,12 +141,13 @@ def capability(device: torch.device) -> tuple[int, int] | None:
 def emulate(
     profile_key: str = "T4", device: torch.device | str = "cuda", memory_bytes: int | None = None
 ) -> dict:
-    """Make this process behave like the GPU ``profile_key`` (default a T4) on a bigger CUDA GPU, so the
-    fallback paths really run: usable memory capped with ``torch.cuda.set_per_process_memory_fraction``
-    (T4: 15 GB), bf16 and TF32 refused (they need compute capability 8.0), SDPA limited to the kernels
-    the profile's GPU has (no FlashAttention-2 or cuDNN attention below sm80), and the recipe chosen as
-    for that GPU. Speed is still the real GPU's: MFU is not reported while emulating, and results say
-    "emulated". Undo with :func:`stop_emulation`.
+    """Make this process behave like the GPU ``profile_key`` (default a T4) on a bigger CUDA GPU, so
+    the fallback paths really run: usable memory capped with
+    ``torch.cuda.set_per_process_memory_fraction`` (T4: 15 GB), bf16 and TF32 refused (they need
+    compute capability 8.0), SDPA limited to the kernels the profile's GPU has (no FlashAttention-2
+    or cuDNN attention below sm80), and the recipe chosen as for that GPU. Speed is still the real
+    GPU's: MFU is not reported while emulating, and results say "emulated". Undo with
+    :func:`stop_emulation`.
 
     Raises:
         ValueError: no CUDA GPU, an unknown profile, or a real GPU with less memory than the cap.
@@ -157,16 +161,17 @@ def emulate(
             else ""
         )
         raise ValueError(
-            f"emulation caps a bigger CUDA GPU: it needs one (on a CPU there is nothing to emulate){hint}"
+            "emulation caps a bigger CUDA GPU: it needs one "
+            f"(on a CPU there is nothing to emulate){hint}"
         )
     if profile_key not in PROFILES or PROFILES[profile_key].capability is None:
         raise ValueError(
-            f"unknown profile {profile_key!r} (a GPU to emulate); known: {sorted(k for k, p in PROFILES.items() if p.capability)}"
+            f"unknown profile {profile_key!r} (a GPU to emulate); "
+            f"known: {sorted(k for k, p in PROFILES.items() if p.capability)}"
         )
     prof = PROFILES[profile_key]
-    if (
-        device.index is None
-    ):  # set_per_process_memory_fraction needs an indexed device ("cuda:0", not "cuda")
+    # set_per_process_memory_fraction needs an indexed device ("cuda:0", not "cuda")
+    if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     props = torch.cuda.get_device_properties(device)
     if prof.memory_gb is None:
@@ -176,7 +181,8 @@ def emulate(
     )
     if cap_bytes > props.total_memory:
         raise ValueError(
-            f"{props.name} has {props.total_memory / 1e9:.0f} GB, less than the {cap_bytes / 1e9:.0f} GB to emulate"
+            f"{props.name} has {props.total_memory / 1e9:.0f} GB, "
+            f"less than the {cap_bytes / 1e9:.0f} GB to emulate"
         )
     if _emulated is None:  # remember the real switches once, so stop_emulation restores them
         _saved_switches = {
@@ -187,13 +193,15 @@ def emulate(
                 if hasattr(torch.backends.cuda, f"{name}_sdp_enabled")
             },
         }
-    # The caching allocator raises OutOfMemoryError once it would reserve more than fraction x total.
+    # The caching allocator raises OutOfMemoryError once it would reserve more than fraction x
+    # total.
     torch.cuda.set_per_process_memory_fraction(cap_bytes / props.total_memory, device)
     disabled = []
     if prof.capability < (8, 0):
         disabled = [name for name in _SDPA_TOGGLES if _set_sdpa_enabled(name, False)]
         # TF32 off the documented way (also the new fp32_precision switches of torch >= 2.9); the
-        # Trainer sets the precision before every step anyway, and unsupported_reason refuses "tf32".
+        # Trainer sets the precision before every step anyway, and unsupported_reason refuses
+        # "tf32".
         torch.set_float32_matmul_precision("highest")
     _emulated, _emulated_memory = prof, cap_bytes
     _env_emulation_done = True  # an explicit emulation supersedes $COURSE_EMULATE_GPU
@@ -210,9 +218,10 @@ _saved_switches: dict = {}
 
 
 def _set_sdpa_enabled(name: str, on: bool) -> bool:
-    """``torch.backends.cuda.enable_<name>_sdp(on)`` where this torch has it (cuDNN attention's switch
-    is missing from older versions); returns whether it existed. The switches are global: they hold for
-    eager code and for graphs torch.compile traces after they are set (the kernel is chosen at trace time)."""
+    """``torch.backends.cuda.enable_<name>_sdp(on)`` where this torch has it (cuDNN attention's
+    switch is missing from older versions); returns whether it existed. The switches are global:
+    they hold for eager code and for graphs torch.compile traces after they are set (the kernel is
+    chosen at trace time)."""
     fn = getattr(torch.backends.cuda, f"enable_{name}_sdp", None)
     if fn is None:
         return False
@@ -221,7 +230,8 @@ def _set_sdpa_enabled(name: str, on: bool) -> bool:
 
 
 def stop_emulation(device: torch.device | str = "cuda") -> None:
-    """Undo :func:`emulate`: full memory, and the SDPA kernels and matmul precision as they were before."""
+    """Undo :func:`emulate`: full memory, and the SDPA kernels and matmul precision as they were
+    before."""
     global _emulated, _emulated_memory, _saved_switches
     if _emulated is None:
         return
@@ -237,11 +247,12 @@ def stop_emulation(device: torch.device | str = "cuda") -> None:
 
 @contextlib.contextmanager
 def cpu_sdpa_kernels():
-    """Context for code whose SDPA runs on CPU tensors while a GPU is emulated: turns the FlashAttention
-    switch back on inside it. :func:`emulate` turns ``torch.backends.cuda.enable_flash_sdp`` off to
-    emulate an sm75 GPU, but torch reads that same switch for CPU tensors, so it would also take the
-    fused kernel away from the CPU (which a real T4 machine's CPU has), and chapter 06's CPU
-    demonstrations would build (T, T) scores. Nothing changes when not emulating.
+    """Context for code whose SDPA runs on CPU tensors while a GPU is emulated: turns the
+    FlashAttention switch back on inside it. :func:`emulate` turns
+    ``torch.backends.cuda.enable_flash_sdp`` off to emulate an sm75 GPU, but torch reads that same
+    switch for CPU tensors, so it would also take the fused kernel away from the CPU (which a real
+    T4 machine's CPU has), and chapter 06's CPU demonstrations would build (T, T) scores. Nothing
+    changes when not emulating.
     """
     if _emulated is None or not hasattr(torch.backends.cuda, "flash_sdp_enabled"):
         yield
@@ -255,7 +266,8 @@ def cpu_sdpa_kernels():
 
 
 def apply_env_emulation(device: torch.device | str = "cuda") -> dict | None:
-    """Emulate the profile named by ``$COURSE_EMULATE_GPU`` (e.g. T4), if set and a GPU is present."""
+    """Emulate the profile named by ``$COURSE_EMULATE_GPU`` (e.g. T4), if set and a GPU is
+    present."""
     key = os.environ.get(EMULATE_ENV, "").strip()
     if not key or not torch.cuda.is_available():
         return None
@@ -333,15 +345,20 @@ def no_native_bf16_reason(device: torch.device | str) -> str | None:
             f"here, so the CPU path uses fp32 (set {CPU_BF16_ENV}=fast to run bf16 anyway)"
         )
     cap = capability(device)
-    return f"bf16 is not native below compute capability 8.0 (this GPU is {cap[0]}.{cap[1]}: emulated, slow)"
+    return (
+        "bf16 is not native below compute capability 8.0 "
+        f"(this GPU is {cap[0]}.{cap[1]}: emulated, slow)"
+    )
 
 
 def torch_says_bf16(device: torch.device | str = "cuda") -> dict[str, bool | None]:
-    """What ``torch.cuda.is_bf16_supported`` answers on ``device``: ``{"default": ..., "without_emulation": ...}``.
+    """What ``torch.cuda.is_bf16_supported`` answers on ``device``:
+    ``{"default": ..., "without_emulation": ...}``.
 
     The default call counts emulated bf16 and is True on a T4 (sm75) on recent torch: the trap that
-    :func:`native_bf16` avoids. ``without_emulation`` is ``is_bf16_supported(including_emulation=False)``,
-    or None where this torch version has no such argument. Both are False on a CPU (no CUDA device).
+    :func:`native_bf16` avoids. ``without_emulation`` is
+    ``is_bf16_supported(including_emulation=False)``, or None where this torch version has no such
+    argument. Both are False on a CPU (no CUDA device).
     While emulating, torch still answers for the real GPU.
     """
     import inspect
@@ -363,9 +380,9 @@ def tf32_supported(device: torch.device) -> bool:
 
 
 def tensor_core_multiple(dtype: torch.dtype) -> int:
-    """Smallest dimension multiple (in elements) that lets cuBLAS use tensor cores for ``dtype``:
-    16 bytes' worth (8 for fp16/bf16, 4 for tf32/fp32, 16 for 8-bit types). Larger multiples (64,
-    128) also avoid partly empty tiles ("tile quantization"). Source: NVIDIA Deep Learning Performance
+    """Smallest dimension multiple (in elements) that lets cuBLAS use tensor cores for ``dtype``: 16
+    bytes' worth (8 for fp16/bf16, 4 for tf32/fp32, 16 for 8-bit types). Larger multiples (64, 128)
+    also avoid partly empty tiles ("tile quantization"). Source: NVIDIA Deep Learning Performance
     Guide, "Matrix Multiplication Background" and "Tensor Core Requirements"
     (https://docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication/)."""
     return max(1, 16 // (torch.finfo(dtype).bits // 8))
@@ -378,9 +395,9 @@ def default_device() -> torch.device:
     """``cuda`` when a CUDA GPU is visible, else ``cpu``.
 
     The first call also applies ``$COURSE_EMULATE_GPU`` (e.g. ``COURSE_EMULATE_GPU=T4``, see
-    :func:`emulate`) when a GPU is visible: every notebook starts with this call, so the variable runs
-    the whole course as on that GPU (memory cap, no bf16/TF32, sm75 attention kernels). Later calls do
-    not re-apply it, so a :func:`stop_emulation` holds.
+    :func:`emulate`) when a GPU is visible: every notebook starts with this call, so the variable
+    runs the whole course as on that GPU (memory cap, no bf16/TF32, sm75 attention kernels). Later
+    calls do not re-apply it, so a :func:`stop_emulation` holds.
 
     Raises:
         ValueError: ``$COURSE_EMULATE_GPU`` names an unknown profile, or a GPU smaller than the cap.
@@ -391,10 +408,10 @@ def default_device() -> torch.device:
 
 
 def apply_env_emulation_once(device: torch.device | str) -> dict | None:
-    """Apply ``$COURSE_EMULATE_GPU`` (see :func:`apply_env_emulation`) the first time a CUDA device is
-    chosen in this process (:func:`default_device`, ``helpers.tools.cli.device``); later calls, calls for a
-    CPU and calls after an explicit :func:`emulate` do nothing. A failing first call (an unknown
-    profile) raises again on the next call instead of silently running without emulation.
+    """Apply ``$COURSE_EMULATE_GPU`` (see :func:`apply_env_emulation`) the first time a CUDA device
+    is chosen in this process (:func:`default_device`, ``helpers.tools.cli.device``); later calls,
+    calls for a CPU and calls after an explicit :func:`emulate` do nothing. A failing first call (an
+    unknown profile) raises again on the next call instead of silently running without emulation.
 
     Raises:
         ValueError: ``$COURSE_EMULATE_GPU`` names an unknown profile, or a GPU smaller than the cap.
@@ -427,7 +444,10 @@ class DeviceSummary:
     def one_line(self) -> str:
         """A one-line summary for the top of every notebook."""
         if self.device == "cpu":
-            return f"CPU ({self.name}), torch {self.torch_version}: no GPU, notebooks use the small CPU config"
+            return (
+                f"CPU ({self.name}), torch {self.torch_version}: "
+                "no GPU, notebooks use the small CPU config"
+            )
         mem = f"{self.total_memory_bytes / 2**30:.0f} GiB"
         cap = f"sm{self.capability[0]}{self.capability[1]}"
         return (

@@ -11,21 +11,22 @@ from dataclasses import dataclass
 
 import torch
 
-# clocks_throttle_reasons.active is the older name of clocks_event_reasons.active; drivers accept both, and
-# older ones (as on Colab) only the former.
+# clocks_throttle_reasons.active is the older name of clocks_event_reasons.active; drivers accept
+# both, and older ones (as on Colab) only the former.
 SMI_QUERY = "timestamp,clocks.sm,power.draw,power.limit,clocks_throttle_reasons.active"
-SW_POWER_CAP = 0x4  # the clock-event reason bit "SW power cap": the driver lowers clocks to stay under the power limit
+# the clock-event reason bit "SW power cap": the driver lowers clocks to stay under the power limit
+SW_POWER_CAP = 0x4
 
 
 @dataclass
 class PowerSample:
-    """One nvidia-smi reading: ``t`` (time.time(), s, when the line arrived), SM clock (MHz), power draw and
-    limit (W), and the clock-event reasons bit mask (:data:`SW_POWER_CAP` = 0x4; 0 = nothing holds the clock).
-    A field nvidia-smi reports as "[N/A]" is None.
+    """One nvidia-smi reading: ``t`` (time.time(), s, when the line arrived), SM clock (MHz), power
+    draw and limit (W), and the clock-event reasons bit mask (:data:`SW_POWER_CAP` = 0x4; 0 =
+    nothing holds the clock). A field nvidia-smi reports as "[N/A]" is None.
 
-    The clock is the current one. ``power.draw`` is, on Ampere and newer GPUs, the driver's average over about
-    the last second (``nvidia-smi --help-query-gpu``), so it lags a load that has just started; on older GPUs
-    (a T4) it is the last instantaneous reading."""
+    The clock is the current one. ``power.draw`` is, on Ampere and newer GPUs, the driver's average
+    over about the last second (``nvidia-smi --help-query-gpu``), so it lags a load that has just
+    started; on older GPUs (a T4) it is the last instantaneous reading."""
 
     t: float
     sm_clock_mhz: float | None
@@ -35,9 +36,10 @@ class PowerSample:
 
 
 def parse_smi_line(line: str, t: float) -> PowerSample | None:
-    """A :class:`PowerSample` from one line of ``nvidia-smi --query-gpu=SMI_QUERY --format=csv,noheader,nounits``
-    (e.g. ``"2026/11/30 03:39:09.345, 1740, 697.75, 700.00, 0x0000000000000004"``); "[N/A]" fields become None.
-    None for a line that is not a reading (a header, an error message)."""
+    """A :class:`PowerSample` from one line of
+    ``nvidia-smi --query-gpu=SMI_QUERY --format=csv,noheader,nounits`` (e.g.
+    ``"2026/11/30 03:39:09.345, 1740, 697.75, 700.00, 0x0000000000000004"``); "[N/A]" fields become
+    None. None for a line that is not a reading (a header, an error message)."""
     parts = [p.strip() for p in line.split(",")]
     if len(parts) != 5:
         return None
@@ -64,22 +66,22 @@ def samples_in_window(
 
 
 def power_reading_is_average(device: torch.device | str = "cuda") -> bool:
-    """Whether nvidia-smi's ``power.draw`` on this CUDA GPU is a ~1 s average (Ampere and newer: compute
-    capability >= 8.0, ``nvidia-smi --help-query-gpu``) rather than an instantaneous reading (a T4). Reads the
-    real GPU's capability, also under :func:`emulate`."""
+    """Whether nvidia-smi's ``power.draw`` on this CUDA GPU is a ~1 s average (Ampere and newer:
+    compute capability >= 8.0, ``nvidia-smi --help-query-gpu``) rather than an instantaneous reading
+    (a T4). Reads the real GPU's capability, also under :func:`emulate`."""
     return torch.cuda.get_device_capability(torch.device(device)) >= (8, 0)
 
 
 def power_summary(
     samples: list[PowerSample], t0: float | None = None, t1: float | None = None
 ) -> dict:
-    """Min / median / max of power (W) and SM clock (MHz) over the samples taken in [t0, t1] (time.time() s;
-    None = no bound), the window's length, the power limit, and the fraction of samples whose clock-event
-    reasons include :data:`SW_POWER_CAP`. Fields nvidia-smi could not read ("[N/A]") are left out of each
-    statistic (a statistic with no value is None).
+    """Min / median / max of power (W) and SM clock (MHz) over the samples taken in [t0, t1]
+    (time.time() s; None = no bound), the window's length, the power limit, and the fraction of
+    samples whose clock-event reasons include :data:`SW_POWER_CAP`. Fields nvidia-smi could not read
+    ("[N/A]") are left out of each statistic (a statistic with no value is None).
 
-    Returns ``{"samples": 0, "window_s": ...}`` when no sample falls in the window (e.g. a window shorter than
-    the sampling interval).
+    Returns ``{"samples": 0, "window_s": ...}`` when no sample falls in the window (e.g. a window
+    shorter than the sampling interval).
     """
     import statistics
 
@@ -109,20 +111,23 @@ def power_summary(
 def format_power_summary(
     summary: dict, max_clock_mhz: float | None = None, power_is_average: bool = True
 ) -> str:
-    """Lines for a learner from :func:`power_summary`'s dict: the SM clock against ``max_clock_mhz``, the power
-    against its limit (marked as a ~1 s average when ``power_is_average``: Ampere and newer), and the share of
-    samples in which the driver named its power cap."""
+    """Lines for a learner from :func:`power_summary`'s dict: the SM clock against
+    ``max_clock_mhz``, the power against its limit (marked as a ~1 s average when
+    ``power_is_average``: Ampere and newer), and the share of samples in which the driver named its
+    power cap."""
     if not summary.get("samples"):
         return "no nvidia-smi sample fell inside the window"
     lines = [f"{summary['samples']} samples"]
     c = summary.get("sm_clock_mhz")
     if c:
         lines[0] += (
-            f"; SM clock min / median / max: {c['min']:.0f} / {c['median']:.0f} / {c['max']:.0f} MHz"
+            "; SM clock min / median / max: "
+            f"{c['min']:.0f} / {c['median']:.0f} / {c['max']:.0f} MHz"
         )
         if max_clock_mhz:
             lines.append(
-                f"maximum SM clock {max_clock_mhz:.0f} MHz: the median is {100 * c['median'] / max_clock_mhz:.0f}% of it"
+                f"maximum SM clock {max_clock_mhz:.0f} MHz: "
+                f"the median is {100 * c['median'] / max_clock_mhz:.0f}% of it"
             )
     p = summary.get("power_w")
     if p:
@@ -133,22 +138,24 @@ def format_power_summary(
         lines.append(f"power draw up to {p['max']:.0f} W{limit}{lag}")
     if summary.get("sw_power_cap_fraction") is not None:
         lines.append(
-            f"the driver named its power cap as a clock-event reason in {summary['sw_power_cap_fraction']:.0%} "
-            "of the samples"
+            "the driver named its power cap as a clock-event reason in "
+            f"{summary['sw_power_cap_fraction']:.0%} of the samples"
         )
     return "\n".join(lines)
 
 
 def _smi_gpu_id(device: torch.device) -> str:
-    """nvidia-smi's ``-i`` for a torch CUDA device: its UUID (right whatever CUDA_VISIBLE_DEVICES renumbers)."""
+    """nvidia-smi's ``-i`` for a torch CUDA device: its UUID (right whatever CUDA_VISIBLE_DEVICES
+    renumbers)."""
     if device.type != "cuda":
         raise RuntimeError(
             f"nvidia-smi reads an NVIDIA GPU's counters; {device} is not a CUDA device"
         )
     if not torch.cuda.is_available():
         raise RuntimeError(
-            "this PyTorch cannot see a CUDA GPU (a CPU-only build, or no driver), so there is no GPU "
-            "to read: install a CUDA build of torch on a machine with an NVIDIA GPU"
+            "this PyTorch cannot see a CUDA GPU (a CPU-only build, or no driver), "
+            "so there is no GPU to read: "
+            "install a CUDA build of torch on a machine with an NVIDIA GPU"
         )
     if shutil.which("nvidia-smi") is None:
         raise RuntimeError(
@@ -160,8 +167,8 @@ def _smi_gpu_id(device: torch.device) -> str:
 
 
 def max_sm_clock_mhz(device: torch.device | str = "cuda") -> float | None:
-    """The GPU's maximum SM clock in MHz (``nvidia-smi --query-gpu=clocks.max.sm``), e.g. 1980 on an H200 SXM;
-    None if nvidia-smi cannot say (no CUDA device, no nvidia-smi, "[N/A]")."""
+    """The GPU's maximum SM clock in MHz (``nvidia-smi --query-gpu=clocks.max.sm``), e.g. 1980 on an
+    H200 SXM; None if nvidia-smi cannot say (no CUDA device, no nvidia-smi, "[N/A]")."""
     import subprocess
 
     try:
@@ -178,22 +185,24 @@ def max_sm_clock_mhz(device: torch.device | str = "cuda") -> float | None:
 
 
 class GPUPowerSampler:
-    """Reads a GPU's SM clock, power draw and clock-event reasons every ``interval_ms`` while a block runs.
+    """Reads a GPU's SM clock, power draw and clock-event reasons every ``interval_ms`` while a
+    block runs.
 
-    ``nvidia-smi --query-gpu=... -lms interval_ms`` runs in the background (NVIDIA's tool, reading the driver's
-    NVML counters); a thread timestamps each line as it arrives::
+    ``nvidia-smi --query-gpu=... -lms interval_ms`` runs in the background (NVIDIA's tool, reading
+    the driver's NVML counters); a thread timestamps each line as it arrives::
 
         with power.GPUPowerSampler(torch.device("cuda")) as smi:
             t0 = time.time(); run_steps(); t1 = time.time()
         print(power.format_power_summary(power.power_summary(smi.samples, t0, t1)))
         if smi.problem(): print(smi.problem())     # why there are no samples, when there are none
 
-    See :class:`PowerSample` for what each reading means (the power is a ~1 s average on Ampere and newer).
-    Sampling only reads; it never changes clocks or limits.
+    See :class:`PowerSample` for what each reading means (the power is a ~1 s average on Ampere and
+    newer). Sampling only reads; it never changes clocks or limits.
 
     Raises:
-        RuntimeError: on entering, if the device is not a CUDA GPU this torch can see, or ``nvidia-smi`` is not on
-            PATH (it ships with the NVIDIA driver; on a CPU or without it, time the workload without sampling).
+        RuntimeError: on entering, if the device is not a CUDA GPU this torch can see, or
+            ``nvidia-smi`` is not on PATH (it ships with the NVIDIA driver; on a CPU or without it,
+            time the workload without sampling).
     """
 
     def __init__(
@@ -206,9 +215,8 @@ class GPUPowerSampler:
         self.interval_ms = int(interval_ms)
         self.command = command
         self.samples: list[PowerSample] = []
-        self.unparsed: list[
-            str
-        ] = []  # the first lines nvidia-smi printed that were not readings (its errors)
+        # the first lines nvidia-smi printed that were not readings (its errors)
+        self.unparsed: list[str] = []
         self.returncode: int | None = None
         self._proc = None
         self._thread = None
@@ -247,7 +255,8 @@ class GPUPowerSampler:
         return self
 
     def problem(self) -> str | None:
-        """Why no sample was read (nvidia-smi's own message and exit status), or None when there are samples."""
+        """Why no sample was read (nvidia-smi's own message and exit status), or None when there are
+        samples."""
         if self.samples:
             return None
         said = "; ".join(self.unparsed) or "nothing"

@@ -1,0 +1,190 @@
+"""Running a notebook in a fresh kernel for the grader: every code cell, errors allowed, a timeout
+per cell, and a record of what happened to each cell that never raises for the notebook's faults.
+
+The kernel is always this Python interpreter with the repository on its ``PYTHONPATH``, optionally
+started under a command (the OS sandbox of :mod:`helpers.grading.sandbox`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import helpers
+
+TIMEOUT_ENAME = "CellTimeoutError"
+REPO_ROOT = helpers.REPO_ROOT
+
+
+@dataclass
+class CellRun:
+    """What happened to one code cell: status is ``ok``, ``error``, ``timeout`` or ``not run``."""
+
+    index: int  # 0-based position in the notebook
+    status: str
+    ename: str = ""
+    evalue: str = ""
+
+
+@dataclass
+class NotebookRun:
+    """The result of :func:`execute_notebook`: one CellRun per code cell, and kernel events."""
+
+    cells: dict[int, CellRun] = field(default_factory=dict)
+    kernel_died_in: int | None = None  # 0-based index of the cell during which the kernel died
+    stuck_after_timeout_in: int | None = None  # a timeout the interrupt could not end
+    startup_error: str | None = None  # the kernel never started
+
+
+def _kernel_manager_class(prefix: tuple[str, ...] = ()) -> type:
+    """An AsyncKernelManager that always launches ipykernel with *this* Python interpreter, after
+    ``prefix`` (the sandbox's command, :func:`helpers.grading.sandbox.sandbox_prefix`) when one is
+    given.
+
+    A ``python3`` kernelspec installed elsewhere (another conda env, ~/.local) would otherwise run
+    the submissions with a different torch, or without ``helpers``.
+    """
+    from jupyter_client.kernelspec import KernelSpec
+    from jupyter_client.manager import AsyncKernelManager
+
+    argv = [*prefix, sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+
+    class CurrentPythonKernelManager(AsyncKernelManager):
+        @property
+        def kernel_spec(self) -> KernelSpec:  # type: ignore[override]
+            if self._kernel_spec is None:
+                self._kernel_spec = KernelSpec(
+                    argv=argv,
+                    display_name=(
+                        f"Python {sys.version_info.major}.{sys.version_info.minor} (grader)"
+                    ),
+                    language="python",
+                    resource_dir="",
+                )
+            return self._kernel_spec
+
+    return CurrentPythonKernelManager
+
+
+def kernel_env() -> dict[str, str]:
+    """The kernel's environment: ours, with the repository root first on PYTHONPATH.
+
+    So ``import helpers`` works in the kernel whether or not the course is pip-installed.
+    """
+    env = dict(os.environ)
+    parts = [str(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    return env
+
+
+def execute_notebook(
+    nb: Any, cwd: Path, timeout: int = 600, sandbox: tuple[str, ...] = ()
+) -> NotebookRun:
+    """Run every code cell of ``nb`` (in place) in a fresh kernel;
+    never raises for the notebook's faults.
+
+    Errors are allowed (later cells still run). A cell running longer than ``timeout`` seconds is
+    interrupted (KeyboardInterrupt in the kernel) and recorded as ``timeout``; when the kernel does
+    not answer after that, the remaining cells are ``not run``. A dying kernel (``os._exit``, out of
+    memory) ends the run, and the remaining cells are ``not run``.
+
+    Args:
+        nb: nbformat v4 notebook; outputs are replaced by this run's.
+        cwd: the kernel's working folder (the notebook's folder).
+        timeout: seconds per cell.
+        sandbox: a command the kernel starts under
+            (:func:`helpers.grading.sandbox.sandbox_prefix`); () = none.
+    """
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
+
+    run = NotebookRun()
+    replies: dict[int, dict[str, Any]] = {}
+
+    def on_cell_executed(cell: Any, cell_index: int, execute_reply: dict[str, Any] | None) -> None:
+        if execute_reply is not None:
+            replies[cell_index] = execute_reply.get("content", {})
+
+    client = NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        kernel_manager_class=_kernel_manager_class(sandbox),
+        allow_errors=True,
+        interrupt_on_timeout=True,
+        error_on_timeout={
+            "ename": TIMEOUT_ENAME,
+            "evalue": f"timeout after {timeout} s",
+            "traceback": [],
+        },
+        record_timing=False,
+        resources={"metadata": {"path": str(cwd)}},
+        on_cell_executed=on_cell_executed,
+    )
+    code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.strip()]
+    for i in code_cells:
+        run.cells[i] = CellRun(i, "not run")
+    try:
+        with client.setup_kernel(env=kernel_env()):
+            for i in code_cells:
+                try:
+                    client.execute_cell(nb.cells[i], i)
+                except DeadKernelError:
+                    run.kernel_died_in = i
+                    break
+                except CellTimeoutError:  # not expected with interrupt_on_timeout; be safe
+                    run.cells[i] = CellRun(i, "timeout")
+                    run.stuck_after_timeout_in = i
+                    break
+                reply = replies.get(i, {})
+                if reply.get("status") == "error" and reply.get("ename") == TIMEOUT_ENAME:
+                    run.cells[i] = CellRun(i, "timeout")
+                    if not _kernel_answers(client, min(timeout, 30)):
+                        run.stuck_after_timeout_in = i
+                        break
+                elif reply.get("status") == "error":
+                    run.cells[i] = CellRun(
+                        i, "error", str(reply.get("ename", "")), str(reply.get("evalue", ""))
+                    )
+                else:
+                    run.cells[i] = CellRun(i, "ok")
+    except DeadKernelError:
+        run.kernel_died_in = run.kernel_died_in if run.kernel_died_in is not None else -1
+    except Exception as exc:  # kernel could not start, or the client broke: report, never crash
+        if not any(c.status != "not run" for c in run.cells.values()):
+            run.startup_error = f"{type(exc).__name__}: {first_line(str(exc))}"
+        elif run.kernel_died_in is None:
+            run.kernel_died_in = -1
+    return run
+
+
+def _kernel_answers(client: Any, timeout: int) -> bool:
+    """After an interrupted timeout: does the kernel run a trivial cell within ``timeout`` s?"""
+    import nbformat
+
+    probe = nbformat.v4.new_code_cell("pass")
+    saved = client.timeout
+    client.timeout = timeout
+    try:
+        reply: dict[str, Any] = {}
+        hook = client.on_cell_executed
+        client.on_cell_executed = lambda cell, cell_index, execute_reply: reply.update(
+            (execute_reply or {}).get("content", {})
+        )
+        try:
+            client.execute_cell(probe, -1, store_history=False)
+        finally:
+            client.on_cell_executed = hook
+        return reply.get("status") == "ok"
+    except Exception:
+        return False
+    finally:
+        client.timeout = saved
+
+
+def first_line(text: str, limit: int = 200) -> str:
+    line = next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
