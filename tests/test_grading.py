@@ -790,3 +790,28 @@ def test_the_masked_sampling_pass_line_does_not_depend_on_the_draws(capsys):
         lines.append(capsys.readouterr().out)
     assert len(drawn[0]) != len(drawn[1])  # the draws differ, so a count in the line would too
     assert lines[0] == lines[1] and lines[0].startswith("PASS ch07_masked_sampling")
+
+
+def test_every_folder_of_the_checkout_but_the_package_results_and_environment_is_hidden(
+    tmp_path, monkeypatch
+):
+    """A copy of the solutions anywhere in the checkout (an old checkout, a backup) is hidden
+    from submissions too, not only notebooks/ and tests/."""
+    from helpers.grading import grader
+
+    for name in (
+        "helpers",
+        "results",
+        "notebooks",
+        "tests",
+        "backup-of-2025",
+        ".venv/lib",
+        "data",
+        "pkg.egg-info",
+    ):
+        (tmp_path / name).mkdir(parents=True)
+    monkeypatch.setattr(grader, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(grader.sys, "prefix", str(tmp_path / ".venv"))
+    monkeypatch.setenv("COURSE_DATA_DIR", str(tmp_path / "data"))
+    hidden = {p.name for p in grader.hidden_repo_folders()}
+    assert hidden == {"notebooks", "tests", "backup-of-2025"}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -216,6 +217,26 @@ def _submitted_notebooks(folder: Path) -> list[Path]:
     )
 
 
+def hidden_repo_folders() -> list[Path]:
+    """The checkout's folders a submission's kernel must not see: every top-level folder except
+    ``helpers`` (the package it imports), ``results`` (committed measurements the notebooks show)
+    package metadata (``*.egg-info``) and any folder holding this Python environment or
+    ``$COURSE_DATA_DIR``. So the solution
+    notebooks, the right answers in tests/, and any other copy of them in the checkout (an old
+    checkout, a backup) look empty, whatever their names."""
+    keep = {REPO_ROOT / "helpers", REPO_ROOT / "results"}
+    needed = [Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()]
+    data = os.environ.get("COURSE_DATA_DIR", "").strip()
+    if data:
+        needed.append(Path(data).resolve())
+    hidden = []
+    for folder in sorted(p for p in REPO_ROOT.iterdir() if p.is_dir()):
+        inside = [n for n in needed if n == folder.resolve() or folder.resolve() in n.parents]
+        if folder not in keep and not inside and not folder.name.endswith(".egg-info"):
+            hidden.append(folder)
+    return hidden
+
+
 def grade(submissions: Path, reference: Path, timeout: int = 600) -> list[dict[str, Any]]:
     """Grade every student folder in ``submissions``; return the CSV rows (see ``COLUMNS``).
 
@@ -287,7 +308,7 @@ def grade(submissions: Path, reference: Path, timeout: int = 600) -> list[dict[s
         # the repository and the environment read-only; solutions, answers and submissions hidden
         sandbox = sandbox_prefix(
             read_only=[REPO_ROOT, Path(sys.prefix)],
-            hidden=[reference, REPO_ROOT / "notebooks", REPO_ROOT / "tests", submissions],
+            hidden=[reference, submissions, *hidden_repo_folders()],
         )
     else:
         print(
