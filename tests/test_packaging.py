@@ -95,3 +95,38 @@ def test_code_comments_say_what_and_why_not_the_history_of_the_work():
                 ):  # a committed variant name
                     found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()[:80]}")
     assert not found, "\n".join(found)
+
+
+# The layers of helpers/ in order (see helpers/__init__.py): a module imports only its own layer
+# and the layers before it. tools/ (command-line checks) is used by every layer's CLI.
+LAYERS = ("measure", "switches", "core", "bench", "ladder", "chapters", "grading")
+
+
+def _layer(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "helpers" or len(parts) < 2:
+        return None
+    return parts[1] if parts[1] in LAYERS or parts[1] == "tools" else None
+
+
+def test_each_layer_imports_only_itself_and_the_layers_before_it():
+    import ast
+
+    root = Path(__file__).resolve().parents[1]
+    wrong = []
+    for path in sorted((root / "helpers").rglob("*.py")):
+        own = _layer(".".join(path.relative_to(root).with_suffix("").parts))
+        if own in (None, "tools"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            for target in targets:
+                layer = _layer(target)
+                if layer not in (None, "tools") and LAYERS.index(layer) > LAYERS.index(own):
+                    wrong.append(f"{path.relative_to(root)} imports {target} ({layer})")
+    assert not wrong, wrong
