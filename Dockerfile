@@ -9,8 +9,11 @@ WORKDIR /course
 COPY . /course
 # torch>=2.4 is already satisfied by the base image, so pip keeps its CUDA build.
 RUN python -m pip install --no-cache-dir -e ".[test]"
-ENV COURSE_DATA_DIR=/opt/course-data
+# The data: verified from ./.course-data/ when the checkout holds the two files there (an offline
+# build: copy a COURSE_DATA_DIR folder there first), else downloaded; kept in /opt/course-data.
+ENV COURSE_DATA_DIR=/course/.course-data
 RUN python -m helpers.core.data fetch --into /opt/course-data
+ENV COURSE_DATA_DIR=/opt/course-data
 
 EXPOSE 8888
 CMD ["jupyter", "lab", "--ip=0.0.0.0", "--port=8888", "--no-browser", "--allow-root", "--notebook-dir=/course/notebooks"]
