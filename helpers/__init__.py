@@ -3,7 +3,8 @@
 Layers, each a folder; a layer imports only the layers above it in this list:
 
 - ``helpers.measure``: the device (capabilities, GPU datasheets, T4 emulation), timing, memory,
-  committed results and plots. It knows nothing of the model, so the step below can ask it.
+  the profiler (kernel families, a step's profile), committed results and plots. It knows nothing
+  of the model, so the step below can ask it.
 - ``helpers.switches``: the switch registry, every speed switch declared once (no imports).
 - ``helpers.core``: the model (``model``), the training step and ``RunConfig`` (``train``), the
   hand-written kernels (``kernels``), data-parallel training on N processes (``distributed``), the

@@ -30,8 +30,8 @@ FP16_AUTOCAST_RUNG = "+ fp16 autocast + GradScaler"  # the autocast rung where b
 
 
 def autocast_rung(name: str, changes: dict, device: torch.device | None) -> tuple[str, dict]:
-    """The autocast rung in the device's recipe dtype: bf16 where it is native (and when no device is
-    given: the GPU ladder), else fp16 with a GradScaler, renamed so the table says which
+    """The autocast rung in the device's recipe dtype: bf16 where it is native (and when no device
+    is given: the GPU ladder), else fp16 with a GradScaler, renamed so the table says which
     (``"+ fp16 autocast + GradScaler"``). Other rungs are returned unchanged."""
     if (
         changes.get("autocast") != "bf16"
@@ -53,12 +53,14 @@ def ladder_configs(
     device: torch.device | str | None = None,
     run_slow: bool = False,
 ) -> list[tuple[RunConfig, str | None]]:
-    """The ladder as cumulative RunConfigs, each with the reason it cannot run here (None if it can).
+    """The ladder as cumulative RunConfigs, each with the reason it cannot run here (None if it
+    can).
 
     Rung i = rung i-1 + one switch. A switch ``device`` cannot run (e.g. TF32 on a CPU) makes its
     rung skipped and is *not* carried into the later rungs, which build on the last runnable one.
-    The autocast rung uses the device's recipe dtype (:func:`autocast_rung`): on a GPU without native
-    bf16 (a T4, a V100, an emulated T4) it is "+ fp16 autocast + GradScaler", so the fp16 path runs.
+    The autocast rung uses the device's recipe dtype (:func:`autocast_rung`): on a GPU without
+    native bf16 (a T4, a V100, an emulated T4) it is "+ fp16 autocast + GradScaler", so the fp16
+    path runs.
     A rung that runs but slowly here (bf16 on a CPU without fast bf16, :func:`train.slow_reason`) is
     skipped with that reason too, unless ``run_slow``.
     """
@@ -83,8 +85,8 @@ def last_runnable(
 ) -> RunConfig:
     """The ladder's fastest configuration on ``device``: its last rung that can run here (every
     runnable switch on). On a T4 that is not the last rung: "+ clip in AdamW" and
-    "+ fused LM-head CE" need bf16 (no GradScaler); below compute capability 8.9 (T4, A100) "+ fp8 LM
-    head" needs fp8 tensor cores.
+    "+ fused LM-head CE" need bf16 (no GradScaler); below compute capability 8.9 (T4, A100)
+    "+ fp8 LM head" needs fp8 tensor cores.
 
     Raises:
         ValueError: if no rung can run on ``device``.
@@ -110,9 +112,9 @@ def names_autocast_rung(rungs: list[str] | None) -> bool:
 
 
 def select_rungs(configs: list[RunConfig], rungs: list[str]) -> list[RunConfig]:
-    """The configs named in ``rungs`` (with or without the leading "+ ", in any letter case). "autocast",
-    "bf16 autocast" and "fp16 autocast" all name the autocast rung, whichever dtype this device's
-    ladder gives it.
+    """The configs named in ``rungs`` (with or without the leading "+ ", in any letter case).
+    "autocast", "bf16 autocast" and "fp16 autocast" all name the autocast rung, whichever dtype this
+    device's ladder gives it.
 
     Raises:
         ValueError: a name that is no rung of this ladder.
@@ -154,11 +156,13 @@ def run_ladder(
     T = default_t if seq_len is None else seq_len
     if B < 1 or T < 1 or iters < 1 or warmup < 0:
         raise ValueError(
-            f"need --batch-size >= 1, --seq-len >= 1, --iters >= 1, --warmup >= 0; got {B}, {T}, {iters}, {warmup}"
+            "need --batch-size >= 1, --seq-len >= 1, --iters >= 1, --warmup >= 0; "
+            f"got {B}, {T}, {iters}, {warmup}"
         )
     if T > model_config.block_size:
         raise ValueError(
-            f"--seq-len {T} > block_size {model_config.block_size} of the {device.type} model config: "
+            f"--seq-len {T} > block_size {model_config.block_size} of the {device.type} "
+            "model config: "
             f"use --seq-len <= {model_config.block_size} here"
         )
     tokens = data.load_tokens()
@@ -186,8 +190,9 @@ def run_ladder(
             "warmup_steps": warmup,
             "timed_steps": iters,
             "data": "Tiny Shakespeare, GPT-2 BPE, sequential batches",
-            "step": "zero_grad, forward+loss, backward, gradient clipping to norm 1.0 (clip_grad_norm_, or inside "
-            "fused AdamW from the '+ clip in AdamW' rung on), AdamW step",
+            "step": "zero_grad, forward+loss, backward, gradient clipping to norm 1.0 "
+            "(clip_grad_norm_, or inside fused AdamW from the '+ clip in AdamW' rung on), "
+            "AdamW step",
             "timing": "median of timed steps; CUDA events on GPU, perf_counter on CPU",
             "flops_per_token": flops_per_token(model_config, T),
         },
@@ -197,12 +202,16 @@ def run_ladder(
 
 def format_table(results: dict) -> str:
     """The results as a fixed-width text table (one line per rung)."""
-    head = f"{'rung':<20} {'status':<9} {'ms/step':>9} {'spread':>7} {'tokens/s':>11} {'speed-up':>8} {'MFU':>6} {'peak mem':>10}  note"
+    head = (
+        f"{'rung':<20} {'status':<9} {'ms/step':>9} {'spread':>7} {'tokens/s':>11} "
+        f"{'speed-up':>8} {'MFU':>6} {'peak mem':>10}  note"
+    )
     base = next((r["name"] for r in results["rungs"] if r["status"] == "measured"), None)
     lines = [
         f"{results['device']} | torch {results['torch']} | B={results['config']['batch_size']} "
         f"T={results['config']['seq_len']} | {results['date']}",
-        f"speed-up is relative to the first measured rung ({base}); spread = (max - min) / median of the timed steps"
+        f"speed-up is relative to the first measured rung ({base}); "
+        "spread = (max - min) / median of the timed steps"
         if base is not None
         else "no rung was measured here (see the reasons below)",
         head,
@@ -210,9 +219,8 @@ def format_table(results: dict) -> str:
     ]
     measured = [r for r in results["rungs"] if r["status"] == "measured"]
     shared = {r["reason"] for r in measured}
-    shared_note = (
-        shared.pop() if len(shared) == 1 and len(measured) > 1 else "ok"
-    )  # e.g. why no MFU: said once
+    # e.g. why no MFU: said once
+    shared_note = shared.pop() if len(shared) == 1 and len(measured) > 1 else "ok"
     if shared_note != "ok":
         lines.insert(2, f"note for every measured rung: {shared_note}")
     for r in results["rungs"]:
@@ -220,12 +228,15 @@ def format_table(results: dict) -> str:
             mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
             note = "" if r["reason"] in ("ok", shared_note) else r["reason"]
             lines.append(
-                f"{r['name']:<20} {r['status']:<9} {r['ms_per_step']:>9.1f} {r.get('spread_pct', 0):>6.0f}% {r['tokens_per_s']:>11,.0f} "
-                f"{r['speedup']:>7.2f}x {mfu:>6} {memory.format_bytes(r['peak_mem_bytes']):>10}  {note}"
+                f"{r['name']:<20} {r['status']:<9} {r['ms_per_step']:>9.1f} "
+                f"{r.get('spread_pct', 0):>6.0f}% {r['tokens_per_s']:>11,.0f} "
+                f"{r['speedup']:>7.2f}x {mfu:>6} "
+                f"{memory.format_bytes(r['peak_mem_bytes']):>10}  {note}"
             )
         else:
             lines.append(
-                f"{r['name']:<20} {r['status']:<9} {'-':>9} {'-':>7} {'-':>11} {'-':>8} {'-':>6} {'-':>10}  {r['reason']}"
+                f"{r['name']:<20} {r['status']:<9} {'-':>9} {'-':>7} {'-':>11} {'-':>8} "
+                f"{'-':>6} {'-':>10}  {r['reason']}"
             )
     noisy = [
         r["name"]
@@ -248,14 +259,16 @@ def format_table(results: dict) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m helpers.ladder",
-        description="Time the GPT-2 speed-up ladder on this machine (real Tiny Shakespeare batches). "
-        "GPU: GPT-2 124M at T=1024. CPU: the small course configuration.",
+        description="Time the GPT-2 speed-up ladder on this machine "
+        "(real Tiny Shakespeare batches). GPU: GPT-2 124M at T=1024. "
+        "CPU: the small course configuration.",
     )
     p.add_argument(
         "--batch-size",
         type=int,
         default=None,
-        help="B, sequences per step (default: train.default_shapes: 16 on an 80 GB-class GPU, less where the fp32 rung would not fit, e.g. 4 on a T4; 4 on a CPU)",
+        help="B, sequences per step (default: train.default_shapes: 16 on an 80 GB-class GPU, "
+        "less where the fp32 rung would not fit, e.g. 4 on a T4; 4 on a CPU)",
     )
     p.add_argument(
         "--seq-len",
@@ -284,8 +297,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="run only these rungs, by name, quoted where they contain spaces (default: all): "
         + ", ".join(repr(n.lstrip("+ ")) for n, _ in RUNGS)
-        + "; 'autocast' names the autocast rung in either dtype (fp16 + GradScaler where bf16 is not native); "
-        "on a CPU without fast bf16 the bf16 rungs are skipped unless the autocast rung is named here",
+        + "; 'autocast' names the autocast rung in either dtype "
+        "(fp16 + GradScaler where bf16 is not native); "
+        "on a CPU without fast bf16 the bf16 rungs are skipped "
+        "unless the autocast rung is named here",
     )
     p.add_argument(
         "--compile-mode",
@@ -305,8 +320,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         metavar="PROFILE",
         choices=sorted(k for k, prof in gpus.PROFILES.items() if prof.capability),
-        help="emulate a smaller GPU on this one (e.g. T4: 15 GB memory cap, no bf16/TF32, sm75 attention "
-        "kernels); speed stays this GPU's, so no MFU is reported (also: $COURSE_EMULATE_GPU). "
+        help="emulate a smaller GPU on this one "
+        "(e.g. T4: 15 GB memory cap, no bf16/TF32, sm75 attention kernels); "
+        "speed stays this GPU's, so no MFU is reported (also: $COURSE_EMULATE_GPU). "
         "One of: %(choices)s",
     )
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -318,9 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.out = cli.out_path(args.out)  # a folder is refused now, not after the whole ladder ran
         args.plot = cli.out_path(args.plot, "--plot")
-        if (
-            args.plot is not None and not args.plot.suffix
-        ):  # matplotlib would add ".png" itself, silently
+        # matplotlib would add ".png" itself, silently
+        if args.plot is not None and not args.plot.suffix:
             args.plot = cli.out_path(args.plot.with_suffix(".png"), "--plot")
         emulated = (
             hardware.emulate(args.emulate, args.device or "cuda")

@@ -1,12 +1,10 @@
 import json
-import pickle
 
 import pytest
 import torch
 
-from helpers import switches
 from helpers.chapters import ch09_tradeoffs as tradeoffs
-from helpers.core import data, tokenizer, train
+from helpers.core import data, train
 from helpers.core.model import GPT, GPTConfig
 
 CFG = GPTConfig(block_size=32, n_layer=2, n_head=2, n_embd=32)
@@ -94,69 +92,6 @@ def test_reentrant_checkpoint_leaves_block_parameters_without_gradients():
     assert trap["trainable"] == safe["trainable"] == CFG.n_layer * per_block + 2
     assert any("requires_grad" in w for w in trap["warnings"])
     assert safe["without_grad"] == 0 and safe["warnings"] == []
-
-
-def test_tokenizing_dataset_gives_shifted_gpt2_tokens_and_pickles():
-    text = data.load_text()
-    ds = tradeoffs.TokenizingDataset(text, 32)
-    x, y = ds[3]
-    assert x.shape == y.shape == (32,) and x.dtype == torch.long
-    assert torch.equal(x[1:], y[:-1])
-    start = 3 * ds.chars_per_sample
-    assert x.tolist() == tokenizer.encode(text[start : start + ds.chars_per_sample])[:32]
-    clone = pickle.loads(pickle.dumps(ds))
-    assert torch.equal(clone[3][0], x)
-    with pytest.raises(ValueError, match="tokens < T"):
-        tradeoffs.TokenizingDataset(text, 32, chars_per_token=0.5)[0]
-
-
-def test_worker_and_in_process_loaders_give_the_same_batches_in_order():
-    batches = {}
-    for workers in (0, 2):
-        loader = tradeoffs.tokenizing_loader(4, 32, "cpu", workers)
-        batches[workers] = [loader.next_batch() for _ in range(3)]
-    ds = tradeoffs.TokenizingDataset(data.load_text(), 32)
-    for (x0, y0), (x2, y2), i in zip(batches[0], batches[2], range(3), strict=True):
-        assert torch.equal(x0, x2) and torch.equal(y0, y2)
-        assert torch.equal(x0[0], ds[4 * i][0])
-
-
-def test_prefetch_loader_cycles_through_the_data():
-    ds = torch.utils.data.TensorDataset(torch.arange(6).view(6, 1), torch.arange(6).view(6, 1))
-    loader = tradeoffs.PrefetchLoader(torch.utils.data.DataLoader(ds, batch_size=2), "cpu")
-    firsts = [loader.next_batch()[0][0, 0].item() for _ in range(5)]
-    assert firsts == [0, 2, 4, 0, 2]
-
-
-def test_weight_decay_only_on_two_dimensional_parameters():
-    m = _model()
-    rows = tradeoffs.decay_groups(m, RUN)
-    decayed, plain = rows
-    assert decayed["weight_decay"] == RUN.weight_decay and plain["weight_decay"] == 0.0
-    assert decayed["tensors"] == sum(p.dim() >= 2 for p in m.parameters())
-    assert plain["tensors"] == sum(p.dim() < 2 for p in m.parameters())
-    assert decayed["parameters"] + plain["parameters"] == sum(p.numel() for p in m.parameters())
-    assert all(name.endswith(("bias", "weight")) for name in plain["examples"])
-
-
-def test_optimizer_sweep_times_every_implementation():
-    rows = tradeoffs.optimizer_sweep(RUN, CFG, "cpu", warmup=0, iters=1, step_iters=1)
-    whats = [r["what"] for r in rows]
-    for impl in switches.get("optimizer").values:
-        assert f"optimizer.step(), {impl}" in whats and f"full step, {impl}" in whats
-    assert "full step, foreach, no clipping" in whats
-    assert all(r["ms"] > 0 for r in rows)
-
-
-def test_data_wait_report_has_a_no_loading_baseline():
-    loaders = {"pre-tokenised": data.BatchLoader(data.load_tokens(), 4, 32)}
-    rows = tradeoffs.data_wait_report(RUN, CFG, "cpu", loaders, warmup=0, iters=1)
-    assert [r["loader"] for r in rows] == ["no loading (one fixed batch)", "pre-tokenised"]
-    assert all(r["step_ms"] > 0 and r["next_batch_ms"] >= 0 for r in rows)
-
-
-def test_copy_time_is_none_on_cpu():
-    assert tradeoffs.copy_time_us(4, 32, "cpu", pinned=True) is None
 
 
 @pytest.mark.parametrize("kind", ["accumulation", "checkpointing"])

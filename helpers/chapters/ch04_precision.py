@@ -64,7 +64,8 @@ def format_table() -> list[dict]:
 
 def native_on(capability: tuple[int, int] | None) -> list[str]:
     """Formats whose matmuls run natively on tensor cores of this compute capability (None = CPU:
-    fp32 only). fp16 from 7.0 (Volta), TF32 and bf16 from 8.0 (Ampere), fp8 from 8.9 (Ada, Hopper)."""
+    fp32 only). fp16 from 7.0 (Volta), TF32 and bf16 from 8.0 (Ampere), fp8 from 8.9 (Ada,
+    Hopper)."""
     if capability is None:
         return ["fp32"]
     return ["fp32"] + [
@@ -76,8 +77,8 @@ def demonstrations() -> dict[str, object]:
     """Three facts measured on this machine's arithmetic:
 
     - ``bf16_1_plus_2^-8``: (1 + 2⁻⁸) rounded to bf16 equals 1 (8 mantissa bits: eps is 2⁻⁷);
-    - ``fp16_underflow``: a gradient of 1e-8 becomes 0 in fp16, and survives when scaled by 2¹⁶ first
-      (what GradScaler does);
+    - ``fp16_underflow``: a gradient of 1e-8 becomes 0 in fp16, and survives when scaled by 2¹⁶
+      first (what GradScaler does);
     - ``overflow``: 70000 is inf in fp16 (max 65504) and finite in bf16 (fp32's exponent range).
     """
     one = torch.tensor(1.0)
@@ -97,8 +98,9 @@ def demonstrations() -> dict[str, object]:
 
 
 def autocast_dtype_for(capability: tuple[int, int] | None) -> torch.dtype | None:
-    """The course's choice of autocast dtype: bf16 with native support (compute capability >= 8.0),
-    fp16 (with GradScaler) on older GPUs, none (fp32) on a CPU, where the course only checks results."""
+    """The course's choice of autocast dtype: bf16 with native support (compute capability
+    >= 8.0), fp16 (with GradScaler) on older GPUs, none (fp32) on a CPU, where the course only
+    checks results."""
     if capability is None:
         return None
     return torch.bfloat16 if capability >= (8, 0) else torch.float16
@@ -110,14 +112,15 @@ def autocast_dtype_for(capability: tuple[int, int] | None) -> torch.dtype | None
 
 
 def gradscaler_rescue(device: torch.device | str, grad: float = 1e-8) -> dict[str, float]:
-    """The gradient of one weight that should be ``grad`` (default 1e-8), computed three ways on ``device``.
+    """The gradient of one weight that should be ``grad`` (default 1e-8), computed three ways on
+    ``device``.
 
     The weight matrix W (4, 4) is fp32 (master weights); the activation x is 1e-4 and the gradient
     arriving at the matmul output is ``grad`` / 1e-4, so dL/dW = x · that = ``grad``. Returns
     {"fp32": grad without autocast, "fp16": grad under fp16 autocast (the matmul's backward runs in
-    fp16 and its result rounds to 0 below fp16's smallest subnormal, 2⁻²⁴ ≈ 6e-8), "fp16_gradscaler":
-    the same with a real ``torch.amp.GradScaler`` (scaled loss, ``unscale_``), "scale": the scaler's
-    scale}. All gradients are read from ``W.grad`` (fp32) as Python floats.
+    fp16 and its result rounds to 0 below fp16's smallest subnormal, 2⁻²⁴ ≈ 6e-8),
+    "fp16_gradscaler": the same with a real ``torch.amp.GradScaler`` (scaled loss, ``unscale_``),
+    "scale": the scaler's scale}. All gradients are read from ``W.grad`` (fp32) as Python floats.
 
     Source: PyTorch AMP docs, "Gradient Scaling" (https://pytorch.org/docs/stable/amp.html#gradient-scaling).
     """
@@ -245,20 +248,21 @@ PRECISIONS = {
     "fp32": dict(matmul_precision="fp32", autocast=None),
     "tf32": dict(matmul_precision="tf32", autocast=None),
     "bf16": dict(matmul_precision="fp32", autocast="bf16"),
-    "fp16": dict(
-        matmul_precision="fp32", autocast="fp16"
-    ),  # + GradScaler (helpers.core.train.build)
+    # + GradScaler (helpers.core.train.build)
+    "fp16": dict(matmul_precision="fp32", autocast="fp16"),
 }
 
 CPU_FP16_REASON = (
-    "fp16 autocast and GradScaler run on a CPU, but CPUs lack fast fp16 matmuls (torch falls back to slow "
-    "kernels) and loss scaling matters on GPUs: fp16 is timed on GPUs only (cpu_fp16=True runs it anyway)"
+    "fp16 autocast and GradScaler run on a CPU, but CPUs lack fast fp16 matmuls "
+    "(torch falls back to slow kernels) and loss scaling matters on GPUs: "
+    "fp16 is timed on GPUs only (cpu_fp16=True runs it anyway)"
 )
 
 
 def precision_run(name: str, batch_size: int, seq_len: int) -> "train.RunConfig":
-    """The :class:`helpers.core.train.RunConfig` of precision ``name`` (a key of :data:`PRECISIONS`), eager,
-    manual attention, vocab 50257, foreach AdamW, grad clipping at 1.0, seed 1337.
+    """The :class:`helpers.core.train.RunConfig` of precision ``name`` (a key of
+    :data:`PRECISIONS`), eager, manual attention, vocab 50257, foreach AdamW, grad clipping at 1.0,
+    seed 1337.
 
     Raises:
         ValueError: for an unknown name.
@@ -276,9 +280,10 @@ def skip_reason(
     cpu_fp16: bool = False,
     cpu_bf16: bool = False,
 ) -> str | None:
-    """Why ``run`` is not measured on ``device`` (None if it is): :func:`helpers.core.train.unsupported_reason`,
-    plus fp16 on a CPU unless ``cpu_fp16`` (see :data:`CPU_FP16_REASON`), plus bf16 on a CPU without
-    fast bf16 unless ``cpu_bf16`` (:func:`helpers.core.train.slow_reason`)."""
+    """Why ``run`` is not measured on ``device`` (None if it is):
+    :func:`helpers.core.train.unsupported_reason`, plus fp16 on a CPU unless ``cpu_fp16`` (see
+    :data:`CPU_FP16_REASON`), plus bf16 on a CPU without fast bf16 unless ``cpu_bf16``
+    (:func:`helpers.core.train.slow_reason`)."""
     from helpers.core import train
 
     reason = train.unsupported_reason(run, device)
@@ -329,22 +334,23 @@ def compare_precisions(
     progress: bool = True,
     cpu_bf16: bool = False,
 ) -> list[dict]:
-    """Train the same model (same seed, same Tiny Shakespeare batches) in each precision of ``names``
-    on ``device``, and measure it.
+    """Train the same model (same seed, same Tiny Shakespeare batches) in each precision of
+    ``names`` on ``device``, and measure it.
 
-    Per precision: build with :func:`helpers.core.train.build`; train ``steps`` steps recording the loss
-    and the GradScaler's scale (:func:`train_recording`); then time ``iters`` more steps after
-    ``warmup`` untimed ones, both through :func:`helpers.bench.measure` (CUDA events on a GPU). Peak memory
-    covers build, training and timing (CUDA only). ``model_config``, ``batch_size`` and ``seq_len``
-    default to :func:`helpers.core.train.default_shapes`. A precision this device cannot run is returned
-    as ``"skipped"`` with the reason (:func:`skip_reason`), never run in another mode; so are fp16 on
-    a CPU (unless ``cpu_fp16``) and bf16 on a CPU without fast bf16 (unless ``cpu_bf16``).
+    Per precision: build with :func:`helpers.core.train.build`; train ``steps`` steps recording the
+    loss and the GradScaler's scale (:func:`train_recording`); then time ``iters`` more steps after
+    ``warmup`` untimed ones, both through :func:`helpers.bench.measure` (CUDA events on a GPU).
+    Peak memory covers build, training and timing (CUDA only). ``model_config``, ``batch_size`` and
+    ``seq_len`` default to :func:`helpers.core.train.default_shapes`. A precision this device cannot
+    run is returned as ``"skipped"`` with the reason (:func:`skip_reason`), never run in another
+    mode; so are fp16 on a CPU (unless ``cpu_fp16``) and bf16 on a CPU without fast bf16 (unless
+    ``cpu_bf16``).
 
-    Returns one dict per name: {"name", "status" ("measured"/"skipped"), "reason", "matmul_precision",
-    "autocast", "losses" (nats per step), "final_loss", "max_loss_gap_vs_fp32" (max over steps of
-    |loss - fp32 loss|, nats; None without a measured fp32 row), "ms_per_step" (median), "spread_pct",
-    "tokens_per_s", "peak_mem_bytes" (None on CPU), "grad_scale", "skipped_steps"}. Restores the
-    global matmul precision.
+    Returns one dict per name: {"name", "status" ("measured"/"skipped"), "reason",
+    "matmul_precision", "autocast", "losses" (nats per step), "final_loss", "max_loss_gap_vs_fp32"
+    (max over steps of |loss - fp32 loss|, nats; None without a measured fp32 row), "ms_per_step"
+    (median), "spread_pct", "tokens_per_s", "peak_mem_bytes" (None on CPU), "grad_scale",
+    "skipped_steps"}. Restores the global matmul precision.
 
     Raises:
         ValueError: steps < 1, iters < 1, warmup < 0, an unknown name, or seq_len > block_size.
@@ -427,8 +433,8 @@ def format_comparison(rows: list[dict]) -> str:
     from helpers.measure import memory
 
     head = (
-        f"{'precision':<10} {'ms/step':>9} {'spread':>7} {'tokens/s':>10} {'peak mem':>10} {'final loss':>10} "
-        f"{'max |gap| vs fp32':>17}  note"
+        f"{'precision':<10} {'ms/step':>9} {'spread':>7} {'tokens/s':>10} {'peak mem':>10} "
+        f"{'final loss':>10} {'max |gap| vs fp32':>17}  note"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -445,8 +451,9 @@ def format_comparison(rows: list[dict]) -> str:
             else ""
         )
         lines.append(
-            f"{r['name']:<10} {r['ms_per_step']:>9.1f} {r['spread_pct']:>6.0f}% {r['tokens_per_s']:>10,.0f} "
-            f"{memory.format_bytes(r['peak_mem_bytes']):>10} {r['final_loss']:>10.4f} {gap:>17}  {note}"
+            f"{r['name']:<10} {r['ms_per_step']:>9.1f} {r['spread_pct']:>6.0f}% "
+            f"{r['tokens_per_s']:>10,.0f} {memory.format_bytes(r['peak_mem_bytes']):>10} "
+            f"{r['final_loss']:>10.4f} {gap:>17}  {note}"
         )
     return "\n".join(lines)
 
@@ -471,8 +478,8 @@ def plot_losses(rows: list[dict], device_name: str):
 
 
 def plot_grad_scale(rows: list[dict], device_name: str):
-    """GradScaler's scale (log2 axis) before step 1 and after every step of the fp16 run, skipped steps
-    marked. Returns the Figure, or None when no row has a scale history (fp16 skipped)."""
+    """GradScaler's scale (log2 axis) before step 1 and after every step of the fp16 run, skipped
+    steps marked. Returns the Figure, or None when no row has a scale history (fp16 skipped)."""
     import matplotlib.pyplot as plt
 
     r = next((r for r in rows if r["grad_scale"]), None)
@@ -569,7 +576,8 @@ def main(argv: list[str] | None = None) -> int:
     summ = hardware.summary(device, probe_sdpa=False)
     name = summ.name if device.type == "cuda" else f"cpu ({summ.name})"
     print(
-        f"{name} | torch {torch.__version__} | B={B} T={T} | {args.steps} recorded steps, median of {args.iters} timed"
+        f"{name} | torch {torch.__version__} | B={B} T={T} | {args.steps} recorded steps, "
+        f"median of {args.iters} timed"
     )
     print(format_comparison(rows))
     if args.out:
@@ -584,9 +592,11 @@ def main(argv: list[str] | None = None) -> int:
                 "warmup_steps": args.warmup,
                 "timed_steps": args.iters,
                 "data": "Tiny Shakespeare, GPT-2 BPE, sequential batches, same for every precision",
-                "step": "zero_grad, forward+loss (autocast), backward (GradScaler for fp16), unscale_, "
-                "clip_grad_norm_(1.0), AdamW (foreach) step; eager, manual attention, vocab 50257",
-                "timing": "median of timed steps after the recorded ones; CUDA events on GPU, perf_counter on CPU",
+                "step": "zero_grad, forward+loss (autocast), backward (GradScaler for fp16), "
+                "unscale_, clip_grad_norm_(1.0), AdamW (foreach) step; eager, manual attention, "
+                "vocab 50257",
+                "timing": "median of timed steps after the recorded ones; "
+                "CUDA events on GPU, perf_counter on CPU",
             },
             "precisions": rows,
         }

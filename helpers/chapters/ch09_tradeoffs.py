@@ -1,17 +1,20 @@
-"""Memory and throughput trade-offs (chapter 09): gradient accumulation, activation checkpointing,
-data loading and the optimizer step, each measured on the course's real model and data.
+"""Memory and throughput trade-offs (chapter 09): gradient accumulation and activation
+checkpointing, each measured on the course's real model and data.
 
 - Gradient accumulation: N micro-batches, each loss divided by N before ``backward``, give the
   gradient of one N-times larger batch; the logged loss is the mean of the detached micro-losses.
 - Activation checkpointing (``torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)``,
   switched by ``RunConfig.checkpoint_every``): keep only each checkpointed block's input and
-  recompute its activations during backward. PyTorch docs: https://pytorch.org/docs/stable/checkpoint.html
-- Data loading: pinned memory + ``non_blocking`` copies, a one-batch prefetch, and DataLoader
-  workers that tokenise on the fly (:class:`TokenizingDataset`) against a pre-tokenised array.
-- AdamW implementations (for-loop / foreach / fused), weight-decay groups and gradient clipping.
+  recompute its activations during backward.
+  PyTorch docs: https://pytorch.org/docs/stable/checkpoint.html
+
+The chapter's data loading (pinned memory, prefetch, tokenising DataLoader workers) and optimizer
+step (AdamW implementations, weight-decay groups, gradient clipping) are in
+:mod:`helpers.chapters.ch09_data_and_optimizer`.
 
 Command line (writes the committed H200 results):
-``python -m helpers.chapters.ch09_tradeoffs checkpointing --out results/h200-checkpointing.json`` and
+``python -m helpers.chapters.ch09_tradeoffs checkpointing --out results/h200-checkpointing.json``
+and
 ``python -m helpers.chapters.ch09_tradeoffs accumulation --out results/h200-accumulation.json``.
 """
 
@@ -19,16 +22,15 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
 import torch.utils.checkpoint
 
-from helpers import bench, switches
-from helpers.core import data, tokenizer, train
+from helpers import bench
+from helpers.core import data, train
 from helpers.core.model import GPT, GPTConfig
 from helpers.measure import memory, results, timing
 from helpers.tools import cli
@@ -57,7 +59,8 @@ def accumulate(
 
 
 def gradients(model: nn.Module) -> dict[str, torch.Tensor]:
-    """A copy of every parameter's ``.grad`` by name (fp32; parameters with no gradient left out)."""
+    """A copy of every parameter's ``.grad`` by name (fp32; parameters with no gradient left
+    out)."""
     return {
         n: p.grad.detach().float().clone()
         for n, p in model.named_parameters()
@@ -66,7 +69,8 @@ def gradients(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def grad_norm(grads: dict[str, torch.Tensor]) -> float:
-    """Global L2 norm of a gradient dict (the number ``clip_grad_norm_`` compares with its limit)."""
+    """Global L2 norm of a gradient dict (the number ``clip_grad_norm_`` compares with its
+    limit)."""
     return torch.linalg.vector_norm(
         torch.stack([torch.linalg.vector_norm(g) for g in grads.values()])
     ).item()
@@ -105,9 +109,10 @@ def accumulation_report(
     """Gradients of one (B, T) batch against ``micro_steps`` micro-batches of B / micro_steps
     sequences, accumulated with and without dividing each loss; fp32 (TF32 off), real text.
 
-    Then, for each of the three gradients, what one clipped AdamW step (:func:`train.make_optimizer`)
-    does with it: the global norm before clipping, the clip coefficient min(1, clip / norm), the norm
-    handed to AdamW, and the size of the parameter update ||delta theta||.
+    Then, for each of the three gradients, what one clipped AdamW step
+    (:func:`train.make_optimizer`) does with it: the global norm before clipping, the clip
+    coefficient min(1, clip / norm), the norm handed to AdamW, and the size of the parameter update
+    ||delta theta||.
 
     Returns {"big_loss", "logged_loss", "rel_diff_divided", "rel_diff_undivided", "norm_ratio",
     "rows": [{"how", "norm_before", "clip_coef", "norm_after", "update_norm"}]}.
@@ -168,16 +173,6 @@ def accumulation_report(
     )
 
 
-class FixedBatch:
-    """``next_batch()`` returning the same (x, y) every time: a step with no data loading at all."""
-
-    def __init__(self, x: torch.Tensor, y: torch.Tensor):
-        self.x, self.y = x, y
-
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x, self.y
-
-
 def accumulation_sweep(
     run: train.RunConfig,
     model_config: GPTConfig,
@@ -231,8 +226,8 @@ class Checkpointed(nn.Module):
     """Wraps a module so that its forward runs under ``torch.utils.checkpoint.checkpoint``.
 
     ``use_reentrant=False`` (the default here, and PyTorch's recommendation) gives the wrapped
-    parameters their gradients whatever the input; ``use_reentrant=True`` is kept only to show its trap:
-    with an input that does not require grad, the wrapped parameters get no gradient at all.
+    parameters their gradients whatever the input; ``use_reentrant=True`` is kept only to show its
+    trap: with an input that does not require grad, the wrapped parameters get no gradient at all.
     """
 
     def __init__(self, module: nn.Module, use_reentrant: bool = False):
@@ -297,9 +292,9 @@ def checkpointing_sweep(
 
     Returns rows {"checkpoint_every", "checkpointed_blocks", "ms", "tokens_per_s", "peak_bytes"
     (CUDA only, else None), "saved_bytes", "baseline_bytes"} with ms the median of ``iters`` full
-    training steps and the peak over all steps (warm-up included), counted from the memory allocated
-    before the setting's model was built (``baseline_bytes``); saved_bytes from :func:`saved_activation_bytes` of one
-    extra forward (parameters excluded).
+    training steps and the peak over all steps (warm-up included), counted from the memory
+    allocated before the setting's model was built (``baseline_bytes``); saved_bytes from
+    :func:`saved_activation_bytes` of one extra forward (parameters excluded).
     """
     device = torch.device(device)
     tokens = data.load_tokens()
@@ -346,11 +341,13 @@ def max_batch_under_limit(
     start: int = 8,
     limit_b: int = 512,
 ) -> list[dict]:
-    """Largest B whose *measured* peak memory of one full training step stays under ``limit_bytes``,
-    for each ``checkpoint_every`` setting (CUDA only: the peak is ``torch.cuda.max_memory_allocated``).
+    """Largest B whose *measured* peak memory of one full training step stays under
+    ``limit_bytes``, for each ``checkpoint_every`` setting (CUDA only: the peak is
+    ``torch.cuda.max_memory_allocated``).
 
     A step whose peak exceeds the limit counts as out of memory (the real GPU may be larger), so
-    :func:`helpers.measure.memory.find_max_batch_size` doubles and bisects exactly as on a smaller GPU.
+    :func:`helpers.measure.memory.find_max_batch_size` doubles and bisects exactly as on a smaller
+    GPU.
     The peak counts from the memory already allocated before the model is built (``baseline_bytes``,
     e.g. tensors an earlier notebook cell still holds), so only this step's own memory is budgeted.
     Returns rows {"checkpoint_every", "max_batch_size", "peak_bytes", "baseline_bytes"}.
@@ -362,9 +359,8 @@ def max_batch_under_limit(
     rows = []
     for k in settings:
         memory.reset_peak(device)
-        baseline = torch.cuda.memory_allocated(
-            device
-        )  # tensors of earlier work: not this step's budget
+        # tensors of earlier work: not this step's budget
+        baseline = torch.cuda.memory_allocated(device)
         trainer = train.build(run.replace(checkpoint_every=k), model_config, device)
         probe = memory.make_step_probe(trainer, run.seq_len)
 
@@ -373,7 +369,8 @@ def max_batch_under_limit(
             used = memory.peak_bytes(device) - baseline
             if used > limit_bytes:
                 raise torch.cuda.OutOfMemoryError(
-                    f"measured peak {memory.format_bytes(used)} > limit {memory.format_bytes(limit_bytes)}"
+                    f"measured peak {memory.format_bytes(used)} > "
+                    f"limit {memory.format_bytes(limit_bytes)}"
                 )
 
         found = memory.find_max_batch_size(try_step, device, start=start, limit=limit_b)
@@ -397,13 +394,15 @@ def reentrant_trap(
     use_reentrant: bool,
     model_switches: dict | None = None,
 ) -> dict:
-    """Fine-tuning with frozen embeddings and every block checkpointed: which parameters get a gradient?
+    """Fine-tuning with frozen embeddings and every block checkpointed: which parameters get a
+    gradient?
 
     The token and position embeddings (and the LM head tied to the token embedding) are frozen, so
     the first block's input does not require grad. Every block is wrapped in :class:`Checkpointed`;
     one forward + backward on real text. Warnings are caught, not printed.
-    Returns {"use_reentrant", "trainable" (tensors), "without_grad" (trainable tensors whose .grad is
-    None), "without_grad_params" (their element count), "warnings": [first line of each message]}.
+    Returns {"use_reentrant", "trainable" (tensors), "without_grad" (trainable tensors whose .grad
+    is None), "without_grad_params" (their element count), "warnings": [first line of each
+    message]}.
     """
     device = torch.device(device)
     torch.manual_seed(1337)
@@ -433,232 +432,6 @@ def reentrant_trap(
             if not issubclass(w.category, (FutureWarning, DeprecationWarning))
         ],
     )
-
-
-# --------------------------------------------------------------------------------------------
-# Data loading
-# --------------------------------------------------------------------------------------------
-
-
-class TokenizingDataset(torch.utils.data.Dataset):
-    """Samples tokenised on the fly: item i is the GPT-2 tokens of a slice of raw text.
-
-    Item i tokenises ``chars_per_sample`` characters starting at i * ``chars_per_sample`` and returns
-    (x, y), each (T,) int64, y = x shifted by one. A top-level class holding only a str and ints, so it
-    pickles into DataLoader worker processes (fork or spawn).
-    Raises ValueError from ``__getitem__`` if a slice yields fewer than T + 1 tokens.
-    """
-
-    def __init__(self, text: str, seq_len: int, chars_per_token: float = 6.0):
-        self.text = text
-        self.T = seq_len
-        self.chars_per_sample = int(seq_len * chars_per_token)
-        self.n = len(text) // self.chars_per_sample
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        start = i * self.chars_per_sample
-        ids = tokenizer.encode(self.text[start : start + self.chars_per_sample])
-        if len(ids) < self.T + 1:
-            raise ValueError(
-                f"sample {i}: {len(ids)} tokens < T + 1 = {self.T + 1}; raise chars_per_token"
-            )
-        buf = torch.tensor(ids[: self.T + 1], dtype=torch.long)
-        return buf[:-1], buf[1:]
-
-
-class PrefetchLoader:
-    """``next_batch()`` over a DataLoader, one batch ahead: the host-to-device copy of batch i + 1
-    (pinned, ``non_blocking``) is queued before batch i is returned, so it overlaps with the GPU's
-    work on batch i. Cycles through the DataLoader forever. On a CPU it only moves tensors.
-    """
-
-    def __init__(self, loader: torch.utils.data.DataLoader, device: torch.device | str):
-        self.loader = loader
-        self.device = torch.device(device)
-        self._it: Iterator | None = None
-        self._next = None
-
-    def _fetch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._it is None:
-            self._it = iter(self.loader)
-        try:
-            x, y = next(self._it)
-        except StopIteration:
-            self._it = iter(self.loader)
-            x, y = next(self._it)
-        nb = self.device.type == "cuda"
-        return x.to(self.device, non_blocking=nb), y.to(self.device, non_blocking=nb)
-
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        current = self._next if self._next is not None else self._fetch()
-        self._next = self._fetch()
-        return current
-
-
-def tokenizing_loader(
-    B: int, T: int, device: torch.device | str, num_workers: int
-) -> PrefetchLoader:
-    """A :class:`PrefetchLoader` over a DataLoader of :class:`TokenizingDataset` (Tiny Shakespeare),
-    batch B, ``num_workers`` worker processes, ``pin_memory`` on CUDA."""
-    device = torch.device(device)
-    ds = TokenizingDataset(data.load_text(), T)
-    dl = torch.utils.data.DataLoader(
-        ds,
-        batch_size=B,
-        shuffle=False,
-        drop_last=True,
-        num_workers=num_workers,
-        pin_memory=device.type == "cuda",
-        persistent_workers=num_workers > 0,
-    )
-    return PrefetchLoader(dl, device)
-
-
-def time_next_batch(loader, n: int = 10) -> dict:
-    """Host time of ``loader.next_batch()``: the first call (worker start-up, first batch) apart, then
-    the median of ``n`` calls, in ms. A GPU queue that is ahead of the host hides this time; a CPU does not."""
-    t0 = time.perf_counter()
-    loader.next_batch()
-    first = 1e3 * (time.perf_counter() - t0)
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        loader.next_batch()
-        times.append(1e3 * (time.perf_counter() - t0))
-    times.sort()
-    return dict(first_ms=first, median_ms=times[len(times) // 2])
-
-
-def copy_time_us(
-    B: int, T: int, device: torch.device | str, pinned: bool, iters: int = 20
-) -> float | None:
-    """Median time of copying one (B, T) int64 batch from host to ``device``, in microseconds, from
-    pinned or pageable host memory (CUDA events). None on a CPU: there is no copy to time."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return None
-    host = torch.randint(0, 50257, (B, T))
-    if pinned:
-        host = host.pin_memory()
-    t = timing.measure(lambda: host.to(device, non_blocking=pinned), device, warmup=3, iters=iters)
-    return 1e3 * t.median_ms
-
-
-# --------------------------------------------------------------------------------------------
-# The optimizer step
-# --------------------------------------------------------------------------------------------
-
-
-def decay_groups(model: nn.Module, run: train.RunConfig) -> list[dict]:
-    """Which parameters :func:`train.make_optimizer` decays: one row per param group
-    {"weight_decay", "tensors", "parameters", "examples" (up to 3 names)}."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    rows = []
-    for g in train.make_optimizer(model, run).param_groups:
-        rows.append(
-            dict(
-                weight_decay=g["weight_decay"],
-                tensors=len(g["params"]),
-                parameters=sum(p.numel() for p in g["params"]),
-                examples=[names[id(p)] for p in g["params"][:3]],
-            )
-        )
-    return rows
-
-
-def optimizer_sweep(
-    run: train.RunConfig,
-    model_config: GPTConfig,
-    device: torch.device | str,
-    impls: tuple[str, ...] = switches.get("optimizer").values,
-    warmup: int = 1,
-    iters: int = 3,
-    step_iters: int = 3,
-) -> list[dict]:
-    """For each AdamW implementation: ``optimizer.step()`` alone (median of ``iters`` after
-    ``warmup``) and the full training step (median of ``step_iters``), in ms; then, with
-    ``run.optimizer``, ``clip_grad_norm_`` alone and the full step without clipping.
-
-    One model; each implementation gets its own optimizer (and state). Returns rows {"what", "ms"}.
-    Raises ValueError for an implementation the device lacks (:func:`train.unsupported_reason`),
-    never replaced by another one.
-    """
-    device = torch.device(device)
-    trainer = train.build(run, model_config, device)
-    loader = data.BatchLoader(data.load_tokens(), run.batch_size, run.seq_len, device)
-    rows = []
-    for impl in impls:
-        reason = train.unsupported_reason(run.replace(optimizer=impl), device)
-        if reason is not None:
-            raise ValueError(f"AdamW '{impl}' cannot run on {device}: {reason}")
-        trainer.optimizer = train.make_optimizer(trainer.model, run.replace(optimizer=impl))
-        step = timing.measure(
-            lambda: trainer.step(loader), device, warmup=1, iters=step_iters
-        )  # creates the state
-        alone = timing.measure(trainer.optimizer.step, device, warmup=warmup, iters=iters)
-        rows.append(dict(what=f"optimizer.step(), {impl}", ms=alone.median_ms))
-        rows.append(dict(what=f"full step, {impl}", ms=step.median_ms))
-    trainer.optimizer = train.make_optimizer(trainer.model, run)
-    trainer.step(loader)
-    params = list(trainer.model.parameters())
-    clip = timing.measure(
-        lambda: torch.nn.utils.clip_grad_norm_(params, 1.0), device, warmup=warmup, iters=iters
-    )
-    rows.append(dict(what=f"clip_grad_norm_ alone ({run.optimizer} run)", ms=clip.median_ms))
-    rows.append(
-        dict(
-            what=f"full step, {run.optimizer}, clipping",
-            ms=timing.measure(lambda: trainer.step(loader), device, 0, step_iters).median_ms,
-        )
-    )
-    trainer.run = run.replace(grad_clip=None)
-    rows.append(
-        dict(
-            what=f"full step, {run.optimizer}, no clipping",
-            ms=timing.measure(lambda: trainer.step(loader), device, 0, step_iters).median_ms,
-        )
-    )
-    return rows
-
-
-def data_wait_report(
-    run: train.RunConfig,
-    model_config: GPTConfig,
-    device: torch.device | str,
-    loaders: dict,
-    warmup: int = 1,
-    iters: int = 3,
-) -> list[dict]:
-    """Does the training step wait for data? For each named loader (anything with ``next_batch()``):
-    the host time of one ``next_batch()`` call and the full step time with that loader, in ms; a
-    :class:`FixedBatch` row (no loading at all) comes first as the baseline.
-
-    On CUDA the step is queued asynchronously, so a loader costs step time only if the host needs
-    longer to prepare a batch than the GPU needs to run a step. On a CPU every millisecond of
-    loading is added to the step: there is nothing to overlap with.
-    Returns rows {"loader", "next_batch_ms", "first_batch_ms", "step_ms"}.
-    """
-    device = torch.device(device)
-    trainer = train.build(run, model_config, device)
-    x, y = data.BatchLoader(data.load_tokens(), run.batch_size, run.seq_len, device).next_batch()
-    rows = []
-    for name, loader in {"no loading (one fixed batch)": FixedBatch(x, y), **loaders}.items():
-        host = time_next_batch(loader, n=5)
-        step = timing.measure(
-            lambda loader=loader: trainer.step(loader), device, warmup=warmup, iters=iters
-        )
-        rows.append(
-            dict(
-                loader=name,
-                next_batch_ms=host["median_ms"],
-                first_batch_ms=host["first_ms"],
-                step_ms=step.median_ms,
-            )
-        )
-    return rows
 
 
 def plot_checkpointing(rows: list[dict], title: str):
@@ -697,7 +470,8 @@ def plot_checkpointing(rows: list[dict], title: str):
 def benchmark_run(device: torch.device | str) -> tuple[train.RunConfig, GPTConfig]:
     """The configuration the chapter measures: eager bf16 autocast + SDPA + vocab 50304 on CUDA
     (the ladder's best eager rung; fp16 + GradScaler on a GPU without native bf16, see
-    :func:`train.recipe_autocast`), fp32 + SDPA on a CPU; shapes from :func:`train.default_shapes`."""
+    :func:`train.recipe_autocast`), fp32 + SDPA on a CPU; shapes from
+    :func:`train.default_shapes`."""
     device = torch.device(device)
     cfg, B, T = train.default_shapes(device)
     if device.type == "cuda":
@@ -766,7 +540,8 @@ def run_benchmark(
 
 @cli.guarded
 def main(argv: list[str] | None = None) -> int:
-    """``python -m helpers.chapters.ch09_tradeoffs {checkpointing,accumulation} --out FILE.json [--iters N]``."""
+    """``python -m helpers.chapters.ch09_tradeoffs {checkpointing,accumulation} --out FILE.json
+    [--iters N]``."""
     import argparse
     import json
     from pathlib import Path

@@ -9,9 +9,10 @@ token embedding tied to the LM head.
 the model are keyword arguments of :class:`GPT` (their records are in :mod:`helpers.switches`,
 ``where="model"``); ``GPT.__init__`` picks each mechanism once, so ``forward`` reads top to bottom:
 
-- ``attention``: ``"manual"`` materialises the (T, T) scores with a causal mask (:func:`manual_attention`);
-  ``"sdpa"`` calls ``F.scaled_dot_product_attention(..., is_causal=True)``, which lets PyTorch pick
-  a fused kernel (FlashAttention, memory-efficient, cuDNN) that never stores the scores (chapter 06).
+- ``attention``: ``"manual"`` materialises the (T, T) scores with a causal mask
+  (:func:`manual_attention`); ``"sdpa"`` calls ``F.scaled_dot_product_attention(...,
+  is_causal=True)``, which lets PyTorch pick a fused kernel (FlashAttention, memory-efficient,
+  cuDNN) that never stores the scores (chapter 06).
 - ``loss_kernel``: ``"pytorch"`` (``F.cross_entropy``), ``"triton"`` (the hand-written kernel of
   :mod:`helpers.core.kernels`) or ``"fused"`` (LM head and loss in chunks, chapter 12).
 - ``residual_dtype``, ``detach_logits``, ``lm_head_fp8``, ``checkpoint_every``: chapters 09 and 12.
@@ -110,12 +111,14 @@ def sdpa_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0
 ) -> torch.Tensor:
     """Causal attention through ``F.scaled_dot_product_attention(is_causal=True)``: no mask tensor,
-    and the fused kernels keep no (T, T) tensor for backward. q, k, v and the result: (B, nh, T, hs)."""
+    and the fused kernels keep no (T, T) tensor for backward. q, k, v and the result:
+    (B, nh, T, hs)."""
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention with a fused QKV projection; ``attention`` picks the kernel."""
+    """Multi-head causal self-attention with a fused QKV projection; ``attention`` picks the
+    kernel."""
 
     def __init__(self, config: GPTConfig, attention: str = "manual"):
         super().__init__()
@@ -240,13 +243,15 @@ class GPT(nn.Module):
             )
         if lm_head_fp8 and (config.padded_vocab_size % 16 or config.n_embd % 16):
             raise ValueError(
-                f"GPT(lm_head_fp8=True): fp8 matmuls need multiples of 16, got n_embd={config.n_embd}"
-                f" and {config.padded_vocab_size} LM-head rows: pad the vocabulary (vocab_multiple=64)"
+                "GPT(lm_head_fp8=True): fp8 matmuls need multiples of 16, "
+                f"got n_embd={config.n_embd} and {config.padded_vocab_size} LM-head rows: "
+                "pad the vocabulary (vocab_multiple=64)"
             )
         self.config = config
         self.switches = chosen  # what this model was built with, for reports and tests
-        # One seed drawn from the global RNG before any module exists (so torch.manual_seed fixes the
-        # model), then a private generator: the weights do not depend on what construction consumed.
+        # One seed drawn from the global RNG before any module exists (so torch.manual_seed fixes
+        # the model), then a private generator: the weights do not depend on what construction
+        # consumed.
         init_seed = int(torch.randint(0, 2**31 - 1, (1,), device="cpu").item())
         self.transformer = nn.ModuleDict(
             dict(
@@ -376,10 +381,12 @@ class GPT(nn.Module):
         top_k: int | None = 50,
         generator: torch.Generator | None = None,
     ) -> torch.Tensor:
-        """Sample ``max_new_tokens`` tokens after ``idx`` (B, T0) int64; returns (B, T0 + max_new_tokens).
+        """Sample ``max_new_tokens`` tokens after ``idx`` (B, T0) int64; returns
+        (B, T0 + max_new_tokens).
 
-        Logits of padded ids (>= vocab_size) are set to -inf before sampling, so a padded model never
-        returns an id the tokenizer cannot decode. ``top_k`` keeps the k most likely ids (None = all).
+        Logits of padded ids (>= vocab_size) are set to -inf before sampling, so a padded model
+        never returns an id the tokenizer cannot decode. ``top_k`` keeps the k most likely ids
+        (None = all).
         """
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -408,7 +415,8 @@ def count_parameters(model: nn.Module) -> int:
 
 
 def parameter_breakdown(model: GPT) -> dict[str, int]:
-    """Parameters by part: embeddings (token, position), attention, MLP, LayerNorms. Sums to the total."""
+    """Parameters by part: embeddings (token, position), attention, MLP, LayerNorms. Sums to the
+    total."""
     parts = {
         "token embedding (tied LM head)": 0,
         "position embedding": 0,

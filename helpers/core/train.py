@@ -3,8 +3,9 @@
 :class:`RunConfig` holds every switch of the course; :func:`build` turns one into a
 :class:`Trainer` (model + AdamW + step). The step is always the same work:
 zero_grad -> forward + loss (under autocast if asked) -> backward (GradScaler for fp16) ->
-gradient clipping (clip_grad_norm_, or folded into fused AdamW with ``fused_clip``) -> AdamW step. Nothing in the step reads a value back to the host, so timing it
-measures the GPU, not a host sync.
+gradient clipping (clip_grad_norm_, or folded into fused AdamW with ``fused_clip``) -> AdamW step.
+Nothing in the step reads a value back to the host, so timing it measures the GPU, not a host
+sync.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ class _RunConfigMethods:
                 raise ValueError(f"RunConfig.{name} must be >= 1, got {getattr(self, name)}")
 
     def replace(self, **changes) -> "RunConfig":
-        """A copy with some fields changed (``cfg.replace(name="tf32", matmul_precision="tf32")``)."""
+        """A copy with some fields changed
+        (``cfg.replace(name="tf32", matmul_precision="tf32")``)."""
         return dataclasses.replace(self, **changes)
 
     @property
@@ -138,12 +140,12 @@ def default_shapes(device: torch.device | str) -> tuple[GPTConfig, int, int]:
 
 
 def recipe_autocast(device: torch.device | str) -> str | None:
-    """The autocast dtype name the course uses for mixed precision on ``device``: ``"bf16"`` where bf16
-    is native (CUDA compute capability >= 8.0; a CPU with AVX-512 BF16 or AMX), ``"fp16"`` on older
-    GPUs (a T4, a V100, an emulated T4), where ``RunConfig(autocast="fp16")`` adds the GradScaler, and
-    None (fp32) on a CPU without fast bf16, where bf16 would run ~30x slower than fp32
-    (:func:`helpers.measure.hardware.cpu_bf16`). Every chapter's "bf16" configuration takes its dtype from
-    here, so it runs on a Colab T4 and on any CPU too (chapter 04 explains why)."""
+    """The autocast dtype name the course uses for mixed precision on ``device``: ``"bf16"`` where
+    bf16 is native (CUDA compute capability >= 8.0; a CPU with AVX-512 BF16 or AMX), ``"fp16"`` on
+    older GPUs (a T4, a V100, an emulated T4), where ``RunConfig(autocast="fp16")`` adds the
+    GradScaler, and None (fp32) on a CPU without fast bf16, where bf16 would run ~30x slower than
+    fp32 (:func:`helpers.measure.hardware.cpu_bf16`). Every chapter's "bf16" configuration takes its
+    dtype from here, so it runs on a Colab T4 and on any CPU too (chapter 04 explains why)."""
     device = torch.device(device)
     if hardware.native_bf16(device):
         return "bf16"
@@ -151,14 +153,16 @@ def recipe_autocast(device: torch.device | str) -> str | None:
 
 
 def autocast_label(autocast: str | None) -> str:
-    """How tables and titles name an autocast setting: ``"bf16"``, ``"fp16"``, or ``"fp32"`` for None."""
+    """How tables and titles name an autocast setting: ``"bf16"``, ``"fp16"``, or ``"fp32"`` for
+    None."""
     return autocast or "fp32"
 
 
 def slow_reason(run: RunConfig, device: torch.device | str) -> str | None:
     """Why ``run`` can run on ``device`` but the course does not time it by default (None if it
-    does): bf16 autocast on a CPU without fast bf16 (:func:`helpers.measure.hardware.no_native_bf16_reason`).
-    Callers that are asked for such a run explicitly still run it."""
+    does): bf16 autocast on a CPU without fast bf16
+    (:func:`helpers.measure.hardware.no_native_bf16_reason`). Callers that are asked for such a run
+    explicitly still run it."""
     device = torch.device(device)
     if run.autocast == "bf16" and device.type == "cpu":
         return hardware.no_native_bf16_reason(device)
@@ -166,7 +170,8 @@ def slow_reason(run: RunConfig, device: torch.device | str) -> str | None:
 
 
 def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None:
-    """Why ``run`` cannot run as asked on ``device`` (None if it can). Never silently substituted."""
+    """Why ``run`` cannot run as asked on ``device`` (None if it can). Never silently
+    substituted."""
     device = torch.device(device)
     if run.matmul_precision == "tf32" and not hardware.tf32_supported(device):
         where = (
@@ -174,7 +179,10 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
         )
         return f"TF32 needs an NVIDIA GPU of compute capability >= 8.0; this device is {where}"
     if run.autocast == "bf16" and device.type == "cuda" and not hardware.native_bf16(device):
-        return "bf16 is not native below compute capability 8.0 (emulated, slow): use autocast='fp16' + GradScaler"
+        return (
+            "bf16 is not native below compute capability 8.0 (emulated, slow): "
+            "use autocast='fp16' + GradScaler"
+        )
     if run.compile is not None:
         ok, reason = hardware.compile_support(device)
         if not ok:
@@ -183,15 +191,17 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
             return "mode 'reduce-overhead' uses CUDA graphs: CUDA only"
     if run.residual_dtype == "bf16" and run.autocast != "bf16":
         return (
-            f"a bf16 residual stream needs bf16 autocast (the blocks' matmuls take bf16 inputs); this run's autocast "
-            f"is {run.autocast!r}: keep residual_dtype='fp32' with it"
+            "a bf16 residual stream needs bf16 autocast (the blocks' matmuls take bf16 inputs); "
+            f"this run's autocast is {run.autocast!r}: keep residual_dtype='fp32' with it"
         )
     if run.fused_clip and (
         run.optimizer != "fused" or run.autocast == "fp16" or run.grad_clip is None
     ):
         return (
-            "fused_clip hands the clip factor to fused AdamW: it needs optimizer='fused', a grad_clip, and no fp16 "
-            f"GradScaler (this run: optimizer={run.optimizer!r}, grad_clip={run.grad_clip}, autocast={run.autocast!r})"
+            "fused_clip hands the clip factor to fused AdamW: it needs optimizer='fused', "
+            "a grad_clip, and no fp16 GradScaler "
+            f"(this run: optimizer={run.optimizer!r}, grad_clip={run.grad_clip}, "
+            f"autocast={run.autocast!r})"
         )
     if run.loss_kernel in ("triton", "fused"):
         from helpers.core import kernels
@@ -205,11 +215,15 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
             )
             return f"the {what} cannot run: {why}"
         if run.compile is not None and device.type != "cuda":
-            return "the Triton cross-entropy runs compiled only on a CUDA GPU (Triton's CPU interpreter runs it eagerly)"
+            return (
+                "the Triton cross-entropy runs compiled only on a CUDA GPU "
+                "(Triton's CPU interpreter runs it eagerly)"
+            )
         if run.loss_kernel == "fused" and run.autocast == "fp16":
             return (
-                "the fused LM-head cross-entropy computes the logits' gradient before the fp16 GradScaler's scale "
-                "reaches it (small values would round to 0): keep loss_kernel='triton' with fp16"
+                "the fused LM-head cross-entropy computes the logits' gradient before the fp16 "
+                "GradScaler's scale reaches it (small values would round to 0): "
+                "keep loss_kernel='triton' with fp16"
             )
     if run.lm_head_fp8:
         from helpers.core import kernels
@@ -218,9 +232,15 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
         if not ok:
             return f"the fp8 LM head cannot run: {why}"
         if run.loss_kernel != "fused":
-            return f"lm_head_fp8 runs inside the fused LM-head cross-entropy: it needs loss_kernel='fused', not {run.loss_kernel!r}"
+            return (
+                "lm_head_fp8 runs inside the fused LM-head cross-entropy: "
+                f"it needs loss_kernel='fused', not {run.loss_kernel!r}"
+            )
         if run.vocab_multiple % 16:
-            return f"fp8 matmuls need a vocabulary padded to a multiple of 16; this run pads to {run.vocab_multiple}: use vocab_multiple=64"
+            return (
+                "fp8 matmuls need a vocabulary padded to a multiple of 16; "
+                f"this run pads to {run.vocab_multiple}: use vocab_multiple=64"
+            )
     if run.optimizer == "fused" and device.type not in ("cuda", "cpu"):
         return f"fused AdamW is not implemented for device type {device.type}"
     return None
@@ -311,36 +331,39 @@ class Trainer:
         return total
 
     def clip(self) -> None:
-        """Gradient clipping of the step: unscale (fp16 GradScaler), then clip to ``run.grad_clip``."""
+        """Gradient clipping of the step: unscale (fp16 GradScaler), then clip to
+        ``run.grad_clip``."""
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
         if self.run.grad_clip is not None and self.run.fused_clip:
-            # fused AdamW divides every gradient by optimizer.grad_scale as it reads it (the hook GradScaler
-            # uses): the same clipped update without a separate pass that rescales 124M gradients in memory.
+            # fused AdamW divides every gradient by optimizer.grad_scale as it reads it (the hook
+            # GradScaler uses): the same clipped update without a separate pass that rescales 124M
+            # gradients in memory.
             self.optimizer.grad_scale = clip_divisor(self.model.parameters(), self.run.grad_clip)
         elif self.run.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.run.grad_clip)
 
     def optimizer_step(self) -> None:
-        """The AdamW step (through the GradScaler for fp16, which skips it if a gradient is inf/nan)."""
+        """The AdamW step (through the GradScaler for fp16, which skips it if a gradient is
+        inf/nan)."""
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
             self.optimizer.step()
-        self.optimizer.__dict__.pop(
-            "grad_scale", None
-        )  # a fused clip's divisor is for this step only
+        # a fused clip's divisor is for this step only
+        self.optimizer.__dict__.pop("grad_scale", None)
 
 
 def clip_divisor(parameters, max_norm: float) -> torch.Tensor:
     """What ``clip_grad_norm_(parameters, max_norm)`` multiplies every gradient by, as a divisor.
 
-    Returns a 0-d fp32 tensor on the gradients' device: ``max(1, (total_norm + 1e-6) / max_norm)``, the
-    reciprocal of clip_grad_norm_'s clamped clip coefficient ``min(1, max_norm / (total_norm + 1e-6))``
-    (total_norm = L2 norm of all gradients together, computed on the device: no host sync). Dividing the
-    gradients by it is the clipping; fused AdamW does that while it reads them when it is given as
-    ``optimizer.grad_scale`` (torch.amp.GradScaler hands over its loss scale the same way).
+    Returns a 0-d fp32 tensor on the gradients' device: ``max(1, (total_norm + 1e-6) / max_norm)``,
+    the reciprocal of clip_grad_norm_'s clamped clip coefficient
+    ``min(1, max_norm / (total_norm + 1e-6))`` (total_norm = L2 norm of all gradients together,
+    computed on the device: no host sync). Dividing the gradients by it is the clipping; fused
+    AdamW does that while it reads them when it is given as ``optimizer.grad_scale``
+    (torch.amp.GradScaler hands over its loss scale the same way).
     """
     grads = [p.grad for p in parameters if p.grad is not None]
     if hasattr(torch.nn.utils, "get_total_norm"):  # torch >= 2.6
@@ -383,9 +406,10 @@ def build(
 
     The model is initialised on the CPU from ``run.seed`` (so every switch and every device starts
     from the same weights), then moved to ``device``. The run's model switches
-    (:func:`model_switches`) are the model's keyword arguments; its shape switch (``vocab_multiple``,
-    :func:`shape_switches`) sets the padded vocabulary of ``model_config``. Compiled runs call
-    ``torch._dynamo.reset()`` first, so a graph compiled for an earlier model is never reused.
+    (:func:`model_switches`) are the model's keyword arguments; its shape switch
+    (``vocab_multiple``, :func:`shape_switches`) sets the padded vocabulary of ``model_config``.
+    Compiled runs call ``torch._dynamo.reset()`` first, so a graph compiled for an earlier model is
+    never reused.
 
     Raises:
         ValueError: if the hardware cannot run ``run`` as asked (see :func:`unsupported_reason`),
@@ -429,9 +453,9 @@ def train(
 ) -> TrainResult:
     """A short real training run on Tiny Shakespeare; returns the loss of every step.
 
-    ``loader`` defaults to a :class:`helpers.core.data.BatchLoader` over the whole text with the run's
-    B and T. A tqdm.auto progress bar shows the loss (disable with ``progress=False``). A failing
-    torch.compile falls back to eager, and says so in ``trainer.notes`` and on the bar.
+    ``loader`` defaults to a :class:`helpers.core.data.BatchLoader` over the whole text with the
+    run's B and T. A tqdm.auto progress bar shows the loss (disable with ``progress=False``). A
+    failing torch.compile falls back to eager, and says so in ``trainer.notes`` and on the bar.
     """
     from tqdm.auto import tqdm
 
@@ -442,8 +466,8 @@ def train(
         loader = data.BatchLoader(data.load_tokens(), run.batch_size, run.seq_len, trainer.device)
     losses = []
     # At most 2 redraws a second (refresh=False: set_postfix would redraw every step, thousands of
-    # widget messages in a minutes-long run). With a redraw per step, nbval timed out waiting for the
-    # end of chapter 12's 100 s training cell on the H200; with this, it passed.
+    # widget messages in a minutes-long run). A redraw per step makes nbval time out waiting for
+    # the end of chapter 12's 100 s training cell on the H200.
     bar = tqdm(range(steps), desc=run.name, disable=not progress, mininterval=0.5)
     for _ in bar:
         losses.append(trainer.step(loader).item())

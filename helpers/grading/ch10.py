@@ -13,6 +13,7 @@ from typing import Any
 
 from helpers.chapters import ch10_profiling as profiling
 from helpers.grading.common import reread
+from helpers.measure import profiler
 
 SECTIONS = {
     "ch10_dominant_family": "chapter 10, section 8 (Exercise: the dominant kernel family)",
@@ -90,7 +91,7 @@ def _most_rows_family(rows: list[dict]) -> str:
 
 
 def _fmt_totals(rows: list[dict]) -> str:
-    return ", ".join(f"{k} {v:.2f}" for k, v in list(profiling.family_totals(rows).items())[:3])
+    return ", ".join(f"{k} {v:.2f}" for k, v in list(profiler.family_totals(rows).items())[:3])
 
 
 def check_dominant_family(fn: Callable[[list[dict]], str]) -> None:
@@ -108,7 +109,7 @@ def check_dominant_family(fn: Callable[[list[dict]], str]) -> None:
     ] + _synthetic_family_tables()
     for label, rows in cases:
         got = fn([dict(r) for r in rows])
-        want = next(iter(profiling.family_totals(rows)))
+        want = next(iter(profiler.family_totals(rows)))
         if got == want:
             continue
         if got is None:
