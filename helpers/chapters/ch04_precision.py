@@ -394,6 +394,7 @@ def compare_precisions(
             rows.append(row)
             if row["reason"] is not None:
                 continue
+            # skip_reason above already decided what is too slow here (cpu_fp16, cpu_bf16)
             measured = bench.measure(
                 run,
                 cfg,
@@ -401,6 +402,7 @@ def compare_precisions(
                 tokens,
                 warmup,
                 iters,
+                run_slow=True,
                 before=lambda trainer, loader: train_recording(trainer, loader, steps),
             )
             if measured["status"] != "measured":
