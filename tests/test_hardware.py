@@ -3,6 +3,7 @@ import contextlib
 import pytest
 import torch
 
+from helpers import ladder
 from helpers.chapters import ch08_t4_colab as t4_colab
 from helpers.measure import gpus, hardware, power
 
@@ -121,7 +122,8 @@ def test_recipe_on_this_cpu_builds_a_runconfig_that_runs_here():
     from helpers.core import train
 
     choices = t4_colab.recommend_recipe("cpu")
-    assert _as_dict(choices)["autocast"] is None
+    cpu = torch.device("cpu")
+    assert _as_dict(choices)["autocast"] == ("bf16" if hardware.native_bf16(cpu) else None)
     run = t4_colab.recipe_run_config(choices, batch_size=2, seq_len=16)
     assert train.unsupported_reason(run, torch.device("cpu")) is None
     assert "switch" in t4_colab.format_recipe(choices).splitlines()[0]
@@ -193,7 +195,7 @@ EXPECTED_AUTOCAST = {
     "H100-PCIe": "bf16",
     "H100-SXM": "bf16",
     "H200": "bf16",
-    "CPU": None,
+    "CPU": "bf16" if hardware.native_bf16(torch.device("cpu")) else None,  # this CPU's ladder
 }
 
 
@@ -206,12 +208,9 @@ def test_the_course_has_a_profile_for_every_gpu_it_names_and_a_cpu():
         if p.peak_tensor_tflops is None or p.fp32_tflops is None:
             assert p.note, f"{p.key}: a missing figure needs a note saying why"
     assert (
-        gpus.PROFILES["CPU"].capability is None
-        and gpus.PROFILES["CPU"].peak_tensor_tflops is None
+        gpus.PROFILES["CPU"].capability is None and gpus.PROFILES["CPU"].peak_tensor_tflops is None
     )
-    assert (
-        gpus.PROFILES["A10G"].capability == (8, 6) and gpus.PROFILES["A10G"].memory_gb == 24
-    )
+    assert gpus.PROFILES["A10G"].capability == (8, 6) and gpus.PROFILES["A10G"].memory_gb == 24
 
 
 def test_recipe_for_every_profile_gives_a_reason_for_every_switch():
@@ -237,6 +236,47 @@ def test_recipe_for_every_profile_gives_a_reason_for_every_switch():
         t4_colab.recipe_run_config(choices, batch_size=4, seq_len=64)
     table = gpus.format_profiles()
     assert all(k in table for k in gpus.PROFILES) and "fp16 + GradScaler" in table
+
+
+def test_the_recipe_is_the_ladders_last_runnable_rung(monkeypatch):
+    """Chapter 08's recipe and ladder.last_runnable answer "the fastest configuration here" alike,
+    for a real (faked) device and for the same GPU asked from its datasheet."""
+    from helpers import switches
+
+    for cap, key in (((7, 5), "T4"), ((8, 0), "A100-80GB"), ((9, 0), "H200")):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None, c=cap: c)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None, k=key: f"NVIDIA {k}")
+        last = ladder.last_runnable(1, 1, "cuda")  # Triton comes with the test extra
+        d = _as_dict(t4_colab.recommend_recipe("cuda"))
+        assert all(d[f] == getattr(last, f) for f in switches.rung_fields()), key
+        monkeypatch.undo()
+        with hardware.datasheet(gpus.PROFILES[key]) as cuda:
+            last = ladder.last_runnable(1, 1, cuda)
+        d = _as_dict(t4_colab.recommend_recipe(gpus.PROFILES[key]))
+        assert all(d[f] == getattr(last, f) for f in switches.rung_fields()), key
+        assert d["lm_head_fp8"] is (cap >= (8, 9)) and d["fused_clip"] is (cap >= (8, 0)), key
+
+
+def test_a_datasheet_answers_for_its_gpu_and_leaves_nothing_behind():
+    with hardware.datasheet(gpus.PROFILES["T4"]) as cuda:
+        assert hardware.capability(cuda) == (7, 5) and not hardware.native_bf16(cuda)
+        assert hardware.compile_support(cuda)[0] and hardware.from_datasheet()
+    assert hardware.emulated_profile() is None and not hardware.from_datasheet()
+    with pytest.raises(ValueError, match="not a GPU"):
+        with hardware.datasheet(gpus.PROFILES["CPU"]):
+            pass
+
+
+def test_a_skipped_rung_gives_its_reason_in_the_recipe():
+    reasons = {c.switch: c.reason for c in t4_colab.recommend_recipe(gpus.PROFILES["T4"])}
+    assert "'+ tf32' skipped" in reasons["matmul_precision"]
+    assert "'+ fp8 LM head' skipped" in reasons["lm_head_fp8"] and "8.9" in reasons["lm_head_fp8"]
+    assert "'+ fused LM-head CE' skipped" in reasons["loss_kernel"]
+    table = t4_colab.format_recipe(t4_colab.recommend_recipe(gpus.PROFILES["T4"]))
+    assert max(len(line) for line in table.splitlines()) <= 100
+    md = t4_colab.recipe_markdown(t4_colab.recommend_recipe(gpus.PROFILES["T4"]))
+    assert md.splitlines()[0] == "| switch | value | reason |" and "`lm_head_fp8`" in md
 
 
 def test_recipe_reports_a_measured_batch_size_with_its_reason():
@@ -490,9 +530,7 @@ def test_parse_smi_line_reads_clock_power_limit_and_reasons():
         "2026/11/30 03:39:09.345, [N/A], [N/A], [N/A], [N/A]",
     ]:
         assert power.parse_smi_line(bad, t=0.0) is None
-    na = power.parse_smi_line(
-        "2026/11/30 03:39:09.345, 1740, [N/A], [Not Supported], 0x4", t=1.0
-    )
+    na = power.parse_smi_line("2026/11/30 03:39:09.345, 1740, [N/A], [Not Supported], 0x4", t=1.0)
     assert (na.sm_clock_mhz, na.power_w, na.power_limit_w, na.reasons) == (
         1740,
         None,
@@ -521,9 +559,7 @@ def test_power_summary_keeps_only_the_window():
     two = power.power_summary(samples[:2])
     assert two["sm_clock_mhz"]["median"] == 1860  # the mean of the middle two, not the upper one
     samples.append(
-        power.PowerSample(
-            t=3.0, sm_clock_mhz=1500, power_w=None, power_limit_w=None, reasons=None
-        )
+        power.PowerSample(t=3.0, sm_clock_mhz=1500, power_w=None, power_limit_w=None, reasons=None)
     )
     with_na = power.power_summary(samples)
     assert (

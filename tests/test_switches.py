@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 
 from helpers import ladder, switches
+from helpers.chapters import ch08_t4_colab as t4_colab
 from helpers.chapters import ch10_profiling as profiling
 from helpers.chapters import ch12_capstone as capstone
 from helpers.core import train
@@ -83,6 +84,17 @@ def test_a_new_record_shows_up_in_the_rungs_the_advice_and_the_description():
     with pytest.raises(ValueError, match="fake_switch must be one of"):
         FakeRunConfig(fake_switch="yes")
     assert not hasattr(RunConfig(), "fake_switch")  # the course's RunConfig is untouched
+    # the recipe of a ladder with the fake rung: on where it runs, off with its reason where not
+    runs = [FakeRunConfig(name=rungs[0][0]).replace(**rungs[0][1])]
+    for name, changes in rungs[1:]:
+        runs.append(runs[-1].replace(name=name, **changes))
+    recipe = {c.switch: c for c in t4_colab.recipe_from_ladder([(r, None) for r in runs], registry)}
+    assert recipe["fake_switch"].value is True
+    assert recipe["fake_switch"].reason == "use it when faked"
+    refused = [(r, "fakes need a fake GPU" if r.name == "+ fake" else None) for r in runs]
+    recipe = {c.switch: c for c in t4_colab.recipe_from_ladder(refused, registry)}
+    assert recipe["fake_switch"].value is False
+    assert recipe["fake_switch"].reason == "'+ fake' skipped: fakes need a fake GPU"
 
 
 def test_run_config_fields_are_the_registry_s_switches_then_the_settings():

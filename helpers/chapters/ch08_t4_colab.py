@@ -1,19 +1,25 @@
 """Chapter 08: the fastest correct recipe for a GPU, from what it has (T4 and Colab fallbacks).
 
-:func:`recommend_recipe` decides each switch from the device's capabilities (or a datasheet
-profile of :mod:`helpers.measure.gpus`) and says why; :func:`recipe_run_config` turns the choices
-into a :class:`helpers.core.train.RunConfig`.
+The recipe is the ladder's answer to "the fastest configuration here": every rung switch at its
+value in the ladder's last rung that can run on the target (:func:`helpers.ladder.last_runnable`),
+each with the reason the switch record of :mod:`helpers.switches` gives for that value, and, where
+a rung was skipped, the reason it cannot run there. So a new switch record shows up in the recipe
+by itself. :func:`recommend_recipe` asks a device (this one; while emulating, the emulated GPU) or a
+datasheet profile of :mod:`helpers.measure.gpus`; :func:`recipe_run_config` turns the choices into a
+:class:`helpers.core.train.RunConfig`.
 """
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 
 import torch
 
+from helpers import ladder, switches
 from helpers.core.train import RunConfig
+from helpers.measure import hardware
 from helpers.measure.gpus import GPUProfile
-from helpers.measure.hardware import capability, compile_support, default_device, emulated_profile
 
 
 @dataclass(frozen=True)
@@ -25,153 +31,161 @@ class RecipeChoice:
     reason: str
 
 
+def attention_kernel(cap: tuple[int, int] | None) -> str:
+    """Which fused kernel SDPA picks for causal training attention at compute capability ``cap``
+    (None: a CPU). FlashAttention-2 and cuDNN attention need sm80; below it SDPA uses the
+    memory-efficient kernel (PyTorch docs, ``torch.nn.attention.SDPBackend``)."""
+    if cap is None:
+        return "the fused CPU kernel"
+    if cap >= (8, 0):
+        return "FlashAttention-2 / cuDNN kernels"
+    return "the memory-efficient kernel (no FlashAttention-2 below sm80)"
+
+
+def recipe_from_ladder(
+    configs: list[tuple[object, str | None]],
+    registry: tuple[switches.Switch, ...] = switches.SWITCHES,
+    notes: dict[str, str] | None = None,
+) -> list[RecipeChoice]:
+    """The recipe a ladder implies: for each rung switch of ``registry``, its value in the last
+    runnable config of ``configs`` (``(run, reason)`` pairs as :func:`helpers.ladder.ladder_configs`
+    returns, reason None where the rung runs) and why: the record's advice for that value (its
+    general advice where it has none), then each skipped rung that would have changed the switch,
+    with the reason it was skipped. ``notes`` ({field: text}) adds what the target does with a value
+    (e.g. which attention kernel).
+
+    Raises:
+        ValueError: no config of ``configs`` can run.
+    """
+    runnable = [run for run, reason in configs if reason is None]
+    if not runnable:
+        raise ValueError("no rung of this ladder can run on the target: there is no recipe")
+    fields = [s for s in registry if s.rungs]
+    skipped: dict[str, list[str]] = {s.field: [] for s in fields}
+    last_run = None
+    for run, reason in configs:
+        if reason is not None and last_run is not None:
+            for s in fields:  # the switch(es) this rung would have changed
+                if getattr(run, s.field) != getattr(last_run, s.field):
+                    skipped[s.field].append(f"{run.name!r} skipped: {reason}")
+        elif reason is None:
+            last_run = run
+    final = runnable[-1]
+    choices = []
+    for s in fields:
+        value = getattr(final, s.field)
+        if value == s.baseline and skipped[s.field]:
+            why = []
+        elif value == s.baseline:
+            why = [f"the ladder's baseline; {s.general}" if s.general else "the ladder's baseline"]
+        else:
+            why = [s.advice.get(value, s.general) or f"turned on by the ladder's {s.rungs[0][0]!r}"]
+        if notes and s.field in notes:
+            why.append(notes[s.field])
+        choices.append(RecipeChoice(s.field, value, "; ".join(why + skipped[s.field])))
+    return choices
+
+
 def recommend_recipe(
     target: GPUProfile | torch.device | str | None = None,
     batch_size: int | None = None,
     batch_reason: str = "",
 ) -> list[RecipeChoice]:
     """The fastest *correct* configuration for a profile (e.g. ``PROFILES["T4"]``,
-    ``PROFILES["CPU"]``) or a device (default: this one; while emulating, the emulated GPU), switch
-    by switch with the reason.
+    ``PROFILES["CPU"]``, which means this CPU) or a device (default: this one; while emulating,
+    the emulated GPU), switch by switch with the reason: :func:`recipe_from_ladder` of the
+    ladder's rungs on that target, the same rules :func:`helpers.ladder.last_runnable` follows.
+    A GPU profile is asked from its datasheet (:func:`helpers.measure.hardware.datasheet`), so the
+    recipe of a T4 can be read on any machine.
 
     The batch size is never guessed: pass the one ``memory.find_max_batch_size`` measured as
     ``batch_size`` (with ``batch_reason`` saying how), else the choice says to measure it. Turn the
     choices into a RunConfig with :func:`recipe_run_config`.
 
-    Rules: bf16 autocast only with native bf16 (compute capability >= 8.0; never trust
-    ``torch.cuda.is_bf16_supported()``, True on a T4), else fp16 + GradScaler; TF32 only from 8.0;
-    torch.compile where Triton runs (>= 7.0) or a CPU has a C++ compiler; SDPA always
-    (FlashAttention-2 from 8.0, the memory-efficient kernel on 7.x); vocab padded to a multiple of
-    64; fused AdamW on CUDA.
+    What it gives (the rules are in :func:`helpers.core.train.unsupported_reason`): bf16 autocast
+    only with native bf16 (compute capability >= 8.0; never ``torch.cuda.is_bf16_supported()``,
+    True on a T4), else fp16 + GradScaler, and then none of the rungs that need bf16; TF32 only
+    from 8.0; the fp8 LM head only from 8.9; on a CPU without fast bf16, fp32.
     """
     if isinstance(target, GPUProfile) and target.capability is not None:
-        cap, name, compile_ok, compile_reason = (
-            target.capability,
-            target.name,
-            target.capability >= (7, 0),
-            "Triton supports >= 7.0",
-        )
+        with hardware.datasheet(target) as device:
+            return _recipe(device, target.name, batch_size, batch_reason)
+    if isinstance(target, GPUProfile) or target is None:
+        device = torch.device("cpu") if target is not None else hardware.default_device()
     else:
-        device = (
-            torch.device("cpu")
-            if isinstance(target, GPUProfile)
-            else (torch.device(target) if target is not None else default_device())
-        )
-        compile_ok, compile_reason = compile_support(device)
-        if device.type == "cuda":
-            cap = capability(device)
-            name = (
-                emulated_profile().name
-                if emulated_profile() is not None
-                else torch.cuda.get_device_name(device)
-            )
-        else:
-            cap, name = None, "CPU"
-    c = []
-    if cap is None:
-        c.append(
-            RecipeChoice(
-                "matmul_precision",
-                "fp32",
-                "TF32 is a tensor-core mode of NVIDIA GPUs; a CPU computes fp32",
-            )
-        )
-        c.append(
-            RecipeChoice(
-                "autocast",
-                None,
-                (
-                    "CPU runs are for correctness: keep fp32 "
-                    "(bf16 autocast runs, but its speed depends on the CPU)"
-                ),
-            )
-        )
+        device = torch.device(target)
+    if device.type == "cuda":
+        emulated = hardware.emulated_profile()
+        name = emulated.name if emulated is not None else torch.cuda.get_device_name(device)
     else:
-        ampere = cap >= (8, 0)
-        c.append(
-            RecipeChoice(
-                "matmul_precision",
-                "tf32" if ampere else "fp32",
-                "TF32 tensor cores (compute capability >= 8.0)"
-                if ampere
-                else f"sm{cap[0]}{cap[1]} has no TF32 tensor cores: the switch would do nothing",
-            )
-        )
-        c.append(
-            RecipeChoice(
-                "autocast",
-                "bf16" if ampere else "fp16",
-                "native bf16: fp32's range, no loss scaling needed"
-                if ampere
-                else (
-                    f"sm{cap[0]}{cap[1]} has no native bf16 (emulated, slow): "
-                    "fp16 tensor cores + GradScaler "
-                    "(fp16 overflows above 65504 and underflows small gradients)"
-                ),
-            )
-        )
-    c.append(
-        RecipeChoice(
-            "compile",
-            "default" if compile_ok else None,
-            f"torch.compile: {compile_reason}" if compile_ok else f"eager: {compile_reason}",
-        )
-    )
-    kernel = (
-        "FlashAttention-2 / cuDNN kernels"
-        if cap is not None and cap >= (8, 0)
-        else "the memory-efficient kernel (no FlashAttention-2 below sm80)"
-        if cap is not None
-        else "the fused CPU kernel"
-    )
-    c.append(
-        RecipeChoice(
-            "attention", "sdpa", f"SDPA never stores the (T, T) scores; here it uses {kernel}"
-        )
-    )
-    c.append(
-        RecipeChoice(
-            "vocab_multiple",
-            64,
-            "50257 -> 50304 rows: aligned shapes for the LM head and the loss (chapter 07)",
-        )
-    )
-    c.append(
-        RecipeChoice(
-            "optimizer",
-            "fused" if cap is not None else "foreach",
-            "fused AdamW: one kernel for all parameters"
-            if cap is not None
-            else "foreach AdamW: the CPU default",
-        )
-    )
+        name = "CPU"
+    return _recipe(device, name, batch_size, batch_reason)
+
+
+def _recipe(device, name, batch_size, batch_reason) -> list[RecipeChoice]:
+    configs = ladder.ladder_configs(1, 1, device=device)
+    notes = {"attention": f"here it uses {attention_kernel(hardware.capability(device))}"}
+    choices = recipe_from_ladder(configs, notes=notes)
     if batch_size is None:
-        c.append(
-            RecipeChoice(
-                "batch_size",
-                None,
-                f"measure it on the {name}: memory.find_max_batch_size with a 10% margin",
-            )
-        )
+        reason = f"measure it on the {name}: memory.find_max_batch_size with a 10% margin"
     else:
-        c.append(
-            RecipeChoice(
-                "batch_size",
-                batch_size,
-                batch_reason or f"measured on the {name} with memory.find_max_batch_size",
-            )
-        )
-    return c
+        reason = batch_reason or f"measured on the {name} with memory.find_max_batch_size"
+    return choices + [RecipeChoice("batch_size", batch_size, reason)]
 
 
-def format_recipe(choices: list[RecipeChoice]) -> str:
-    """The choices as a fixed-width table: switch, value, reason."""
+def format_recipe(choices: list[RecipeChoice], width: int = 100) -> str:
+    """The choices as a fixed-width table: switch, value, reason (wrapped to ``width`` columns)."""
+    indent = " " * 30
     lines = [f"{'switch':<18} {'value':<10} reason"]
-    lines += [f"{ch.switch:<18} {ch.value!s:<10} {ch.reason}" for ch in choices]
+    for ch in choices:
+        head = f"{ch.switch:<18} {ch.value!s:<10} "
+        lines += textwrap.wrap(ch.reason, width, initial_indent=head, subsequent_indent=indent) or [
+            head
+        ]
+    return "\n".join(lines)
+
+
+def recipe_markdown(choices: list[RecipeChoice]) -> str:
+    """The choices as a Markdown table (switch, value, the chapter that teaches it, reason), for
+    ``IPython.display.Markdown``: a rendered notebook wraps its cells instead of clipping a wide
+    text table."""
+    chapter = {s.field: s.chapter for s in switches.SWITCHES}
+    lines = ["| switch | value | taught in | reason |", "|---|---|---|---|"]
+    lines += [
+        f"| `{ch.switch}` | `{ch.value!s}` | {chapter.get(ch.switch, '03')} | {_cell(ch.reason)} |"
+        for ch in choices
+    ]
+    return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "/").replace("\n", " ")
+
+
+def row_text(row: dict) -> str:
+    """One :func:`helpers.bench.measure` row in a few words: "42.2 ms, peak 9.07 GiB", or its
+    status and reason."""
+    from helpers.measure.memory import format_bytes
+
+    if row["status"] != "measured":
+        return f"{row['status']}: {row['reason']}"
+    return f"{row['ms_per_step']:.1f} ms, peak {format_bytes(row['peak_mem_bytes'])}"
+
+
+def compare_markdown(left: list[dict], right: list[dict], heads: tuple[str, str]) -> str:
+    """Two ladders' rows side by side as a Markdown table, rung by rung: each side's rung name
+    (they differ where a rung changes, e.g. the autocast rung on a T4) and :func:`row_text`.
+    ``heads``: the two sides' names, e.g. ("H200", "emulated T4")."""
+    lines = [
+        f"| rung | {heads[0]} | rung | {heads[1]} |",
+        "|---|---|---|---|",
+    ]
+    for a, b in zip(left, right):
+        lines.append(f"| {a['name']} | {_cell(row_text(a))} | {b['name']} | {_cell(row_text(b))} |")
     return "\n".join(lines)
 
 
 def recipe_run_config(choices, batch_size: int, seq_len: int, name: str = "recipe") -> RunConfig:
     """A RunConfig from :func:`recommend_recipe` choices plus a measured batch size."""
-    switches = {ch.switch: ch.value for ch in choices if ch.switch != "batch_size"}
-    return RunConfig(name=name, batch_size=batch_size, seq_len=seq_len, **switches)
+    chosen = {ch.switch: ch.value for ch in choices if ch.switch != "batch_size"}
+    return RunConfig(name=name, batch_size=batch_size, seq_len=seq_len, **chosen)

@@ -33,6 +33,8 @@ def compile_support(device: torch.device) -> tuple[bool, str]:
                     f"this GPU is {cap[0]}.{cap[1]}"
                 ),
             )
+        if _datasheet:
+            return True, "Triton (shipped with Linux CUDA builds of torch) supports >= 7.0"
         try:
             import triton  # noqa: F401
         except ImportError:
@@ -229,11 +231,43 @@ def _set_sdpa_enabled(name: str, on: bool) -> bool:
     return True
 
 
+_datasheet = False  # True inside datasheet(): the profile answers, no GPU stands behind it
+
+
+@contextlib.contextmanager
+def datasheet(profile: GPUProfile):
+    """Answer capability questions for ``torch.device("cuda")`` as ``profile``'s GPU would, from
+    its datasheet alone: no GPU is needed or touched (no memory cap, no kernel switches). Inside
+    it, :func:`capability`, :func:`native_bf16`, :func:`tf32_supported`, :func:`compile_support`
+    and the kernels' ``available`` checks answer for the profile, assuming a Linux CUDA build of
+    torch (which ships Triton). This is how chapter 08's recipe and the ladder's skip rules are
+    asked about a GPU this machine does not have. Yields the device to ask about.
+
+    Raises:
+        ValueError: a profile without a compute capability (a CPU), or while emulating a GPU.
+    """
+    global _emulated, _datasheet
+    if profile.capability is None:
+        raise ValueError(f"profile {profile.key} is not a GPU: ask torch.device('cpu') instead")
+    if _emulated is not None:
+        raise ValueError(f"emulating {_emulated.key}: call stop_emulation() first")
+    _emulated, _datasheet = profile, True
+    try:
+        yield torch.device("cuda")
+    finally:
+        _emulated, _datasheet = None, False
+
+
+def from_datasheet() -> bool:
+    """Whether capability questions are answered from a datasheet (inside :func:`datasheet`)."""
+    return _datasheet
+
+
 def stop_emulation(device: torch.device | str = "cuda") -> None:
     """Undo :func:`emulate`: full memory, and the SDPA kernels and matmul precision as they were
     before."""
     global _emulated, _emulated_memory, _saved_switches
-    if _emulated is None:
+    if _emulated is None or _datasheet:  # a datasheet() context ends by itself
         return
     device = torch.device(device)
     torch.cuda.set_per_process_memory_fraction(

@@ -50,6 +50,13 @@ def available(device: torch.device | str) -> tuple[bool, str]:
     (tests).
     """
     device = torch.device(device)
+    from helpers.measure import hardware
+
+    if device.type == "cuda" and hardware.from_datasheet():  # a GPU asked about, not present
+        cap = hardware.capability(device)
+        if cap < (7, 0):
+            return False, f"Triton needs compute capability >= 7.0; this GPU is {cap}"
+        return True, ""
     if device.type not in ("cuda", "cpu") or (device.type == "cpu" and not _INTERPRETED_AT_IMPORT):
         return (
             False,
@@ -65,8 +72,6 @@ def available(device: torch.device | str) -> tuple[bool, str]:
     if device.type == "cuda" and not torch.cuda.is_available():
         return False, "no CUDA GPU is available here (torch.cuda.is_available() is False)"
     if device.type == "cuda":
-        from helpers.measure import hardware
-
         cap = hardware.capability(device)
         if cap < (7, 0):
             return False, f"Triton needs compute capability >= 7.0; this GPU is {cap}"
