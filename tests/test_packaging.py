@@ -97,6 +97,15 @@ def test_code_comments_say_what_and_why_not_the_history_of_the_work():
     assert not found, "\n".join(found)
 
 
+def test_no_module_of_helpers_is_over_600_lines_or_writes_globals():
+    """A module over ~600 lines holds more than one idea: split it by idea (the redesign's rule);
+    a registry is written out, never made by writing into a module's globals()."""
+    for path in sorted((ROOT / "helpers").rglob("*.py")):
+        text = path.read_text()
+        assert len(text.splitlines()) <= 600, f"{path.relative_to(ROOT)}: split it by idea"
+        assert "globals()[" not in text, f"{path.relative_to(ROOT)} writes its globals()"
+
+
 # The layers of helpers/ in order (see helpers/__init__.py): a module imports only its own layer
 # and the layers before it. tools/ (command-line checks) is used by every layer's CLI.
 LAYERS = ("measure", "switches", "core", "bench", "ladder", "chapters", "grading")

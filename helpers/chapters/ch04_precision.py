@@ -43,22 +43,9 @@ def format_table() -> list[dict]:
             fi = torch.finfo(dtype)
             m = round(-math.log2(fi.eps))
             e = fi.bits - 1 - m
-            row = {
-                "bits": fi.bits,
-                "max": float(fi.max),
-                "tiny": float(fi.tiny),
-                "eps": float(fi.eps),
-            }
-        rows.append(
-            {
-                "format": name,
-                "sign": 1,
-                "exponent": e,
-                "mantissa": m,
-                **row,
-                "native_tensor_cores_from": native_from,
-            }
-        )
+            row = dict(bits=fi.bits, max=float(fi.max), tiny=float(fi.tiny), eps=float(fi.eps))
+        head = {"format": name, "sign": 1, "exponent": e, "mantissa": m}
+        rows.append({**head, **row, "native_tensor_cores_from": native_from})
     return rows
 
 
@@ -206,13 +193,8 @@ def autocast_op_dtypes(device: torch.device | str, dtype: torch.dtype) -> list[d
             "cross_entropy": lambda: F.cross_entropy(h, target),
         }
         for name, op in ops.items():
-            rows.append(
-                {
-                    "op": name,
-                    "input": "float32" if name.startswith("linear") else _name(h.dtype),
-                    "output": _name(op().dtype),
-                }
-            )
+            given = "float32" if name.startswith("linear") else _name(h.dtype)
+            rows.append({"op": name, "input": given, "output": _name(op().dtype)})
     return rows
 
 
@@ -321,6 +303,11 @@ def train_recording(trainer, loader, steps: int, progress: bool = False) -> dict
     return {"losses": losses, "grad_scale": scales, "skipped_steps": skipped}
 
 
+# what a precision's row copies from its bench.measure row
+_MEASURED = ("losses", "grad_scale", "skipped_steps", "ms_per_step", "spread_pct", "tokens_per_s")
+_MEASURED += ("peak_mem_bytes",)
+
+
 def compare_precisions(
     device: torch.device | str,
     steps: int,
@@ -376,20 +363,11 @@ def compare_precisions(
     try:
         for run in tqdm(runs, desc="precisions", disable=not progress):
             row = {
-                "name": run.name,
-                "status": "skipped",
-                "reason": skip_reason(run, device, cpu_fp16, cpu_bf16),
-                "matmul_precision": run.matmul_precision,
-                "autocast": run.autocast,
-                "losses": [],
-                "final_loss": None,
-                "max_loss_gap_vs_fp32": None,
-                "ms_per_step": None,
-                "spread_pct": None,
-                "tokens_per_s": None,
-                "peak_mem_bytes": None,
-                "grad_scale": [],
-                "skipped_steps": [],
+                **dict.fromkeys(_MEASURED),
+                **dict.fromkeys(("final_loss", "max_loss_gap_vs_fp32")),
+                **dict(name=run.name, status="skipped", losses=[], grad_scale=[]),
+                **dict(skipped_steps=[], reason=skip_reason(run, device, cpu_fp16, cpu_bf16)),
+                **dict(matmul_precision=run.matmul_precision, autocast=run.autocast),
             }
             rows.append(row)
             if row["reason"] is not None:
@@ -405,17 +383,10 @@ def compare_precisions(
                 run_slow=True,
                 before=lambda trainer, loader: train_recording(trainer, loader, steps),
             )
-            if measured["status"] != "measured":
-                row.update(status=measured["status"], reason=measured["reason"])
-                continue
-            row.update(
-                status="measured",
-                reason="ok",
-                **{k: measured[k] for k in ("losses", "grad_scale", "skipped_steps")},
-                final_loss=measured["losses"][-1],
-                **{k: measured[k] for k in ("ms_per_step", "spread_pct", "tokens_per_s")},
-                peak_mem_bytes=measured["peak_mem_bytes"],
-            )
+            row.update(status=measured["status"], reason=measured["reason"])
+            if measured["status"] == "measured":  # the MFU note is the ladder's, not this table's
+                row.update({k: measured[k] for k in _MEASURED}, final_loss=measured["losses"][-1])
+                row["reason"] = "ok"
             memory.reset_peak(device)
     finally:
         torch.set_float32_matmul_precision(old)
@@ -525,15 +496,12 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser(
         "compare", help="train and time each precision; print a table, optionally write JSON"
     )
-    c.add_argument(
-        "--steps", type=int, default=30, help="recorded training steps per precision (default 30)"
-    )
-    c.add_argument(
-        "--warmup", type=int, default=2, help="untimed steps before the timed ones (default 2)"
-    )
-    c.add_argument(
-        "--iters", type=int, default=10, help="timed steps; the median is reported (default 10)"
-    )
+    for flag, default, what in (
+        ("--steps", 30, "recorded training steps per precision"),
+        ("--warmup", 2, "untimed steps before the timed ones"),
+        ("--iters", 10, "timed steps; the median is reported"),
+    ):
+        c.add_argument(flag, type=int, default=default, help=f"{what} (default {default})")
     c.add_argument(
         "--batch-size",
         type=int,
