@@ -46,15 +46,30 @@ def test_readme_test_command_is_exactly_what_ci_runs():
 
 def test_dockerfile_runs_only_commands_that_ci_or_tests_run():
     docker = (ROOT / "Dockerfile").read_text()
-    torch_version = re.search(r"FROM pytorch/pytorch:(\d+)\.(\d+)", docker)
-    assert tuple(map(int, torch_version.groups())) >= (2, 4)
+    floor = next(r for r in _pyproject()["dependencies"] if r.startswith("torch>="))[7:]
+    assert f"pip install --no-cache-dir torch=={floor}.0" in docker  # the oldest supported torch
     runs = re.findall(r"^RUN (.*)$", docker, re.M)
     ci = (ROOT / ".ci" / "run").read_text()
     for cmd in runs:
+        if cmd.startswith("apt-get") or "torch==" in cmd:  # the compiler, the pinned torch
+            continue
         if "pip install" in cmd:
             assert '-e ".[test]"' in cmd and '-e ".[test]"' in ci  # .ci/run installs the same way
         else:  # the data fetch: tests/test_data.py runs the same CLI
             assert cmd.startswith("python -m helpers.core.data fetch --into"), cmd
+
+
+def test_an_older_torch_than_the_floor_is_named_with_what_to_do():
+    import helpers
+
+    floor = next(r for r in _pyproject()["dependencies"] if r.startswith("torch>="))[7:]
+    assert ".".join(map(str, helpers.OLDEST_TORCH)) == floor
+    note = helpers.torch_version_note("2.5.1+cu124")
+    assert "older than 2.11" in note and "pip install -U 'torch>=2.11'" in note
+    assert helpers.torch_version_note("2.11.0+cu130") is None
+    assert helpers.torch_version_note("2.13.0+cpu") is None
+    assert helpers.torch_version_note("3.0.0") is None
+    assert helpers.torch_version_note("2.10.0a0+git1234") is not None
 
 
 def test_dockerfile_entry_point_starts_jupyterlab():
