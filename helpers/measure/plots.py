@@ -158,22 +158,66 @@ def roofline(points: list[dict], peak_flops_per_s: float, bandwidth_bytes_per_s:
     return fig
 
 
+def _plain_log_ticks(axis) -> None:
+    """Label a log axis with plain numbers (0.5, 1, 2, 4 ...) instead of powers of the base."""
+    from matplotlib.ticker import FuncFormatter
+
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
+
+
 def memory_vs_batch(batch_sizes, measured_bytes, estimated_bytes, limit_bytes, title: str):
-    """Peak memory (GiB) against batch size: measured points, the estimate as a line, the device
-    limit dashed. ``measured_bytes`` entries may be None (not measurable here).
-    Returns the Figure."""
+    """Peak memory (GiB) against batch size, both on log2 axes (memory roughly doubles with B):
+    measured points, each labelled with its difference to the estimate (percent), and the estimate
+    as a line. ``measured_bytes`` entries may be None (not measurable here).
+
+    ``limit_bytes`` (the device's memory, None on a CPU) is drawn dashed only when it is at most
+    twice the largest value plotted; further above, a line would squeeze the data into the bottom
+    of the plot, so the limit is named in the legend instead. Returns the Figure.
+    """
+    import math
+
     import matplotlib.pyplot as plt
 
+    gib = 2**30
+    est = [e / gib for e in estimated_bytes]
+    pts = [(b, m / gib, e) for b, m, e in zip(batch_sizes, measured_bytes, est) if m is not None]
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(batch_sizes, [e / 2**30 for e in estimated_bytes], label="estimate", color="tab:orange")
-    pts = [(b, m / 2**30) for b, m in zip(batch_sizes, measured_bytes) if m is not None]
+    ax.plot(batch_sizes, est, label="estimate", color="tab:orange")
     if pts:
-        ax.scatter(*zip(*pts), label="measured (max_memory_allocated)", zorder=3)
+        ax.scatter(
+            [b for b, _, _ in pts],
+            [m for _, m, _ in pts],
+            zorder=3,
+            label="measured (max_memory_allocated)",
+        )
+        for b, m, e in pts:
+            ax.annotate(
+                f"{100 * (m / e - 1):+.0f}%",
+                (b, m),
+                textcoords="offset points",
+                xytext=(0, 7),
+                ha="center",
+                fontsize=7,
+            )
     if limit_bytes:
-        ax.axhline(limit_bytes / 2**30, ls="--", color="grey", label="device memory")
+        if limit_bytes / gib <= 2 * max(est + [m for _, m, _ in pts]):
+            ax.axhline(limit_bytes / gib, ls="--", color="grey", label="device memory")
+        else:
+            ax.plot(
+                [],
+                [],
+                ls="none",
+                label=f"device memory {limit_bytes / gib:.0f} GiB (far above, not drawn)",
+            )
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("batch size B")
-    ax.set_ylabel("peak memory (GiB)")
+    ax.set_yscale("log", base=2)
+    # from the power of two below the data (so it carries a label) to room for the percentages
+    shown = est + [m for _, m, _ in pts]
+    ax.set_ylim(2 ** math.floor(math.log2(min(shown))), 1.3 * ax.get_ylim()[1])
+    _plain_log_ticks(ax.xaxis)
+    _plain_log_ticks(ax.yaxis)
+    ax.set_xlabel("batch size B (log2 axis)")
+    ax.set_ylabel("peak memory (GiB, log2 axis)")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -190,5 +234,99 @@ def throughput_vs_batch(batch_sizes, tokens_per_s, title: str):
     ax.set_xlabel("batch size B")
     ax.set_ylabel("tokens/s")
     ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def loss_differences(curves: dict, reference: str, title: str):
+    """Loss curves that lie on top of each other, and what differs between them.
+
+    ``curves`` maps a run's name to its loss per step (nats; None or [] for a run that was
+    skipped, named in the legend); every run saw the same batches, so the loss of run r at step
+    i minus the ``reference`` run's loss at step i is what r's switch changed. Top panel: the
+    losses; bottom panel: each run's loss minus the reference's (nats), with the zero line (the
+    reference itself). Without a measured reference the bottom panel says so.
+    Returns the Figure.
+    """
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(7, 5.5), sharex=True, gridspec_kw={"height_ratios": [1, 1.3]}
+    )
+    ref = curves.get(reference) or None
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (name, losses) in enumerate(curves.items()):
+        color = colors[i % len(colors)]
+        if not losses:
+            top.plot([], [], ls="none", label=f"{name}: skipped")
+            continue
+        steps = range(1, len(losses) + 1)
+        top.plot(steps, losses, color=color, label=name, alpha=0.8)
+        if ref is not None and name != reference:
+            gap = [a - b for a, b in zip(losses, ref, strict=True)]
+            bottom.plot(steps, gap, color=color, marker=".", label=f"{name} - {reference}")
+    if ref is not None:
+        bottom.axhline(0.0, color="black", lw=0.8, label=f"{reference} (zero line)")
+        bottom.legend(fontsize=8)
+    else:
+        bottom.text(
+            0.5,
+            0.5,
+            f"no {reference} run measured here: nothing to subtract",
+            transform=bottom.transAxes,
+            ha="center",
+            va="center",
+            fontsize=9,
+        )
+    top.set_ylabel("training loss (nats)")
+    top.set_title(title, fontsize=9)
+    top.legend(fontsize=8)
+    bottom.set_xlabel("step (same batch for every run)")
+    bottom.set_ylabel(f"loss - {reference} loss (nats)")
+    fig.tight_layout()
+    return fig
+
+
+def grad_scale(histories: dict, title: str):
+    """GradScaler's loss scale S (log2 axis) against step, one line per run.
+
+    ``histories`` maps a label to a dict with "grad_scale" (S before step 1, then after each
+    step) and "skipped_steps" (1-based steps whose gradients held inf/NaN, so the optimizer step
+    was skipped and S halved), as :func:`helpers.chapters.ch04_precision.train_recording` returns.
+    A skipped step is marked with a red x at the scale that overflowed. Runs without a history
+    (empty "grad_scale") are left out. Returns the Figure.
+    """
+    import math
+
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    marked = False
+    for label, h in histories.items():
+        scales = h["grad_scale"]
+        if not scales:
+            continue
+        ax.step(range(len(scales)), [math.log2(s) for s in scales], where="post", label=label)
+        skipped = h["skipped_steps"]
+        if skipped:
+            ax.scatter(
+                skipped,
+                [math.log2(scales[i - 1]) for i in skipped],
+                marker="x",
+                color="tab:red",
+                zorder=3,
+                label=None if marked else "skipped step (inf/NaN gradient)",
+            )
+            marked = True
+    # log2 of S on a linear axis, labelled 2^k: integer ticks at every few powers of two
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"$2^{{{v:.0f}}}$"))
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(min(lo, math.floor(lo) - 1), max(hi, math.ceil(hi) + 1))
+    ax.set_xlabel("step (0 = before the first step)")
+    ax.set_ylabel("loss scale S (log2 axis)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

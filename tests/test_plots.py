@@ -1,0 +1,73 @@
+import matplotlib.pyplot as plt
+import pytest
+
+from helpers.measure import plots
+
+GIB = 2**30
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+def _legend(ax) -> list[str]:
+    return [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_memory_vs_batch_names_a_far_limit_instead_of_flattening_the_data():
+    sizes, measured, estimated = [1, 2, 4], [2.4 * GIB, 3.7 * GIB, 5.7 * GIB], [2.8, 3.8, 5.7]
+    fig = plots.memory_vs_batch(sizes, measured, [e * GIB for e in estimated], 140 * GIB, "H200")
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log" and ax.get_xscale() == "log"
+    assert ax.get_ylim()[1] < 2 * 5.7  # fitted to the data, not stretched to 140 GiB
+    assert not any(list(line.get_ydata()) == [140, 140] for line in ax.lines)
+    assert "device memory 140 GiB (far above, not drawn)" in _legend(ax)
+    # each measured point carries its difference to the estimate
+    assert [t.get_text() for t in ax.texts] == ["-14%", "-3%", "+0%"]
+
+
+def test_memory_vs_batch_draws_a_limit_within_the_data_range():
+    fig = plots.memory_vs_batch([8, 16], [9 * GIB, None], [9.5 * GIB, 17 * GIB], 15 * GIB, "T4")
+    ax = fig.axes[0]
+    assert any(list(line.get_ydata()) == [15, 15] for line in ax.lines)
+    assert "device memory" in _legend(ax) and ax.get_ylim()[1] > 17
+
+
+def test_memory_vs_batch_on_a_cpu_draws_the_estimate_only():
+    fig = plots.memory_vs_batch([1, 2], [None, None], [0.1 * GIB, 0.2 * GIB], None, "CPU")
+    assert _legend(fig.axes[0]) == ["estimate"] and len(fig.axes[0].texts) == 0
+
+
+def test_loss_differences_plots_each_run_minus_the_reference():
+    curves = {"fp32": [3.0, 2.5, 2.0], "tf32": None, "bf16": [3.01, 2.48, 2.03]}
+    fig = plots.loss_differences(curves, "fp32", "Same batches on Test GPU")
+    top, bottom = fig.axes
+    assert "Test GPU" in top.get_title() and "nats" in bottom.get_ylabel()
+    assert _legend(top) == ["fp32", "tf32: skipped", "bf16"]
+    (gap,) = [line for line in bottom.lines if line.get_label() == "bf16 - fp32"]
+    assert list(gap.get_ydata()) == pytest.approx([0.01, -0.02, 0.03])
+    assert any(list(line.get_ydata()) == [0.0, 0.0] for line in bottom.lines)  # the zero line
+
+
+def test_loss_differences_says_when_there_is_no_reference():
+    fig = plots.loss_differences({"fp32": None, "bf16": [3.0, 2.9]}, "fp32", "t")
+    assert "nothing to subtract" in fig.axes[1].texts[0].get_text()
+
+
+def test_grad_scale_marks_skipped_steps_at_the_scale_that_overflowed():
+    histories = {
+        "defaults": {"grad_scale": [2.0**16] * 4, "skipped_steps": []},
+        "too high": {"grad_scale": [2.0**30, 2.0**29, 2.0**28, 2.0**28], "skipped_steps": [1, 2]},
+        "fp32 (no scaler)": {"grad_scale": [], "skipped_steps": []},
+    }
+    fig = plots.grad_scale(histories, "GradScaler on Test GPU")
+    ax = fig.axes[0]
+    assert "Test GPU" in ax.get_title()
+    assert _legend(ax) == ["defaults", "too high", "skipped step (inf/NaN gradient)"]
+    assert [list(line.get_ydata()) for line in ax.lines] == [[16] * 4, [30, 29, 28, 28]]
+    (marks,) = ax.collections
+    assert marks.get_offsets().tolist() == [[1, 30], [2, 29]]
+    lo, hi = ax.get_ylim()
+    assert lo < 16 and hi > 30
