@@ -202,14 +202,16 @@ def test_plots_show_measured_precisions_and_the_device():
             "skipped_steps": [1],
         },
     ]
-    fig = precision.plot_losses(rows, "Test GPU")
-    ax = fig.axes[0]
-    assert "Test GPU" in ax.get_title()
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["fp32", "tf32: skipped", "fp16"]
-    assert sum(len(line.get_xdata()) > 0 for line in ax.lines) == 2
-    scale = precision.plot_grad_scale(rows, "Test GPU")
-    assert "fp16" in scale.axes[0].get_title() and scale.axes[0].get_yscale() == "log"
-    assert precision.plot_grad_scale(rows[:2], "Test GPU") is None
+    from helpers.measure import plots
+
+    losses = {r["name"]: r["losses"] if r["status"] == "measured" else None for r in rows}
+    fig = plots.loss_differences(losses, "fp32", "on Test GPU")
+    top = fig.axes[0]
+    assert "Test GPU" in top.get_title()
+    labels = [t.get_text() for t in top.get_legend().get_texts()]
+    assert "fp32" in labels and any("tf32" in t and "skipped" in t for t in labels)
+    scale = plots.grad_scale({"fp16": rows[2]}, "fp16 on Test GPU")
+    assert "Test GPU" in scale.axes[0].get_title() and scale.axes[0].get_yscale() == "log"
 
 
 def test_cli_writes_json_with_provenance(tiny_config, tmp_path, monkeypatch):

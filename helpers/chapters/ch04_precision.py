@@ -431,52 +431,6 @@ def format_comparison(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot_losses(rows: list[dict], device_name: str):
-    """Loss (nats) against step for every measured precision of :func:`compare_precisions`, with
-    ``device_name`` in the title; skipped precisions are named in the legend. Returns the Figure."""
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    for r in rows:
-        if r["status"] == "measured":
-            ax.plot(range(1, len(r["losses"]) + 1), r["losses"], label=r["name"], alpha=0.8)
-        else:
-            ax.plot([], [], ls="none", label=f"{r['name']}: skipped")
-    ax.set_xlabel("step")
-    ax.set_ylabel("training loss (nats)")
-    ax.set_title(f"Same model, seed and batches in each precision, on {device_name}", fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
-
-
-def plot_grad_scale(rows: list[dict], device_name: str):
-    """GradScaler's scale (log2 axis) before step 1 and after every step of the fp16 run, skipped
-    steps marked. Returns the Figure, or None when no row has a scale history (fp16 skipped)."""
-    import matplotlib.pyplot as plt
-
-    r = next((r for r in rows if r["grad_scale"]), None)
-    if r is None:
-        return None
-    fig, ax = plt.subplots(figsize=(7, 3))
-    ax.step(range(len(r["grad_scale"])), r["grad_scale"], where="post", label="scale after step")
-    if r["skipped_steps"]:
-        ax.scatter(
-            r["skipped_steps"],
-            [r["grad_scale"][i] for i in r["skipped_steps"]],
-            color="tab:red",
-            zorder=3,
-            label="skipped step (inf/NaN gradient)",
-        )
-    ax.set_yscale("log", base=2)
-    ax.set_xlabel("step (0 = before the first step)")
-    ax.set_ylabel("loss scale")
-    ax.set_title(f"GradScaler in the {r['name']} run on {device_name}", fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
-
-
 @cli.guarded
 def main(argv: list[str] | None = None) -> int:
     """``python -m helpers.chapters.ch04_precision compare --steps N --out results/<file>.json``"""
@@ -577,7 +531,11 @@ def main(argv: list[str] | None = None) -> int:
         import matplotlib
 
         matplotlib.use("Agg")
-        fig = plot_losses(rows, name)
+        from helpers.measure import plots
+
+        losses = {r["name"]: r["losses"] if r["status"] == "measured" else None for r in rows}
+        title = f"Same model, seed and batches in each precision, on {name}"
+        fig = plots.loss_differences(losses, "fp32", title)
         args.plot.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(args.plot, dpi=120)
         print(f"wrote {args.plot}")
