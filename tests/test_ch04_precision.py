@@ -211,7 +211,7 @@ def test_plots_show_measured_precisions_and_the_device():
     labels = [t.get_text() for t in top.get_legend().get_texts()]
     assert "fp32" in labels and any("tf32" in t and "skipped" in t for t in labels)
     scale = plots.grad_scale({"fp16": rows[2]}, "fp16 on Test GPU")
-    assert "Test GPU" in scale.axes[0].get_title() and scale.axes[0].get_yscale() == "log"
+    assert "Test GPU" in scale.axes[0].get_title() and scale.axes[0].lines
 
 
 def test_cli_writes_json_with_provenance(tiny_config, tmp_path, monkeypatch):
