@@ -104,6 +104,35 @@ def test_forced_backend_reason_includes_pytorchs_explanation(monkeypatch, qkv):
     assert "Triggered internally" not in why
 
 
+def test_forced_backend_reason_is_never_empty_when_pytorch_gives_none(monkeypatch, qkv):
+    """Chapter 06 once printed "Flash attention kernel not used because:" and nothing more (fp32
+    on an H200, torch 2.11): PyTorch's heading came with no reason after it. The reason now says
+    so, and what the course found by running the same shapes in the other dtypes."""
+    import warnings
+
+    def fake_sdpa(q, k, v, **kwargs):
+        if q.dtype != torch.float32:
+            return q  # this backend runs fp16 and bf16
+        for text in (
+            "Memory efficient kernel not used because: (Triggered internally at x.cpp)",
+            "Memory Efficient attention has been runtime disabled. (Triggered internally at y.h)",
+            "Flash attention kernel not used because: (Triggered internally at x.cpp)",
+            "cuDNN attention kernel not used because: (Triggered internally at x.cpp)",
+            "cuDNN attention has been runtime disabled. (Triggered internally at y.h)",
+        ):
+            warnings.warn(text, stacklevel=1)
+        raise RuntimeError("No available kernel. Aborting execution.")
+
+    monkeypatch.setattr(A.F, "scaled_dot_product_attention", fake_sdpa)
+    out, why = A.run_forced_backend(*qkv, "FLASH_ATTENTION")
+    assert out is None
+    assert why.startswith("Flash attention kernel not used because:")
+    assert why.removeprefix("Flash attention kernel not used because:").strip()  # not empty
+    assert "PyTorch gave no reason" in why
+    assert "float16 and bfloat16" in why and "float32 is what it refuses" in why
+    assert "cuDNN" not in why and "runtime disabled" not in why  # other backends' lines
+
+
 def test_cpu_sdpa_keeps_its_fused_kernel_while_a_t4_is_emulated(monkeypatch):
     """emulate() turns the global FlashAttention switch off, which torch also reads for CPU tensors:
     without hardware.cpu_sdpa_kernels the CPU demonstrations of chapter 06 built (T, T) scores."""

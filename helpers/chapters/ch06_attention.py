@@ -140,37 +140,80 @@ _BACKEND_WORDS = {
 }
 
 
+def _forced_sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str
+) -> tuple[torch.Tensor | None, list[str], str]:
+    """Causal SDPA with only ``backend`` allowed: (output or None, the text of every warning it
+    raised, in order and without PyTorch's "(Triggered internally at ...)" suffix, the first line
+    of its RuntimeError or "")."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    out, error = None, ""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with sdpa_kernel(getattr(SDPBackend, backend)):
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        except (RuntimeError, NotImplementedError) as e:
+            error = str(e).strip().split("\n")[0]
+    texts = [str(w.message).split("(Triggered internally")[0].strip() for w in caught]
+    return out, texts, error
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _no_reason_check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str) -> str:
+    """What the course checks when PyTorch refuses ``backend`` without saying why: the same shapes
+    in the other dtypes among fp16, bf16 and fp32, on the same device."""
+    others = [d for d in (torch.float16, torch.bfloat16, torch.float32) if d != q.dtype]
+    runs = [d for d in others if _forced_sdpa(q.to(d), k.to(d), v.to(d), backend)[0] is not None]
+    if runs:
+        return (
+            f"PyTorch gave no reason after it; the course ran {backend} on the same shapes in "
+            f"other dtypes: it runs {' and '.join(map(_dtype_name, runs))}, so the dtype "
+            f"{_dtype_name(q.dtype)} is what it refuses here"
+        )
+    return (
+        f"PyTorch gave no reason after it; the course ran {backend} on the same shapes in "
+        f"{' and '.join(map(_dtype_name, others))} too: it runs none of them here, so the dtype "
+        "alone is not the cause"
+    )
+
+
 def run_forced_backend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str
 ) -> tuple[torch.Tensor | None, str]:
     """Causal SDPA forced to one backend (``torch.nn.attention.sdpa_kernel``).
-    Returns (output, "ok"), or (None, reason) when the backend cannot run these inputs — never
-    raises for that. The reason is PyTorch's own warning about that backend where it gave one, else
-    its error message."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    try:
-        with (
-            warnings.catch_warnings(record=True) as caught,
-            sdpa_kernel(getattr(SDPBackend, backend)),
-        ):
-            warnings.simplefilter("always")
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    Returns (output, "ok"), or (None, reason) when the backend cannot run these inputs; never
+    raises for that. The reason is never empty: PyTorch's own warning about that backend with the
+    explanation it gave after it; where it gave none (its "<Backend> kernel not used because:" with
+    nothing after it, as chapter 06 recorded for fp32 inputs with torch 2.11 on an H200), that
+    heading, the words "PyTorch gave no reason" and what the course found instead by running the
+    same shapes in the other dtypes; where PyTorch did not warn about the backend at all, its error
+    message."""
+    out, texts, error = _forced_sdpa(q, k, v, backend)
+    if out is not None:
         return out, "ok"
-    except RuntimeError as e:
-        word = _BACKEND_WORDS.get(backend, backend.lower())
-        texts = [str(w.message).split("(Triggered internally")[0].strip() for w in caught]
-        # PyTorch warns "<Backend> kernel not used because:" and gives the reason(s)
-        # in the next warning(s).
-        for i, t in enumerate(texts):
-            if word in t.lower() and "not used because" in t.lower():
-                reasons = [
-                    r
-                    for r in texts[i + 1 : i + 3]
-                    if "disabled" not in r.lower() and "not used because" not in r.lower()
-                ]
-                return None, " ".join([t, *reasons])
-        return None, str(e).strip().split("\n")[0]
+    word = _BACKEND_WORDS.get(backend, backend.lower())
+    # With one backend forced, PyTorch's error path warns "<Backend> kernel not used because:"
+    # for every backend in turn, each followed by the reason(s) that backend failed; the other
+    # backends' reason is that sdpa_kernel runtime-disabled them.
+    headings = [i for i, t in enumerate(texts) if "not used because" in t.lower()]
+    mine = next((i for i in headings if word in texts[i].lower()), None)
+    if mine is None:
+        return None, error or f"{backend} did not run these inputs and PyTorch gave no message"
+    end = next((i for i in headings if i > mine), len(texts))
+    reasons = [
+        t
+        for t in texts[mine + 1 : end]
+        if t and not ("runtime disabled" in t.lower() and word not in t.lower())
+    ]
+    if reasons:
+        return None, " ".join([texts[mine], *reasons])
+    return None, f"{texts[mine]} ({_no_reason_check(q, k, v, backend)})"
 
 
 def _gpu_half_dtype(device: torch.device) -> torch.dtype:
