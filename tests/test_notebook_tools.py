@@ -24,3 +24,24 @@ def test_refresh_replaces_compared_outputs_and_keeps_ignored_ones(tmp_path):
     assert out.cells[1].outputs[0]["text"] == "42\n"
     assert out.cells[2].outputs[0]["text"] == "NVIDIA H200\n"
     assert notebooks.refresh(path, timeout_s=120) == []  # nothing left to change
+
+
+def test_record_keeps_figures_even_when_mplbackend_is_agg(tmp_path, monkeypatch):
+    """MPLBACKEND=Agg (how tests and CI run) must not strip the figures from a recording."""
+    from helpers.tools import notebooks
+
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            "import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([1, 2])"
+        )
+    ]
+    path = tmp_path / "fig.ipynb"
+    nbformat.write(nb, path)
+    notebooks.record(path, timeout_s=120)
+    outputs = nbformat.read(path, as_version=4).cells[0].outputs
+    assert any("image/png" in o.get("data", {}) for o in outputs), outputs
+    import os
+
+    assert os.environ["MPLBACKEND"] == "Agg"  # this process's setting is given back

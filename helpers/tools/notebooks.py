@@ -20,16 +20,27 @@ from pathlib import Path
 
 
 def _execute(nb, path: Path, timeout_s: int) -> None:
-    """Run ``nb`` (read from ``path``) top to bottom in a fresh kernel started in its folder."""
+    """Run ``nb`` (read from ``path``) top to bottom in a fresh kernel started in its folder.
+
+    The kernel starts without ``$MPLBACKEND``: the kernel inherits this process's environment, and
+    ``MPLBACKEND=Agg`` (right for tests and scripts) would replace the notebook's inline backend,
+    so the recorded notebook would keep no figure."""
+    import os
+
     from nbclient import NotebookClient
 
-    NotebookClient(
-        nb,
-        timeout=timeout_s,
-        kernel_name="python3",
-        record_timing=False,
-        resources={"metadata": {"path": str(path.parent.resolve())}},
-    ).execute()
+    backend = os.environ.pop("MPLBACKEND", None)
+    try:
+        NotebookClient(
+            nb,
+            timeout=timeout_s,
+            kernel_name="python3",
+            record_timing=False,
+            resources={"metadata": {"path": str(path.parent.resolve())}},
+        ).execute()
+    finally:
+        if backend is not None:
+            os.environ["MPLBACKEND"] = backend
 
 
 def record(path: str | Path, timeout_s: int = 1800) -> None:
