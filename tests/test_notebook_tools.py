@@ -45,3 +45,24 @@ def test_record_keeps_figures_even_when_mplbackend_is_agg(tmp_path, monkeypatch)
     import os
 
     assert os.environ["MPLBACKEND"] == "Agg"  # this process's setting is given back
+
+
+def test_every_chapter_states_its_measured_run_time_from_the_committed_table():
+    """The opening of each chapter gives its H200 and emulated-T4 run times, as the committed
+    nbval table measured them (so the two never disagree)."""
+    import re
+
+    from helpers import REPO_ROOT
+
+    table = REPO_ROOT / "results" / "h200-nbval-2026-12-01-evening.md"
+    rows = {}
+    for line in table.read_text().splitlines():
+        m = re.match(r"\| (\d\d)_\w+ \| [^|]+ \| (\d+) \| [^|]+ \| (\d+) \|", line)
+        if m:
+            rows[m.group(1)] = (m.group(2), m.group(3))
+    chapters = sorted((REPO_ROOT / "notebooks").glob("[01][0-9]_*.ipynb"))
+    assert len(chapters) == 13 and set(rows) == {p.name[:2] for p in chapters}
+    for path in chapters:
+        opening = " ".join(nbformat.read(path, as_version=4).cells[0].source.split())
+        h200, t4 = rows[path.name[:2]]
+        assert f"{h200} s on an NVIDIA H200; {t4} s as an emulated T4" in opening, path.name
