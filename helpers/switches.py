@@ -157,7 +157,7 @@ SWITCHES: tuple[Switch, ...] = (
                 "with bf16 autocast: cast the embeddings' sum to bf16 once, so every residual "
                 "add, LayerNorm read and residual gradient moves half the bytes; LayerNorm still "
                 "computes in fp32 and the weights and AdamW state stay fp32; compare the loss "
-                "curve with the fp32 stream's (bf16 keeps 8 bits of mantissa)"
+                "curve with the fp32 stream's (bf16 keeps 8 bits of precision)"
             ),
         },
         values=("fp32", "bf16"),
@@ -188,14 +188,15 @@ SWITCHES: tuple[Switch, ...] = (
         {
             "triton": (
                 "when the profile shows cross-entropy over a large vocabulary: a hand-written "
-                "kernel reads the logits once forward and once backward; it paid off here only "
-                "after the logits were detached"
+                "kernel reads the logits once forward and once backward; on the course's H200 "
+                "it paid off only after the logits were detached (chapter 12)"
             ),
             "fused": (
                 "when the logits are the largest tensor in memory (large vocabulary, large B): "
                 "the LM head and the loss run in chunks of rows with the logits' gradient made in "
                 "the forward, so no logits-sized tensor waits for backward; mostly a memory "
-                "saving (peak -6.5 GiB at B=64 on the H200); not under fp16"
+                "saving (peak -6.5 GiB at B=64 on the H200, results/perf-log.md, 2026-11-30); "
+                "not under fp16"
             ),
         },
         values=("pytorch", "triton", "fused"),
@@ -228,8 +229,9 @@ SWITCHES: tuple[Switch, ...] = (
                 "on a GPU with fp8 tensor cores (compute capability >= 8.9: L4, RTX 40xx, "
                 "H100/H200) when the LM head is a large share of the matmul time (GPT-2 124M: "
                 "about 30% of the weight matmuls' FLOPs): its three matmuls ran 1.5-1.9x faster "
-                "than bf16 on the H200; a numerics change (e4m3 inputs, e5m2 gradient), so "
-                "compare the loss curve with bf16's before keeping it"
+                "than bf16 on the H200 (results/h200-fp8-matmul-2026-11-30.json); a numerics "
+                "change (e4m3 inputs, e5m2 gradient), so compare the loss curve with bf16's "
+                "before keeping it"
             ),
         },
         values=(False, True),
