@@ -41,12 +41,20 @@ def test_every_chapter_has_the_same_colab_cell_first():
         )
 
 
-def _run_cell(monkeypatch, tmp_path, in_colab: bool, gpu: bool, clone_exists: bool = False):
-    calls = []
+def _run_cell(monkeypatch, tmp_path, in_colab, gpu, clone_exists=False, git_status=0, calls=None):
+    calls = [] if calls is None else calls
     monkeypatch.chdir(tmp_path)
     if clone_exists:
         (tmp_path / "fast-gpt2-course").mkdir()
-    monkeypatch.setattr(subprocess, "run", lambda cmd, check=False, **kw: calls.append(cmd))
+
+    def run(cmd, check=False, **kw):
+        calls.append(cmd)
+        status = git_status if cmd[0] == "git" else 0
+        if check and status:
+            raise subprocess.CalledProcessError(status, cmd)
+        return subprocess.CompletedProcess(cmd, status)
+
+    monkeypatch.setattr(subprocess, "run", run)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
     if in_colab:
         monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
@@ -88,3 +96,14 @@ def test_in_colab_the_cell_clones_installs_fetches_and_checks_the_gpu(
 def test_in_colab_a_second_run_does_not_clone_again(monkeypatch, tmp_path):
     calls = _run_cell(monkeypatch, tmp_path, in_colab=True, gpu=True, clone_exists=True)
     assert not any(c[0] == "git" for c in calls) and len(calls) == 3
+
+
+def test_in_colab_a_failed_clone_says_which_line_to_change_and_stops(monkeypatch, tmp_path):
+    """git prints its own reason (not found, no network); the cell adds one line naming REPO_URL
+    and the address it tried, instead of a CalledProcessError traceback, and installs nothing."""
+    calls = []
+    with pytest.raises(SystemExit) as stop:
+        _run_cell(monkeypatch, tmp_path, in_colab=True, gpu=True, git_status=128, calls=calls)
+    message = str(stop.value)
+    assert "REPO_URL" in message and "https://github.com/" in message and "\n" not in message
+    assert [c[0] for c in calls] == ["git"]  # nothing installed or fetched after the failure
