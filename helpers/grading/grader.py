@@ -428,6 +428,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="replace files in --out that make-student did not write",
     )
+    ms.add_argument(
+        "--keep-outputs",
+        action="store_true",
+        help="keep the recorded outputs of cells outside the exercises (how learner/ is made)",
+    )
     gr = sub.add_parser("grade", help="execute and grade submissions/<student>/<notebook>.ipynb")
     gr.add_argument("submissions", help="folder with one sub-folder per student id")
     gr.add_argument("--out", default="grades.csv", help="CSV to write (default: grades.csv)")
@@ -442,7 +447,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.command == "make-student":
-            written = make_student(Path(args.notebooks), Path(args.out), force=args.force)
+            written = make_student(
+                Path(args.notebooks), Path(args.out), args.force, args.keep_outputs
+            )
             print(f"{len(written)} student notebook(s) in {args.out}/")
         else:
             out, submissions, reference = (

@@ -109,38 +109,53 @@ def _replace_regions(
     return out, found
 
 
-def student_version(nb: Any, name: str = "notebook") -> Any:
+def is_exercise_cell(cell: Any) -> bool:
+    """True for a cell that is part of an exercise: a solution cell, a check cell, or a cell with
+    a solution region; their outputs would show the answer."""
+    return (
+        is_solution_cell(cell)
+        or is_check_cell(cell)
+        or any(_BEGIN.match(line) for line in cell.source.splitlines())
+    )
+
+
+def student_version(nb: Any, name: str = "notebook", keep_outputs: bool = False) -> Any:
     """A copy of ``nb`` as learners get it (nbgrader's ``generate_assignment``, without nbgrader).
 
     - every ``### BEGIN SOLUTION`` ... ``### END SOLUTION`` region becomes ``CODE_STUB`` (code) or
       ``TEXT_STUB`` (markdown), indented like the BEGIN line; a solution cell without markers is
       replaced whole, as nbgrader does;
     - ``### BEGIN HIDDEN TESTS`` ... ``### END HIDDEN TESTS`` regions are deleted;
-    - outputs, execution counts, execution timings and saved widget state are cleared;
+    - outputs, execution counts, execution timings and saved widget state are cleared, or, with
+      ``keep_outputs``, only those of exercise cells (:func:`is_exercise_cell`): the learner
+      versions a self-learner opens keep the recorded measurements of every other cell;
     - nbgrader metadata is kept, so the grader can find the check cells.
 
     Args:
         nb: an nbformat v4 notebook (not modified).
         name: shown in error messages (e.g. the file name).
+        keep_outputs: keep the outputs of the cells that are not part of an exercise.
     Raises:
         SolutionMarkerError: naming the notebook and cell whose markers do not pair up.
     """
     student = copy.deepcopy(nb)
     for index, cell in enumerate(student.cells):
         where = _where(name, index, cell)
+        exercise = is_exercise_cell(cell)
         stub = TEXT_STUB if cell.cell_type == "markdown" else CODE_STUB
         lines, replaced = _replace_regions(cell.source.splitlines(), _BEGIN, _END, stub, where)
         lines, _ = _replace_regions(lines, _BEGIN_HIDDEN, _END_HIDDEN, None, where)
         if is_solution_cell(cell) and not replaced:
             lines = stub.splitlines()
         cell.source = "\n".join(lines)
-        if cell.cell_type == "code":
+        if cell.cell_type == "code" and (exercise or not keep_outputs):
             cell.outputs = []
             cell.execution_count = None
         cell.metadata.pop("execution", None)
         if "attachments" in cell and is_solution_cell(cell):
             del cell["attachments"]
-    student.metadata.pop("widgets", None)
+    if not keep_outputs:
+        student.metadata.pop("widgets", None)
     return student
 
 
@@ -187,13 +202,16 @@ def overwrite_problem(target: Path) -> str | None:
     return None
 
 
-def make_student(source: Path, out: Path, force: bool = False) -> list[Path]:
+def make_student(
+    source: Path, out: Path, force: bool = False, keep_outputs: bool = False
+) -> list[Path]:
     """Write the student version of every exercise notebook in ``source`` to ``out``.
 
     ``source`` is a folder (its ``*.ipynb``, not recursive) or one notebook. Notebooks without any
     nbgrader cell are skipped (said on stdout): they have nothing to hide. Nothing else is copied.
     An existing file in ``out`` is replaced only when it is this command's own unchanged output
-    (:func:`overwrite_problem`), or with ``force``; otherwise nothing is written.
+    (:func:`overwrite_problem`), or with ``force``; otherwise nothing is written. ``keep_outputs``:
+    see :func:`student_version` (the committed ``learner/`` versions are made with it).
 
     Returns:
         The written paths.
@@ -219,7 +237,7 @@ def make_student(source: Path, out: Path, force: bool = False) -> list[Path]:
         if not has_exercises(nb):
             print(f"skipped {path} (no nbgrader cells)")
             continue
-        student = student_version(nb, name=str(path))
+        student = student_version(nb, name=path.name, keep_outputs=keep_outputs)
         student.metadata[STUDENT_MARK] = {"source": path.name, "sha256": fingerprint(student)}
         nbformat.validate(student)
         versions.append((out / path.name, student))
