@@ -426,11 +426,12 @@ def totals_table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: ``make-student`` and ``grade`` (see docs/grading.md)."""
+    """Command line: ``make-student``, ``grade`` and ``leaderboard`` (see docs/grading.md)."""
     parser = argparse.ArgumentParser(
         prog="python -m helpers.grading",
         description=(
-            "Graded exercises: student versions of the notebooks, and grading of submissions."
+            "Graded exercises: student versions of the notebooks, grading of submissions, and the "
+            "class leaderboard of the capstone ladders."
         ),
     )
     sub = parser.add_subparsers(dest="command", required=True)
@@ -459,10 +460,20 @@ def main(argv: list[str] | None = None) -> int:
     gr.add_argument(
         "--force", action="store_true", help="replace an --out file that is not a grades CSV"
     )
+    from helpers.grading import leaderboard  # it imports this module
+
+    leaderboard.add_arguments(
+        sub.add_parser(
+            "leaderboard",
+            help=f"rank submissions/<student>/{leaderboard.SUBMISSION_FILE} per GPU model",
+        )
+    )
     args = parser.parse_args(argv)
 
     try:
-        if args.command == "make-student":
+        if args.command == "leaderboard":
+            leaderboard.command(args)
+        elif args.command == "make-student":
             written = make_student(Path(args.notebooks), Path(args.out), force=args.force)
             print(f"{len(written)} student notebook(s) in {args.out}/")
         else:
