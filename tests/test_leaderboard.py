@@ -8,6 +8,7 @@ import csv
 import json
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from helpers import REPO_ROOT
@@ -210,3 +211,11 @@ def test_the_command_writes_csv_and_png_and_refuses_to_overwrite(classroom: Path
         f"({classroom / 'nothing'}/<student id>/)"
     )
 
+
+def test_the_capstone_saves_its_ladder_for_the_leaderboard():
+    nb = nbformat.read(REPO_ROOT / "notebooks" / "12_capstone_ladder.ipynb", as_version=4)
+    cells = [c for c in nb.cells if c.cell_type == "code" and "leaderboard.save(here)" in c.source]
+    assert len(cells) == 1
+    (output,) = cells[0].outputs
+    assert output.text == f"saved this ladder for the class leaderboard: {FILE}\n"
+    assert f"notebooks/{FILE}" in (REPO_ROOT / ".gitignore").read_text().splitlines()
