@@ -392,14 +392,16 @@ def plot(rows: list[dict[str, Any]], path: str | Path | None = None):
         for y, r in enumerate(group):
             x = r["speedup_over_fp32"]
             label = f"{r['best_tokens_per_s']:,} tokens/s, " + (
-                f"{x:.2f}x over own fp32 (#{r['rank_speedup']})" if x != "" else "no fp32 rung"
+                f"{x:.2f}x over own fp32 (#{r['rank_speedup']} by speed-up)"
+                if x != ""
+                else "no fp32 rung"
             )
-            label += f"  [{r['best_rung']}, B={r['batch_size']}]" + (" *" if r["reasons"] else "")
+            label += f"\n{r['best_rung']}, B={r['batch_size']}" + (" *" if r["reasons"] else "")
             at = (r["best_tokens_per_s"], y)
             ax.annotate(label, at, xytext=(4, 0), textcoords="offset points", va="center", size=8)
         ax.invert_yaxis()
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
-        ax.set_xlim(0, top * 1.9)
+        ax.set_xlim(0, top * 2.1)
         ax.set_title(f"{gpu} ({fpt / 1e6:,.0f} MFLOP per token)", fontsize=10, loc="left")
         ax.set_xlabel("best tokens/s (fastest measured rung of the learner's ladder)")
     if not groups:
