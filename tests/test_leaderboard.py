@@ -219,3 +219,16 @@ def test_the_capstone_saves_its_ladder_for_the_leaderboard():
     (output,) = cells[0].outputs
     assert output.text == f"saved this ladder for the class leaderboard: {FILE}\n"
     assert f"notebooks/{FILE}" in (REPO_ROOT / ".gitignore").read_text().splitlines()
+
+
+def test_the_committed_example_is_what_the_leaderboard_writes(tmp_path: Path):
+    import importlib.util
+
+    script = REPO_ROOT / "benchmarks" / "leaderboard_example.py"
+    spec = importlib.util.spec_from_file_location("leaderboard_example", script)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    assert example.main(["--out-dir", str(tmp_path)]) == 0
+    written = (tmp_path / "leaderboard-example.csv").read_text()
+    assert written == (RESULTS / "leaderboard-example.csv").read_text()
+    assert "fake-learner-a,ranked" in written and "fake-learner-b,refused" in written
