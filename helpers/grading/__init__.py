@@ -9,6 +9,8 @@
 - **Grading** (:mod:`helpers.grading.grader`, ``python -m helpers.grading grade``): each
   submission runs in a fresh kernel (:mod:`helpers.grading.kernel`), inside an OS sandbox where
   the machine allows it (:mod:`helpers.grading.sandbox`).
+- **Leaderboard** (:mod:`helpers.grading.leaderboard`, ``python -m helpers.grading leaderboard``):
+  every learner's capstone ladder, validated, ranked per GPU model.
 
 Teacher guide with the exact commands: docs/grading.md.
 """
@@ -36,6 +38,7 @@ from helpers.grading import (
     common,
     grader,
     kernel,
+    leaderboard,
     sandbox,
     student,
 )
@@ -133,6 +136,7 @@ __all__ = [
     "common",
     "grader",
     "kernel",
+    "leaderboard",
     "sandbox",
     "student",
     "check_matmul_flops",

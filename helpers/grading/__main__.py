@@ -1,4 +1,4 @@
-"""``python -m helpers.grading make-student | grade``: see docs/grading.md."""
+"""``python -m helpers.grading make-student | grade | leaderboard``: see docs/grading.md."""
 
 import sys
 

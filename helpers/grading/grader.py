@@ -12,7 +12,7 @@ import argparse
 import csv
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -354,27 +354,48 @@ def _prefer(new: Path, old: Path, ref: Reference) -> bool:
     return new.stat().st_mtime > old.stat().st_mtime
 
 
+def out_file_problem(
+    path: Path,
+    flag: str,
+    suffix: str,
+    folders: dict[Path, str],
+    may_replace: Callable[[Path], bool] | None = None,
+    what: str = "",
+) -> str | None:
+    """Why the output file of option ``flag`` must not be written (None if it may): a notebook's
+    name, a path inside one of ``folders`` ({folder: what it holds}), a folder, or an existing file
+    that ``may_replace`` does not accept (none when it is None; ``what`` says what the file is not).
+    Only the last one is lifted by ``--force``: the message then ends "pass --force to replace it".
+    """
+    if path.suffix.lower() == ".ipynb":
+        return f"{flag} {path} is a notebook's name: give a {suffix} file"
+    where = path.resolve()
+    for folder, holds in folders.items():
+        if folder.resolve() == where or folder.resolve() in where.parents:
+            return f"{flag} {path} lies in the {holds} folder {folder}: write it elsewhere"
+    if path.is_dir():
+        return f"{flag} {path} is a folder: give a file name, e.g. {path / ('out' + suffix)}"
+    if path.exists() and not (may_replace is not None and may_replace(path)):
+        return f"{flag} {path} exists{what}: pass --force to replace it"
+    return None
+
+
+def _is_grades_csv(path: Path) -> bool:
+    try:
+        with open(path, newline="") as f:
+            return f.readline().strip() == ",".join(COLUMNS)
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def csv_out_problem(path: Path, submissions: Path, reference: Path) -> str | None:
     """Why ``grade --out path`` must not be written (None if it may): a notebook's name, a path in
     the submissions or reference folder, a folder, or an existing file that is not a grades CSV
     (its first line is not :data:`COLUMNS`)."""
-    if path.suffix.lower() == ".ipynb":
-        return f"--out {path} is a notebook's name: give a .csv file"
-    where = path.resolve()
-    for folder, what in ((submissions, "submissions"), (reference, "reference notebooks")):
-        if folder.resolve() == where or folder.resolve() in where.parents:
-            return f"--out {path} lies in the {what} folder {folder}: write the grades elsewhere"
-    if path.is_dir():
-        return f"--out {path} is a folder: give a file name, e.g. {path / 'grades.csv'}"
-    if path.exists():
-        try:
-            with open(path, newline="") as f:
-                first = f.readline().strip()
-        except (OSError, UnicodeDecodeError):
-            first = ""
-        if first != ",".join(COLUMNS):
-            return f"--out {path} exists and is not a grades CSV: pass --force to replace it"
-    return None
+    folders = {submissions: "submissions", reference: "reference notebooks"}
+    return out_file_problem(
+        path, "--out", ".csv", folders, _is_grades_csv, " and is not a grades CSV"
+    )
 
 
 def write_csv(rows: Iterable[dict[str, Any]], path: Path) -> None:
@@ -405,11 +426,12 @@ def totals_table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: ``make-student`` and ``grade`` (see docs/grading.md)."""
+    """Command line: ``make-student``, ``grade`` and ``leaderboard`` (see docs/grading.md)."""
     parser = argparse.ArgumentParser(
         prog="python -m helpers.grading",
         description=(
-            "Graded exercises: student versions of the notebooks, and grading of submissions."
+            "Graded exercises: student versions of the notebooks, grading of submissions, and the "
+            "class leaderboard of the capstone ladders."
         ),
     )
     sub = parser.add_subparsers(dest="command", required=True)
@@ -443,10 +465,20 @@ def main(argv: list[str] | None = None) -> int:
     gr.add_argument(
         "--force", action="store_true", help="replace an --out file that is not a grades CSV"
     )
+    from helpers.grading import leaderboard  # it imports this module
+
+    leaderboard.add_arguments(
+        sub.add_parser(
+            "leaderboard",
+            help=f"rank submissions/<student>/{leaderboard.SUBMISSION_FILE} per GPU model",
+        )
+    )
     args = parser.parse_args(argv)
 
     try:
-        if args.command == "make-student":
+        if args.command == "leaderboard":
+            leaderboard.command(args)
+        elif args.command == "make-student":
             written = make_student(
                 Path(args.notebooks), Path(args.out), args.force, args.keep_outputs
             )
