@@ -333,10 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         args.out = cli.out_path(args.out)  # a folder is refused now, not after the whole ladder ran
-        args.plot = cli.out_path(args.plot, "--plot")
         # matplotlib would add ".png" itself, silently
-        if args.plot is not None and not args.plot.suffix:
-            args.plot = cli.out_path(args.plot.with_suffix(".png"), "--plot")
+        if args.plot is not None and not Path(args.plot).is_dir() and not Path(args.plot).suffix:
+            args.plot = Path(args.plot).with_suffix(".png")
+        args.plot = cli.out_path(args.plot, "--plot", suffix=".png")
         emulated = (
             hardware.emulate(args.emulate, args.device or "cuda")
             if args.emulate

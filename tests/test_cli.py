@@ -84,3 +84,20 @@ def test_tools_refuse_bad_input_before_running(tool, args, tmp_path, capsys):
     assert main([a.replace("{tmp}", str(tmp_path)) for a in args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and "Traceback" not in err
+
+
+def test_an_output_place_that_refuses_new_files_is_refused_before_the_run(tmp_path):
+    import os
+
+    from helpers.tools import cli
+
+    if os.path.isdir("/proc"):  # root may "write" to /proc by os.access, yet no file can be made
+        with pytest.raises(ValueError, match="cannot create a file there"):
+            cli.out_path("/proc/course-results.json")
+    with pytest.raises(ValueError, match=r"must end in \.png"):
+        cli.out_path(tmp_path / "ladder.txt", "--plot", suffix=".png")
+    ok = cli.out_path(tmp_path / "sub" / "ladder.png", "--plot", suffix=".png")
+    assert ok.parent.is_dir() and not ok.exists()  # the probe leaves nothing behind
+    existing = tmp_path / "keep.json"
+    existing.write_text("learner's file")
+    assert cli.out_path(existing) == existing and existing.read_text() == "learner's file"

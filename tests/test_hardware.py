@@ -276,7 +276,8 @@ def test_a_skipped_rung_gives_its_reason_in_the_recipe():
     table = t4_colab.format_recipe(t4_colab.recommend_recipe(gpus.PROFILES["T4"]))
     assert max(len(line) for line in table.splitlines()) <= 100
     md = t4_colab.recipe_markdown(t4_colab.recommend_recipe(gpus.PROFILES["T4"]))
-    assert md.splitlines()[0] == "| switch | value | reason |" and "`lm_head_fp8`" in md
+    assert md.splitlines()[0] == "| switch | value | taught in | reason |"
+    assert "| `lm_head_fp8` | `False` | 12 |" in md
 
 
 def test_recipe_reports_a_measured_batch_size_with_its_reason():
@@ -654,3 +655,21 @@ def test_power_window_and_reading_kind(monkeypatch):
         torch.cuda, "get_device_capability", lambda d=None: (9, 0)
     )  # an H200: ~1 s average
     assert power.power_reading_is_average("cuda") is True
+
+
+def test_the_emulation_variable_is_checked_even_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv(hardware.EMULATE_ENV, "X9")
+    with pytest.raises(ValueError, match="unknown profile 'X9'"):
+        hardware.apply_env_emulation("cpu")
+    monkeypatch.setenv(hardware.EMULATE_ENV, "T4")
+    with pytest.warns(UserWarning, match="no CUDA GPU to emulate it with"):
+        assert hardware.apply_env_emulation("cpu") is None
+
+
+def test_a_recipe_is_asked_by_profile_name_and_a_wrong_name_says_what_exists():
+    assert _as_dict(t4_colab.recommend_recipe("T4"))["autocast"] == "fp16"
+    with pytest.raises(ValueError, match="neither a device"):
+        t4_colab.recommend_recipe("T5")
+    reasons = {c.switch: c.reason for c in t4_colab.recommend_recipe("T4")}
+    assert "compute capability 7.5" in reasons["matmul_precision"]

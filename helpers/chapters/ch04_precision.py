@@ -478,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.precisions is not None and len(args.precisions) == 0:
         raise ValueError("--precisions needs at least one of fp32, tf32, bf16, fp16")
     cli.out_path(args.out)
-    cli.out_path(args.plot)
+    cli.out_path(args.plot, "--plot", suffix=".png")
     cfg, B, T = train.default_shapes(device)
     B = B if args.batch_size is None else args.batch_size
     T = T if args.seq_len is None else args.seq_len

@@ -19,7 +19,7 @@ import torch
 from helpers import ladder, switches
 from helpers.core.train import RunConfig
 from helpers.measure import hardware
-from helpers.measure.gpus import GPUProfile
+from helpers.measure.gpus import PROFILES, GPUProfile
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def recommend_recipe(
     batch_size: int | None = None,
     batch_reason: str = "",
 ) -> list[RecipeChoice]:
-    """The fastest *correct* configuration for a profile (e.g. ``PROFILES["T4"]``,
+    """The fastest *correct* configuration for a profile (e.g. ``PROFILES["T4"]`` or ``"T4"``,
     ``PROFILES["CPU"]``, which means this CPU) or a device (default: this one; while emulating,
     the emulated GPU), switch by switch with the reason: :func:`recipe_from_ladder` of the
     ladder's rungs on that target, the same rules :func:`helpers.ladder.last_runnable` follows.
@@ -107,13 +107,21 @@ def recommend_recipe(
     True on a T4), else fp16 + GradScaler, and then none of the rungs that need bf16; TF32 only
     from 8.0; the fp8 LM head only from 8.9; on a CPU without fast bf16, fp32.
     """
+    if isinstance(target, str) and target in PROFILES:  # "T4": the datasheet profile
+        target = PROFILES[target]
     if isinstance(target, GPUProfile) and target.capability is not None:
         with hardware.datasheet(target) as device:
             return _recipe(device, target.name, batch_size, batch_reason)
     if isinstance(target, GPUProfile) or target is None:
         device = torch.device("cpu") if target is not None else hardware.default_device()
     else:
-        device = torch.device(target)
+        try:
+            device = torch.device(target)
+        except RuntimeError:
+            raise ValueError(
+                f"{target!r} is neither a device ('cuda', 'cpu') nor a GPU profile "
+                f"({', '.join(PROFILES)})"
+            ) from None
     if device.type == "cuda":
         emulated = hardware.emulated_profile()
         name = emulated.name if emulated is not None else torch.cuda.get_device_name(device)

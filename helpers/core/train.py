@@ -174,9 +174,8 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
     substituted."""
     device = torch.device(device)
     if run.matmul_precision == "tf32" and not hardware.tf32_supported(device):
-        where = (
-            "a CPU" if device.type == "cpu" else f"compute capability {hardware.capability(device)}"
-        )
+        cap = hardware.capability(device)
+        where = "a CPU" if device.type == "cpu" else f"compute capability {cap[0]}.{cap[1]}"
         return f"TF32 needs an NVIDIA GPU of compute capability >= 8.0; this device is {where}"
     if run.autocast == "bf16" and device.type == "cuda" and not hardware.native_bf16(device):
         return (

@@ -303,7 +303,19 @@ def apply_env_emulation(device: torch.device | str = "cuda") -> dict | None:
     """Emulate the profile named by ``$COURSE_EMULATE_GPU`` (e.g. T4), if set and a GPU is
     present."""
     key = os.environ.get(EMULATE_ENV, "").strip()
-    if not key or not torch.cuda.is_available():
+    if not key:
+        return None
+    if key not in PROFILES or PROFILES[key].capability is None:
+        raise ValueError(
+            f"unknown profile {key!r} in ${EMULATE_ENV} (a GPU to emulate); "
+            f"known: {sorted(k for k, p in PROFILES.items() if p.capability)} (or unset it)"
+        )
+    if not torch.cuda.is_available():
+        warnings.warn(
+            f"${EMULATE_ENV}={key} is set but there is no CUDA GPU to emulate it with: "
+            "running on the CPU as usual (unset it to silence this)",
+            stacklevel=2,
+        )
         return None
     return emulate(key, device)
 

@@ -47,12 +47,16 @@ def device(value: str | torch.device | None) -> torch.device:
     return dev
 
 
-def out_path(path: str | Path | None, flag: str = "--out") -> Path | None:
-    """An output file path, checked before the run: its folder is created; a folder is refused.
+def out_path(
+    path: str | Path | None, flag: str = "--out", suffix: str | None = None
+) -> Path | None:
+    """An output file path, checked before the run: its folder is created; a folder is refused;
+    a new file is created and removed again, so a place that refuses new files fails now; with
+    ``suffix`` (e.g. ".png") the name must end in it.
 
     Raises:
         ValueError: ``path`` is an existing folder, its folder cannot be made (a file is in the
-            way), or that folder or the file is not writable.
+            way), that folder or the file is not writable, or its name lacks ``suffix``.
     """
     if path is None:
         return None
@@ -69,6 +73,20 @@ def out_path(path: str | Path | None, flag: str = "--out") -> Path | None:
         ) from None
     if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise ValueError(f"{flag} {path} is not writable here: choose a path in a writable folder")
+    if suffix is not None and path.suffix.lower() != suffix:
+        raise ValueError(
+            f"{flag} {path}: the file is written as {suffix[1:].upper()}, so its name "
+            f"must end in {suffix} (e.g. {path.with_suffix(suffix).name})"
+        )
+    if not path.exists():  # try it now, not after the run: some folders refuse new files
+        try:
+            path.open("x").close()
+            path.unlink()
+        except OSError as e:
+            raise ValueError(
+                f"{flag} {path}: cannot create a file there ({e.strerror or e}): "
+                "choose a path in a writable folder"
+            ) from None
     return path
 
 
