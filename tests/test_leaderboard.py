@@ -231,4 +231,4 @@ def test_the_committed_example_is_what_the_leaderboard_writes(tmp_path: Path):
     assert example.main(["--out-dir", str(tmp_path)]) == 0
     written = (tmp_path / "leaderboard-example.csv").read_text()
     assert written == (RESULTS / "leaderboard-example.csv").read_text()
-    assert "fake-learner-a,ranked" in written and "fake-learner-b,refused" in written
+    assert "course-cpu,ranked" in written and "fake-learner-b,refused" in written

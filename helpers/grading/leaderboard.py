@@ -385,8 +385,8 @@ def plot(rows: list[dict[str, Any]], path: str | Path | None = None):
     height = 1.4 + 0.55 * sum(sizes) + 0.9 * len(sizes)
     fig, axes = plt.subplots(len(sizes), 1, figsize=(10, height), squeeze=False,
                              gridspec_kw={"height_ratios": sizes})  # fmt: skip
-    top = max([r["best_tokens_per_s"] for r in ranked] or [1])
     for ax, ((gpu, fpt), group) in zip(axes[:, 0], groups.items(), strict=False):
+        top = max(r["best_tokens_per_s"] for r in group)  # each GPU model on its own scale
         names = [f"#{r['rank_tokens_per_s']} {r['student']}" for r in group]
         ax.barh(names, [r["best_tokens_per_s"] for r in group], color="tab:blue")
         for y, r in enumerate(group):
