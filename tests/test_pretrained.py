@@ -176,6 +176,8 @@ def test_offline_without_a_copy_says_how_to_make_a_folder(tmp_path, monkeypatch)
         "HF_HUB_OFFLINE" in message and "downloads the weights from the Hugging Face hub" in message
     )
     assert pretrained.MAKE_A_FOLDER in message and "save_pretrained('gpt2-weights')" in message
+    with pytest.raises(pretrained.WeightsNotFoundError, match="HF_HUB_OFFLINE is set"):
+        pretrained.load_gpt2("openai-community/gpt2-medium")  # owner/name: a hub name
     with pytest.raises(pretrained.WeightsNotFoundError, match="(?s)No folder .*save_pretrained"):
         pretrained.load_gpt2(tmp_path / "gpt2-weights")
     with pytest.raises(pretrained.WeightsNotFoundError, match="no config.json"):

@@ -85,7 +85,8 @@ def _what_to_do(source: str) -> str:
 def _looks_like_a_path(source: str | Path) -> bool:
     if isinstance(source, Path):
         return True
-    return source.startswith((".", "/", "~")) or source.count("/") > 1 or os.sep in source[1:]
+    # a hub name is "name" or "owner/name"; anything else is meant as a folder
+    return source.startswith((".", "/", "~")) or source.count("/") > 1 or "\\" in source
 
 
 def resolve(source: str | Path) -> Path:
