@@ -8,7 +8,8 @@ Layers, each a folder; a layer imports only the layers above it in this list:
 - ``helpers.switches``: the switch registry, every speed switch declared once (no imports).
 - ``helpers.core``: the model (``model``), the training step and ``RunConfig`` (``train``), the
   hand-written kernels (``kernels``), data-parallel training on N processes (``distributed``), the
-  data and the tokenizer.
+  data and the tokenizer, the released GPT-2 weights (``pretrained``) and the validation loss
+  (``evaluate``).
 - ``helpers.ladder``: the speed-up ladder, the course's main job (``python -m helpers.ladder``).
 - ``helpers.chapters``: one module per chapter that needs its own code, named by the chapter's
   number (``ch04_precision`` for ``notebooks/04_mixed_precision.ipynb``).

@@ -103,3 +103,24 @@ def test_fetch_into_an_existing_file_is_a_clear_error(tmp_path, capsys):
     f.write_text("x")
     assert data.main(["fetch", "--into", str(f)]) == 2
     assert "is a file, not a folder" in capsys.readouterr().err
+
+
+def test_default_tokens_are_still_the_whole_text():
+    """Every training chapter calls load_tokens() with no argument: the whole stream, as before."""
+    assert torch.equal(data.load_tokens(), data.load_tokens("all"))
+    assert data.load_tokens().shape == (data.SHAKESPEARE_TOKENS,)
+
+
+def test_train_and_val_splits_are_disjoint_and_cover_the_text():
+    train, val = data.load_tokens("train"), data.load_tokens("val")
+    assert (train.numel(), val.numel()) == (304_223, 33_802)
+    assert (train.numel(), val.numel()) == data.split_sizes(data.SHAKESPEARE_TOKENS)
+    assert torch.equal(torch.cat([train, val]), data.load_tokens())  # contiguous, in order
+    assert val.data_ptr() == data.load_tokens()[train.numel() :].data_ptr()  # the tail, no copy
+    assert data.load_tokens("val", val_fraction=0.2).numel() == round(0.2 * 338_025)
+
+
+@pytest.mark.parametrize("kwargs", [{"split": "test"}, {"split": "val", "val_fraction": 0.0}])
+def test_a_bad_split_is_a_clear_error(kwargs):
+    with pytest.raises(ValueError, match="split must be one of|val_fraction must be between"):
+        data.load_tokens(**kwargs)

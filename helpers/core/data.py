@@ -37,10 +37,53 @@ def load_text() -> str:
     return shakespeare_path().read_text(encoding="utf-8")
 
 
+SPLITS = ("all", "train", "val")
+VAL_FRACTION = 0.1  # the last 10% of the tokens are held out when a split is asked for
+
+
 @functools.lru_cache(maxsize=1)
-def load_tokens() -> torch.Tensor:
-    """Tiny Shakespeare as GPT-2 token ids: (338025,) int64 on the CPU."""
+def _all_tokens() -> torch.Tensor:
     return torch.tensor(tokenizer.encode(load_text()), dtype=torch.long)
+
+
+def split_sizes(n_tokens: int, val_fraction: float = VAL_FRACTION) -> tuple[int, int]:
+    """(train, val) token counts of a stream of ``n_tokens``: val = round(n * val_fraction), the
+    train split the rest. Tiny Shakespeare at 0.1: (304223, 33802).
+
+    Raises:
+        ValueError: ``val_fraction`` not strictly between 0 and 1, or a split left empty.
+    """
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
+    n_val = round(n_tokens * val_fraction)
+    if n_val < 1 or n_val >= n_tokens:
+        raise ValueError(
+            f"val_fraction={val_fraction} of {n_tokens:,} tokens leaves a split empty: "
+            "pick a fraction that keeps both splits non-empty"
+        )
+    return n_tokens - n_val, n_val
+
+
+def load_tokens(split: str = "all", val_fraction: float = VAL_FRACTION) -> torch.Tensor:
+    """Tiny Shakespeare as GPT-2 token ids, int64 on the CPU.
+
+    ``split="all"`` (the default) is the whole text, (338025,): what every training chapter
+    trains and measures on, so their recorded numbers stay as they are. ``"train"`` is the
+    first ``1 - val_fraction`` of the tokens, ``"val"`` the last ``val_fraction`` (a contiguous
+    held-out tail: the end of the play collection, never seen by a model trained on ``"train"``);
+    at the default 0.1: (304223,) and (33802,). A model whose validation loss you report must be
+    trained on ``"train"``, not on ``"all"``. The splits are views of one cached tensor.
+
+    Raises:
+        ValueError: an unknown ``split`` or a ``val_fraction`` outside (0, 1).
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    tokens = _all_tokens()
+    if split == "all":
+        return tokens
+    n_train, _ = split_sizes(tokens.numel(), val_fraction)
+    return tokens[:n_train] if split == "train" else tokens[n_train:]
 
 
 class BatchLoader:
