@@ -147,7 +147,7 @@ def forward_cached(
 
 
 def prefill(model: GPT, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
-    """The prompt ``idx`` (B, T0) at positions 0..T0-1, into ``cache``; the last logits (B, V_pad)."""
+    """The prompt ``idx`` (B, T0) at positions 0..T0-1, into ``cache``; last logits (B, V_pad)."""
     return forward_cached(model, idx, cache, 0)
 
 

@@ -1,6 +1,6 @@
 """Graded exercises: the checks learners call, and the teacher's tools around them.
 
-- **Checks**: one module per chapter (``ch00`` ... ``ch12``, all the same shape: ``SECTIONS``, the
+- **Checks**: one module per chapter (``ch00`` ... ``ch13``, all the same shape: ``SECTIONS``, the
   ``check_*`` functions, ``CHECKS``, ``WRONG_ANSWERS``), listed in :data:`CHAPTERS`. A check runs
   the learner's function on small CPU inputs and prints one ``PASS ...`` line, or raises
   ``AssertionError`` whose first line says what is wrong and which section to reread. Notebooks call
@@ -35,6 +35,7 @@ from helpers.grading import (
     ch10,
     ch11,
     ch12,
+    ch13,
     common,
     grader,
     kernel,
@@ -55,6 +56,7 @@ from helpers.grading.ch09 import check_accumulation_step, check_checkpointed_blo
 from helpers.grading.ch10 import check_dominant_family, check_which_chapter
 from helpers.grading.ch11 import check_allreduce_mean, check_shard_batches
 from helpers.grading.ch12 import check_steps_in_budget
+from helpers.grading.ch13 import check_kv_attention
 from helpers.grading.grader import (
     COLUMNS,
     FRESH_CHECKS_PRELUDE,
@@ -95,6 +97,7 @@ CHAPTERS: tuple[ModuleType, ...] = (
     ch10,
     ch11,
     ch12,
+    ch13,
 )
 
 
@@ -133,6 +136,7 @@ __all__ = [
     "ch10",
     "ch11",
     "ch12",
+    "ch13",
     "common",
     "grader",
     "kernel",
@@ -164,6 +168,7 @@ __all__ = [
     "check_allreduce_mean",
     "check_shard_batches",
     "check_steps_in_budget",
+    "check_kv_attention",
     "COLUMNS",
     "FRESH_CHECKS_PRELUDE",
     "CellRun",
