@@ -68,6 +68,11 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, nh, T_max, hs)
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, nh, T_max, hs)
         self.t_max = t_max
+        if self.k.device.type == "cuda":
+            # A compiled step writes into these in place. Without a static address, inductor's
+            # CUDA graphs are skipped for a step that mutates its inputs (it logs the reason).
+            torch._dynamo.mark_static_address(self.k)
+            torch._dynamo.mark_static_address(self.v)
 
     @classmethod
     def for_model(cls, model: GPT, batch: int, t_max: int) -> KVCache:
@@ -231,7 +236,9 @@ def compiled_decode_step(device: torch.device | str) -> tuple[Callable | None, s
 
     Shapes are static (the cache is preallocated, the position is a tensor), so one graph serves
     every step. On CUDA the mode is ``"reduce-overhead"`` (CUDA graphs: a decode step launches
-    hundreds of small kernels, and one graph replay replaces their launches); on a CPU the default.
+    hundreds of small kernels, and one graph replay replaces their launches; the cache's tensors
+    have static addresses, :class:`KVCache`), not measured on a GPU in this module's tests; on a
+    CPU the default mode.
     Returns (None, reason) when :func:`helpers.measure.hardware.compile_support` says no.
     """
     device = torch.device(device)
