@@ -133,3 +133,12 @@ def test_the_kv_attention_check_names_each_mistake(wrong, words):
     with pytest.raises(AssertionError, match=words) as info:
         grading.check_kv_attention(wrong)
     assert "Reread chapter 13" in str(info.value)
+
+
+def test_the_compiled_method_is_skipped_with_the_reason_when_compile_cannot_run(monkeypatch):
+    from helpers.measure import hardware
+
+    monkeypatch.setattr(hardware, "compile_support", lambda device: (False, "no C++ compiler"))
+    row = generation.generation_speed(tiny_model(), 1, 2, 2, "cache_compiled")
+    assert row["status"] == "skipped" and row["reason"] == "no C++ compiler"
+    assert row["ms_per_token"] is None and row["tokens_per_s"] is None

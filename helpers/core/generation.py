@@ -307,7 +307,7 @@ def generation_speed(
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     device = torch.device(device)
     row = dict(method=method, mode=mode, batch=batch, status="skipped", reason="")
-    row.update(ms_per_token=None, tokens_per_s=None, peak_mem_bytes=None)
+    row.update(ms_per_token=None, tokens_per_s=None, peak_mem_bytes=None, warmup_ms=[])
     step = None
     if method == "cache_compiled":
         step, why = compiled_decode_step(device)
