@@ -88,6 +88,12 @@ def test_block_params_check_measures_the_real_block():
         ("ch01_loss_at_init", grading.ch01._loss_probability, "probability"),
         ("ch01_block_params", grading.ch01._block_weights_only, "biases"),
         ("ch01_block_params", grading.ch01._block_forgot_layernorm, "LayerNorm"),
+        ("ch06_sdpa_attention", grading.ch06._block_not_causal, "*without* the causal mask"),
+        ("ch06_sdpa_attention", grading.ch06._block_scaled_twice, "scaled by 1/sqrt(hs) twice"),
+        ("ch06_sdpa_attention", grading.ch06._block_softmax_over_queries, "(dim=-2)"),
+        ("ch06_sdpa_attention", grading.ch06._block_heads_not_transposed, "transpose(1, 2)"),
+        ("ch06_sdpa_attention", grading.ch06._block_no_output_projection, "attn.c_proj"),
+        ("ch06_sdpa_attention", grading.ch06._block_mask_tensor, "(..., T, T)"),
     ],
 )
 def test_hint_names_the_mistake(grade_id, wrong, words):
