@@ -2,8 +2,17 @@
 (tests/test_grading.py loads RIGHT_ANSWERS)."""
 
 
-def pad_vocab(n, multiple):
-    return -(-n // multiple) * multiple
+def pad_model_vocab(gpt, multiple):
+    import torch
+
+    weight = gpt.lm_head.weight  # (V, C), the same Parameter as gpt.transformer.wte.weight
+    V, C = weight.shape
+    rows = (V + multiple - 1) // multiple * multiple
+    padded = torch.zeros(rows, C, dtype=weight.dtype, device=weight.device)
+    padded[:V] = weight.detach()
+    with torch.no_grad():
+        weight.data = padded  # the tied Parameter keeps its identity
+    gpt.config.vocab_multiple = multiple
 
 
 def sample_next(logits, vocab_size, generator):
@@ -13,6 +22,6 @@ def sample_next(logits, vocab_size, generator):
 
 
 RIGHT_ANSWERS = {
-    "ch07_pad_vocab": pad_vocab,
+    "ch07_pad_vocab": pad_model_vocab,
     "ch07_masked_sampling": sample_next,
 }

@@ -1,5 +1,5 @@
-"""Graded checks of chapter 04 (mixed precision): a correct autocast training step and
-the autocast dtype per GPU.
+"""Graded checks of chapter 04 (mixed precision): a correct mixed-precision training step
+(autocast, GradScaler, clipping) and the autocast dtype per GPU.
 
 Every chapter module has the same shape: ``SECTIONS`` (grade id -> the section a failed check's hint
 points to), the ``check_*`` functions (run the learner's function on small CPU inputs, print one
@@ -13,7 +13,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from helpers.grading.common import reread
+from helpers.grading.common import as_number, is_close, reread
 
 SECTIONS = {
     "ch04_autocast_step": "chapter 04, section 6 (Exercise: a correct autocast training step)",
@@ -55,10 +55,156 @@ def _tiny_gpt():
     return model, x, y
 
 
+def _reference_step(model, optimizer, scaler, x, y, dtype) -> float:
+    """The step the learner's is compared with: PyTorch's AMP recipe with clipping
+    (https://pytorch.org/docs/stable/notes/amp_examples.html#gradient-clipping)."""
+    import torch
+
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=x.device.type, dtype=dtype):
+        _, loss = model(x, y)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.item()
+
+
+def _grads_at_step(optimizer) -> list:
+    """The gradients, flattened into one fp32 vector, each time ``optimizer.step`` runs (appended
+    by a pre-step hook): what the update really used, after any unscaling and clipping."""
+    import torch
+
+    seen = []
+
+    def record(opt, args, kwargs):
+        params = [p for group in opt.param_groups for p in group["params"]]
+        grads = [p.grad.detach().float().flatten() for p in params if p.grad is not None]
+        seen.append(torch.cat(grads) if grads else torch.zeros(1))
+
+    optimizer.register_step_pre_hook(record)
+    return seen
+
+
+def _logits_dtypes(model) -> list:
+    """The dtype of every output of ``model.lm_head`` (appended by a forward hook)."""
+    dtypes = []
+    model.lm_head.register_forward_hook(lambda module, args, out: dtypes.append(out.dtype))
+    return dtypes
+
+
+def _inf_on_backward(param, which: int) -> None:
+    """Make the ``which``-th backward pass (1-based) through ``param`` give it an inf gradient, as
+    an fp16 overflow would."""
+    import torch
+
+    calls = [0]
+
+    def hook(grad):
+        calls[0] += 1
+        return torch.full_like(grad, float("inf")) if calls[0] == which else grad
+
+    param.register_hook(hook)
+
+
+def _flat(model):
+    import torch
+
+    return torch.cat([p.detach().float().flatten() for p in model.parameters()])
+
+
+STEPS, INF_STEP = 3, 2  # fp16: step 2's gradients hold an inf, so it must be skipped
+
+
+def _two_runs(dtype):
+    """The learner's run and the reference run, from the same tiny GPT and batch: for each
+    (model, SGD optimizer, GradScaler, the gradients each optimizer step used, the logits'
+    dtypes). fp16: a scaler starting at 2^16 that grows after every clean step
+    (growth_interval=1, so a missing update() shows at once), and an inf planted in the
+    gradients of step INF_STEP; bf16: a disabled scaler (scale(), unscale_(), step() and update()
+    then do nothing but the optimizer step). The learner's model starts with stale gradients."""
+    import torch
+
+    model, x, y = _tiny_gpt()
+    ref_model = copy.deepcopy(model)
+    for p in model.parameters():  # stale gradients of an earlier step: the step must clear them
+        p.grad = torch.full_like(p, 1e3)
+    fp16 = dtype is torch.float16
+    runs = []
+    for m in (model, ref_model):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=1, enabled=fp16)
+        if fp16:
+            _inf_on_backward(m.transformer.h[0].mlp.c_fc.weight, INF_STEP)
+        runs.append((m, opt, scaler, _grads_at_step(opt), _logits_dtypes(m)))
+    return runs, x, y
+
+
+def _why_scale_differs(calls: list[str]) -> str:
+    if not {"scale", "unscale_", "step", "update"} & set(calls):
+        return "the GradScaler was not used: with fp16 every step goes through it"
+    if "update" not in calls:
+        return (
+            "scaler.update() was not called: it grows the scale after clean steps and halves it "
+            "after a skipped one"
+        )
+    return "call scale(), unscale_(), step() and update() once each, in that order"
+
+
+def _why_weights_differ(seen, want, calls: list[str], logits: list, dtype) -> str:
+    """The likely mistake, from the gradients the learner's optimizer step used (``seen``, None if
+    it did not step) against the reference's (``want``), the scaler methods called and the
+    logits' dtypes."""
+    import torch
+
+    if seen is None:
+        return "the optimizer did not step: call scaler.step(optimizer)"
+    norm, ref_norm = float(seen.norm()), float(want.norm())
+    if norm < 1e-2 * ref_norm and "scale" not in calls:
+        return (
+            f"the optimizer saw a gradient norm of {norm:.2e} instead of {ref_norm:.2e}: backward "
+            "ran on the unscaled loss, and unscale_ divided it by the scale all the same. Call "
+            "scaler.scale(loss).backward()"
+        )
+    if norm < 1e-2 * ref_norm:
+        return (
+            f"the optimizer saw a gradient norm of {norm:.2e} instead of {ref_norm:.2e}: "
+            "clip_grad_norm_ clipped the *scaled* gradients. Call scaler.unscale_(optimizer) "
+            "before torch.nn.utils.clip_grad_norm_"
+        )
+    if norm > 1.0 + 1e-3:
+        return (
+            f"the optimizer saw a gradient norm of {norm:.3g}: clip it to 1.0 with "
+            "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0) after "
+            "scaler.unscale_(optimizer)"
+        )
+    if float(torch.nn.functional.cosine_similarity(seen, want, dim=0)) < 0.99:
+        return (
+            "the gradients point elsewhere: stale gradients of an earlier step were added to "
+            "this step's. Call optimizer.zero_grad(set_to_none=True) first"
+        )
+    if logits and logits[-1] != dtype:
+        return (
+            f"the logits came out in {logits[-1]}: run the forward pass and the loss under "
+            "torch.autocast(device_type=x.device.type, dtype=dtype)"
+        )
+    return (
+        "zero the gradients, run the forward pass and the loss under torch.autocast, then "
+        "scale(loss).backward(), unscale_, clip_grad_norm_(model.parameters(), 1.0), step, update"
+    )
+
+
 def check_autocast_step(fn: Callable[..., Any]) -> None:
-    """Check ``autocast_step(model, optimizer, x, y, dtype, scaler=None) -> (logits, loss)`` on a
-    tiny GPT on the CPU: logits in the autocast dtype, master weights still fp32, loss within 2% of
-    the fp32 loss, the weights updated; with fp16 the GradScaler's scale/step/update are used.
+    """Check ``autocast_step(model, optimizer, scaler, x, y, dtype) -> float`` on a tiny GPT on the
+    CPU against a reference step (:func:`_reference_step`) from the same weights and batch:
+    :data:`STEPS` steps with bf16 and a disabled GradScaler, then as many with fp16 and a real one
+    (see :func:`_two_runs`: a scale that grows after every clean step, and inf gradients in step
+    :data:`INF_STEP`, which must be skipped). After every step the parameters must still be fp32,
+    and the returned loss, the scale and the weights must match the reference's (weights within
+    1e-4 of the update's size; SGD, so a wrong gradient shows in them, where AdamW would normalise
+    it away). The hint names the mistake from the GradScaler methods called, the gradients the
+    optimizer step used and the logits' dtype.
 
     Raises:
         AssertionError: with a hint.
@@ -66,72 +212,72 @@ def check_autocast_step(fn: Callable[..., Any]) -> None:
     import torch
 
     gid = "ch04_autocast_step"
+    call = "autocast_step(model, optimizer, scaler, x, y, dtype)"
     for dtype in (torch.bfloat16, torch.float16):
-        model, x, y = _tiny_gpt()
-        with torch.no_grad():
-            _, ref_loss = model(x, y)
-        before = model.transformer.h[0].mlp.c_fc.weight.detach().clone()
-        # the true gradient of this step, computed independently on a copy
-        ref_model = copy.deepcopy(model)
-        with torch.autocast(device_type=x.device.type, dtype=dtype):
-            _, ref_step_loss = ref_model(x, y)
-        ref_step_loss.backward()
-        ref_grad = ref_model.transformer.h[0].mlp.c_fc.weight.grad
-        for p in (
-            model.parameters()
-        ):  # stale gradients of an earlier step: the step must clear them first
-            p.grad = torch.full_like(p, 1e3)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        scaler = _SpyScaler(torch.amp.GradScaler("cpu")) if dtype is torch.float16 else None
-        out = fn(model, opt, x, y, dtype, scaler)
-        if not isinstance(out, tuple) or len(out) != 2:
-            raise AssertionError(f"autocast_step must return (logits, loss). {_reread(gid)}")
-        logits, loss = out
-        name = str(dtype).replace("torch.", "")
-        if logits.dtype != dtype:
-            raise AssertionError(
-                f"with dtype={name} the logits came out in {logits.dtype}: run the forward pass "
-                f"inside torch.autocast(device_type=x.device.type, dtype=dtype). {_reread(gid)}"
-            )
-        wrong = sorted({str(p.dtype) for p in model.parameters() if p.dtype != torch.float32})
-        if wrong:
-            raise AssertionError(
-                f"parameters are now {wrong}: keep the master weights in fp32 "
-                f"(autocast casts per operation; never call model.to({name})). {_reread(gid)}"
-            )
-        loss_value, ref_value = float(torch.as_tensor(loss).detach()), float(ref_loss)
-        rel = abs(loss_value - ref_value) / ref_value
-        if rel > 0.02:
-            raise AssertionError(
-                f"loss {loss_value:.4f} vs fp32 {ref_value:.4f} ({100 * rel:.1f}% apart). "
-                f"{_reread(gid)}"
-            )
-        if torch.equal(before, model.transformer.h[0].mlp.c_fc.weight.detach()):
-            raise AssertionError(
-                f"the weights did not change: call the optimizer step. {_reread(gid)}"
-            )
-        grad = model.transformer.h[0].mlp.c_fc.weight.grad
-        if (
-            grad is not None
-            and grad.abs().max() > 0
-            and (grad.float() - ref_grad).abs().max() > 1e-2 * ref_grad.abs().max() + 1.0
-        ):
-            raise AssertionError(
-                "the gradients after the step hold more than this step's "
-                "gradient (stale gradients of an earlier step were added to it): "
-                f"call optimizer.zero_grad(set_to_none=True) before backward. {_reread(gid)}"
-            )
-        if scaler is not None:
-            missing = [m for m in ("scale", "step", "update") if m not in scaler.calls]
-            if missing:
+        name, fp16 = str(dtype).replace("torch.", ""), dtype is torch.float16
+        runs, x, y = _two_runs(dtype)
+        (model, opt, scaler, seen, logits), (ref_model, ref_opt, ref_scaler, want, _) = runs
+        w0, spy = _flat(ref_model), _SpyScaler(scaler)
+        for step in range(1, STEPS + 1):
+            at = f"{name} step {step}{' (inf gradients)' if fp16 and step == INF_STEP else ''}"
+            spy.calls.clear()
+            stepped, ref_stepped = len(seen), len(want)
+            try:
+                loss = fn(model, opt, spy, x, y, dtype)
+            except NotImplementedError:
+                raise
+            except (AssertionError, RuntimeError, ValueError) as e:  # raised by the GradScaler
+                why = (
+                    "backward ran on the unscaled loss: call scaler.scale(loss).backward()"
+                    if "scale" not in spy.calls
+                    else "call scale(loss).backward(), unscale_(optimizer), clip, step(optimizer) "
+                    "and update() once each, in that order"
+                )
+                first = (str(e).strip().splitlines() or [""])[0]
                 raise AssertionError(
-                    f"with fp16 the GradScaler's {missing} were not called: "
-                    "backward on scaler.scale(loss), then scaler.step(optimizer) and "
-                    f"scaler.update(). {_reread(gid)}"
+                    f"{at}: autocast_step raised {type(e).__name__} ({first}): {why}. "
+                    f"{_reread(gid)}"
+                ) from None
+            ref_loss = _reference_step(ref_model, ref_opt, ref_scaler, x, y, dtype)
+            low = sorted({str(p.dtype) for p in model.parameters() if p.dtype != torch.float32})
+            if low:
+                raise AssertionError(
+                    f"parameters are now {low}: keep the master weights in fp32 "
+                    f"(autocast casts per operation; never call model.to({name})). {_reread(gid)}"
+                )
+            if isinstance(loss, torch.Tensor):
+                loss = loss.detach()
+            value = as_number(loss, call, _reread(gid))
+            if not is_close(value, ref_loss, rel=1e-3):
+                raise AssertionError(
+                    f"{at}: returned {value:.6g}, expected the loss {ref_loss:.6g}: return "
+                    f"loss.item(), the unscaled loss. {_reread(gid)}"
+                )
+            if scaler.get_scale() != ref_scaler.get_scale():
+                raise AssertionError(
+                    f"{at}: the scale is {scaler.get_scale():g}, expected "
+                    f"{ref_scaler.get_scale():g}: {_why_scale_differs(spy.calls)}. {_reread(gid)}"
+                )
+            w, ref_w = _flat(model), _flat(ref_model)
+            if not torch.isfinite(w).all() or (len(want) == ref_stepped and len(seen) > stepped):
+                raise AssertionError(
+                    f"{at}: the optimizer stepped on gradients holding inf"
+                    f"{' (the weights are now inf/nan)' if not torch.isfinite(w).all() else ''}: "
+                    "call scaler.step(optimizer), not optimizer.step(); it skips the step when "
+                    f"unscale_ found inf/nan. {_reread(gid)}"
+                )
+            err = float((w - ref_w).norm() / (ref_w - w0).norm())
+            if err > 1e-4:
+                why = _why_weights_differ(
+                    seen[-1] if len(seen) > stepped else None, want[-1], spy.calls, logits, dtype
+                )
+                raise AssertionError(
+                    f"{at}: the weights differ from a correct step's (relative error {err:.1e}): "
+                    f"{why}. {_reread(gid)}"
                 )
     print(
-        f"PASS {gid}: bf16 and fp16 (+ GradScaler) steps: logits in the autocast dtype, "
-        "fp32 master weights, loss within 2% of fp32"
+        f"PASS {gid}: {STEPS} bf16 and {STEPS} fp16 steps give the reference loss, scale and "
+        "weights: gradients unscaled before clipping, the inf step skipped"
     )
 
 
@@ -180,44 +326,123 @@ def check_autocast_dtype(fn: Callable[..., Any]) -> None:
     print(f"PASS {gid}: fp16 below sm80, bf16 from sm80, CPU -> {cpu}")
 
 
-def _step_weights_to_low_precision(model, optimizer, x, y, dtype, scaler=None):
+def _step_weights_to_low_precision(model, optimizer, scaler, x, y, dtype):
+    import torch
+
     model.to(dtype)
-    logits, loss = model(x, y)
-    loss.backward()
-    optimizer.step()
-    return logits, loss
+    optimizer.zero_grad(set_to_none=True)
+    _, loss = model(x, y)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.item()
 
 
-def _step_without_autocast(model, optimizer, x, y, dtype, scaler=None):
-    logits, loss = model(x, y)
-    loss.backward()
-    optimizer.step()
-    return logits, loss
+def _step_without_autocast(model, optimizer, scaler, x, y, dtype):
+    import torch
+
+    optimizer.zero_grad(set_to_none=True)
+    _, loss = model(x, y)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.item()
 
 
-def _step_fp16_without_scaler(model, optimizer, x, y, dtype, scaler=None):
+def _step_without_zero_grad(model, optimizer, scaler, x, y, dtype):
     import torch
 
     with torch.autocast(device_type=x.device.type, dtype=dtype):
-        logits, loss = model(x, y)
-    loss.backward()
-    optimizer.step()
-    return logits, loss
+        _, loss = model(x, y)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.item()
 
 
-def _step_without_zero_grad(model, optimizer, x, y, dtype, scaler=None):
+def _step_ignores_the_scaler(model, optimizer, scaler, x, y, dtype):
     import torch
 
+    optimizer.zero_grad(set_to_none=True)
     with torch.autocast(device_type=x.device.type, dtype=dtype):
-        logits, loss = model(x, y)
-    if scaler is not None:
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-    else:
-        loss.backward()
-        optimizer.step()
-    return logits, loss
+        _, loss = model(x, y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return loss.item()
+
+
+def _step_without_clipping(model, optimizer, scaler, x, y, dtype):
+    import torch
+
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=x.device.type, dtype=dtype):
+        _, loss = model(x, y)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.item()
+
+
+def _step_clip_before_unscale(model, optimizer, scaler, x, y, dtype):
+    import torch
+
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=x.device.type, dtype=dtype):
+        _, loss = model(x, y)
+    scaler.scale(loss).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # clips S times the gradients
+    scaler.unscale_(optimizer)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.item()
+
+
+def _step_without_update(model, optimizer, scaler, x, y, dtype):
+    import torch
+
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=x.device.type, dtype=dtype):
+        _, loss = model(x, y)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(optimizer)
+    return loss.item()
+
+
+def _step_optimizer_step_directly(model, optimizer, scaler, x, y, dtype):
+    import torch
+
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=x.device.type, dtype=dtype):
+        _, loss = model(x, y)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()  # steps even when unscale_ found inf/nan
+    scaler.update()
+    return loss.item()
+
+
+def _step_backward_on_unscaled_loss(model, optimizer, scaler, x, y, dtype):
+    import torch
+
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=x.device.type, dtype=dtype):
+        _, loss = model(x, y)
+    loss.backward()  # unscale_ below still divides by the scale
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.item()
 
 
 def _dtype_always_bf16(capability):
@@ -247,8 +472,13 @@ WRONG_ANSWERS: dict[str, list[Callable[..., Any]]] = {
     "ch04_autocast_step": [
         _step_weights_to_low_precision,
         _step_without_autocast,
-        _step_fp16_without_scaler,
         _step_without_zero_grad,
+        _step_ignores_the_scaler,
+        _step_without_clipping,
+        _step_clip_before_unscale,
+        _step_without_update,
+        _step_optimizer_step_directly,
+        _step_backward_on_unscaled_loss,
     ],
     "ch04_autocast_dtype": [
         _dtype_always_bf16,

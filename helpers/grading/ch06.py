@@ -1,4 +1,4 @@
-"""Graded checks of chapter 06 (Flash Attention): SDPA in the attention block and
+"""Graded checks of chapter 06 (Flash Attention): the attention block's forward with SDPA and
 the online softmax of two tiles.
 
 Every chapter module has the same shape: ``SECTIONS`` (grade id -> the section a failed check's hint
@@ -24,49 +24,92 @@ def _reread(grade_id: str) -> str:
     return reread(SECTIONS[grade_id])
 
 
-def check_sdpa_attention(fn: Callable[..., Any]) -> None:
-    """Check ``causal_attention(q, k, v)`` written with SDPA: same output and gradients as the
-    manual reference (fp32, relative error < 1e-4), and no (T, T) tensor allocated in forward or
-    backward, measured by recording the shape of every tensor the ops return.
-
-    Raises:
-        AssertionError: with a hint, for a wrong result or a materialised (T, T) tensor.
-    """
+def _attention_block():
+    """A manual-attention block of the course's model (T = 96, C = 48, 3 heads of size 16, so no
+    weight or activation is (T, T)), an input x (B, T, C) and an upstream gradient for backward."""
     import torch
 
+    from helpers.core.model import CausalSelfAttention, GPTConfig
+
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(GPTConfig(block_size=96, n_embd=48, n_head=3), attention="manual")
+    x, grad_out = torch.randn(2, 96, 48), torch.randn(2, 96, 48)
+    return attn, x, grad_out
+
+
+def _forward_backward(forward, attn, x, grad_out):
+    """(output, dx, dW of c_attn, dW of c_proj, the (op, shape) of every (..., T, T) tensor
+    allocated) of ``forward(attn, x)`` and its backward with ``grad_out``."""
     from helpers.chapters import ch06_attention as attention
     from helpers.measure import hardware
 
+    T = x.size(1)
+    attn.zero_grad(set_to_none=True)
+    xx = x.detach().clone().requires_grad_(True)
+    rec = attention.TensorShapeRecorder()
+    # CPU tensors: the CPU's fused kernel, also while a T4 is emulated
+    with rec, hardware.cpu_sdpa_kernels():
+        out = forward(attn, xx)
+        if out is None or tuple(out.shape) != tuple(x.shape):
+            return out, None, None, None, []
+        if out.requires_grad:
+            out.backward(grad_out)
+    square = [(op, s) for op, s in rec.shapes if len(s) >= 2 and s[-1] == s[-2] == T]
+    grads = (xx.grad, attn.c_attn.weight.grad, attn.c_proj.weight.grad)
+    return (out.detach(), *grads, square)
+
+
+def check_sdpa_attention(fn: Callable[..., Any]) -> None:
+    """Check ``sdpa_block_forward(attn, x)``, the forward of the model's attention block
+    (``helpers.core.model.CausalSelfAttention``) written with SDPA, on a small block on the CPU:
+    the same output and gradients (of x and of both projections) as the block's own forward with
+    manual attention (fp32, relative error < 1e-4), and no (T, T) tensor allocated in forward or
+    backward (the shape of every tensor the ops return is recorded). A wrong output is compared
+    with the usual mistakes (no causal mask, the scale applied twice, softmax over the queries,
+    heads split without the transpose, no output projection) to name the one made.
+
+    Raises:
+        AssertionError: with a hint.
+    """
+    from helpers.chapters import ch06_attention as attention
+
     gid = "ch06_sdpa_attention"
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 3, 96, 16) for _ in range(3))
-    with (
-        hardware.cpu_sdpa_kernels()
-    ):  # CPU tensors: the CPU's fused kernel, also while a T4 is emulated
-        out = fn(q, k, v)
+    attn, x, grad_out = _attention_block()
+    out, dx, dw_attn, dw_proj, square = _forward_backward(fn, attn, x, grad_out)
+    B, T, C = x.shape
     if out is None:
         raise AssertionError(
-            f"causal_attention returned None: return the attention output. {_reread(gid)}"
+            f"sdpa_block_forward returned None: return the block's output. {_reread(gid)}"
         )
-    ref = attention.manual_attention(q, k, v)
-    if tuple(out.shape) != tuple(ref.shape):
+    if tuple(out.shape) != (B, T, C):
         raise AssertionError(
-            f"causal_attention returned shape {tuple(out.shape)}, "
-            f"expected {tuple(ref.shape)} = (B, nh, T, hs). {_reread(gid)}"
+            f"sdpa_block_forward returned shape {tuple(out.shape)}, expected {(B, T, C)} = "
+            f"(B, T, C): merge the heads back with y.transpose(1, 2).contiguous().view(B, T, C). "
+            f"{_reread(gid)}"
         )
+    ref, *ref_grads, _ = _forward_backward(lambda a, t: a(t), attn, x, grad_out)
     err = attention.relative_error(out, ref)
     if not err < 1e-4:
-        with hardware.cpu_sdpa_kernels():
-            noncausal = attention.relative_error(
-                torch.nn.functional.scaled_dot_product_attention(q, k, v), out
-            )
-        why = (
-            "the output matches attention *without* the causal mask: pass is_causal=True."
-            if noncausal < 1e-4
-            else f"relative error {err:.2e} against the manual causal attention."
+        for mistake, hint in _BLOCK_MISTAKES:
+            wrong = _forward_backward(mistake, attn, x, grad_out)[0]
+            if attention.relative_error(out, wrong) < 1e-4:
+                raise AssertionError(f"the output matches {hint} {_reread(gid)}")
+        raise AssertionError(
+            f"relative error {err:.2e} against the block's manual attention: project with "
+            "attn.c_attn, split q, k, v into (B, nh, T, hs), "
+            "F.scaled_dot_product_attention(q, k, v, is_causal=True), merge the heads, project "
+            f"with attn.c_proj. {_reread(gid)}"
         )
-        raise AssertionError(f"{why} {_reread(gid)}")
-    square = attention.square_score_tensors(fn, q, k, v)
+    for name, got, want in zip(
+        ("x", "attn.c_attn.weight", "attn.c_proj.weight"), (dx, dw_attn, dw_proj), ref_grads
+    ):
+        grad_err = 1.0 if got is None else attention.relative_error(got, want)
+        if not grad_err < 1e-4:
+            raise AssertionError(
+                f"the gradient of {name} is {'missing' if got is None else 'wrong'} "
+                f"(relative error {grad_err:.2e}): build the output from attn's layers with "
+                f"differentiable ops only (no torch.no_grad, .detach() or .data). {_reread(gid)}"
+            )
     if square:
         ops = sorted({op for op, _ in square})
         raise AssertionError(
@@ -75,9 +118,117 @@ def check_sdpa_attention(fn: Callable[..., Any]) -> None:
             f"call F.scaled_dot_product_attention(q, k, v, is_causal=True). {_reread(gid)}"
         )
     print(
-        f"PASS {gid}: same output as manual attention (rel. error {err:.1e}) and no (T, T) tensor "
-        "in forward or backward"
+        f"PASS {gid}: same output and gradients as the manual attention block "
+        "(rel. error < 1e-4) and no (T, T) tensor in forward or backward"
     )
+
+
+def _heads(attn, x):
+    """q, k, v of the block, each (B, nh, T, hs), as the model's forward makes them."""
+    B, T, C = x.shape
+    q, k, v = attn.c_attn(x).split(C, dim=2)
+    return [t.view(B, T, attn.n_head, C // attn.n_head).transpose(1, 2) for t in (q, k, v)]
+
+
+def _merge(attn, y):
+    """(B, nh, T, hs) -> c_proj of (B, T, C)."""
+    B, nh, T, hs = y.shape
+    return attn.c_proj(y.transpose(1, 2).contiguous().view(B, T, nh * hs))
+
+
+def _block_manual(attn, x):
+    import math
+
+    import torch
+
+    q, k, v = _heads(attn, x)
+    T = x.size(1)
+    att = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, nh, T, T)
+    att = att.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    return _merge(attn, att.softmax(dim=-1) @ v)
+
+
+def _block_not_causal(attn, x):
+    import torch.nn.functional as F
+
+    return _merge(attn, F.scaled_dot_product_attention(*_heads(attn, x)))
+
+
+def _block_mask_tensor(attn, x):
+    import torch
+    import torch.nn.functional as F
+
+    T = x.size(1)
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    return _merge(attn, F.scaled_dot_product_attention(*_heads(attn, x), attn_mask=mask))
+
+
+def _block_scaled_twice(attn, x):
+    import math
+
+    import torch.nn.functional as F
+
+    q, k, v = _heads(attn, x)
+    q = q / math.sqrt(q.size(-1))  # SDPA divides by sqrt(hs) again
+    return _merge(attn, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+def _block_softmax_over_queries(attn, x):
+    import math
+
+    import torch
+
+    q, k, v = _heads(attn, x)
+    T = x.size(1)
+    att = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+    att = att.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    return _merge(attn, att.softmax(dim=-2) @ v)  # normalised over the queries
+
+
+def _block_heads_not_transposed(attn, x):
+    import torch.nn.functional as F
+
+    B, T, C = x.shape
+    q, k, v = (
+        t.reshape(B, attn.n_head, T, C // attn.n_head)  # a view of (B, T, C), not (B, nh, T, hs)
+        for t in attn.c_attn(x).split(C, dim=2)
+    )
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return attn.c_proj(y.reshape(B, T, C))
+
+
+def _block_no_output_projection(attn, x):
+    import torch.nn.functional as F
+
+    B, T, C = x.shape
+    y = F.scaled_dot_product_attention(*_heads(attn, x), is_causal=True)
+    return y.transpose(1, 2).contiguous().view(B, T, C)
+
+
+# (a mistake, what the hint says when the learner's output matches it)
+_BLOCK_MISTAKES = [
+    (_block_not_causal, "attention *without* the causal mask: pass is_causal=True."),
+    (
+        _block_scaled_twice,
+        "q scaled by 1/sqrt(hs) twice: SDPA already scales the scores, so leave q as it is "
+        "(or pass scale=, not both).",
+    ),
+    (
+        _block_softmax_over_queries,
+        "a softmax over the queries (dim=-2): each query's weights over the keys must sum to 1, "
+        "a softmax over the last dim. SDPA does it right.",
+    ),
+    (
+        _block_heads_not_transposed,
+        "heads split with reshape(B, nh, T, hs) straight from (B, T, C): that mixes positions "
+        "and channels. Use view(B, T, nh, hs).transpose(1, 2), and transpose(1, 2) back before "
+        "view(B, T, C).",
+    ),
+    (
+        _block_no_output_projection,
+        "the heads merged but not projected: finish with attn.c_proj(y).",
+    ),
+]
 
 
 def check_online_softmax(fn: Callable[..., Any]) -> None:
@@ -128,26 +279,6 @@ def check_online_softmax(fn: Callable[..., Any]) -> None:
     )
 
 
-def _attention_manual(q, k, v):
-    from helpers.chapters import ch06_attention as attention
-
-    return attention.manual_attention(q, k, v)
-
-
-def _attention_not_causal(q, k, v):
-    import torch
-
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v)
-
-
-def _attention_mask_tensor(q, k, v):
-    import torch
-
-    T = q.size(-2)
-    mask = torch.ones(T, T, dtype=torch.bool).tril()
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-
-
 def _tiles_concatenate(s1, v1, s2, v2):
     import torch
 
@@ -179,6 +310,14 @@ CHECKS: dict[str, Callable[[Callable[..., Any]], None]] = {
 }
 
 WRONG_ANSWERS: dict[str, list[Callable[..., Any]]] = {
-    "ch06_sdpa_attention": [_attention_manual, _attention_not_causal, _attention_mask_tensor],
+    "ch06_sdpa_attention": [
+        _block_manual,
+        _block_not_causal,
+        _block_mask_tensor,
+        _block_scaled_twice,
+        _block_softmax_over_queries,
+        _block_heads_not_transposed,
+        _block_no_output_projection,
+    ],
     "ch06_online_softmax": [_tiles_concatenate, _tiles_no_rescale, _tiles_no_max],
 }

@@ -1,4 +1,4 @@
-"""Graded checks of chapter 07 (vocab padding): padding the vocabulary and
+"""Graded checks of chapter 07 (vocab padding): padding a built model's vocabulary and
 never sampling a padded id.
 
 Every chapter module has the same shape: ``SECTIONS`` (grade id -> the section a failed check's hint
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from helpers.grading.common import as_number, reread
+from helpers.grading.common import reread
 
 SECTIONS = {
     "ch07_pad_vocab": "chapter 07, section 2 (Padding the vocabulary)",
@@ -24,40 +24,96 @@ def _reread(grade_id: str) -> str:
     return reread(SECTIONS[grade_id])
 
 
-PAD_CASES = [
-    (50257, 64, 50304),
-    (50257, 128, 50304),
-    (50304, 64, 50304),
-    (768, 64, 768),
-    (1, 8, 8),
-    (65, 64, 128),
-]
+# (vocab size V, multiple, padded rows): unaligned, already aligned, a small multiple
+PAD_CASES = [(100, 64, 128), (128, 64, 128), (100, 8, 104)]
 
 
-def check_pad_vocab(fn: Callable[[int, int], int]) -> None:
-    """Check ``pad_vocab(n, multiple) -> int``: the smallest multiple of ``multiple`` that is >= n.
+def _tiny_unpadded_gpt(vocab_size: int):
+    import torch
+
+    from helpers.core.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    return GPT(GPTConfig(block_size=16, vocab_size=vocab_size, n_layer=1, n_head=2, n_embd=16))
+
+
+def check_pad_vocab(fn: Callable[..., Any]) -> None:
+    """Check ``pad_model_vocab(gpt, multiple)``, padding a built GPT's tied embedding / LM head in
+    place, on tiny GPTs on the CPU (vocab 100 to a multiple of 64 and of 8; vocab 128, already
+    aligned): one shared ``nn.Parameter`` of the smallest multiple >= V rows, the old rows first and
+    zeros after, ``gpt.config.vocab_multiple`` set, and the logits of the real ids unchanged (the
+    padded ones 0) in a forward pass.
 
     Raises:
         AssertionError: with a hint.
     """
+    import torch
+
     gid = "ch07_pad_vocab"
-    for n, m, want in PAD_CASES:
-        call = f"pad_vocab({n}, {m})"
-        got = as_number(fn(n, m), call, _reread(gid))
-        if got == want:
-            continue
-        if got < n:
-            why = f"{call} returned {got:g} < {n}: rounding down drops real tokens; round up."
-        elif n % m == 0:
-            why = f"{call} returned {got:g}: {n} is already a multiple of {m}, so it must stay {n}."
-        elif got % m:
-            why = f"{call} returned {got:g}, which is not a multiple of {m}."
-        else:
-            why = f"{call} returned {got:g}, expected {want} (the *smallest* multiple >= n)."
-        raise AssertionError(f"{why} {_reread(gid)}")
+    for V, m, want in PAD_CASES:
+        gpt = _tiny_unpadded_gpt(V)
+        old = gpt.lm_head.weight.detach().clone()  # (V, C)
+        idx = torch.randint(0, V, (2, 16), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            ref_logits, _ = gpt(idx)  # (B, T, V)
+        call = f"pad_model_vocab(gpt with V={V}, {m})"
+        returned = fn(gpt, m)
+        if isinstance(returned, torch.nn.Module):  # padded in place and returned: either is fine
+            gpt = returned
+        head, wte = gpt.lm_head.weight, gpt.transformer.wte.weight
+        if head is not wte:
+            raise AssertionError(
+                f"{call}: gpt.lm_head.weight and gpt.transformer.wte.weight are no longer one "
+                "tensor: weight tying is broken (two copies to store, update and keep apart). "
+                f"Make one nn.Parameter and assign that same object to both. {_reread(gid)}"
+            )
+        if not isinstance(head, torch.nn.Parameter) or not head.requires_grad:
+            raise AssertionError(
+                f"{call}: the padded weight is a {type(head).__name__} without gradients: wrap it "
+                f"in nn.Parameter so that the optimizer trains it. {_reread(gid)}"
+            )
+        rows = head.shape[0]
+        if rows != want:
+            if rows < V:
+                why = f"rounding down drops real tokens; round up to a multiple of {m}"
+            elif V % m == 0:
+                why = f"{V} is already a multiple of {m}, so it must stay {V}"
+            elif rows % m:
+                why = f"{rows} is not a multiple of {m}"
+            else:
+                why = f"expected {want}, the *smallest* multiple of {m} that is >= {V}"
+            raise AssertionError(f"{call}: the weight has {rows} rows: {why}. {_reread(gid)}")
+        new = head.detach()
+        if not torch.equal(new[:V], old):
+            raise AssertionError(
+                f"{call}: rows 0..{V - 1} are not the old weight's rows: copy the old (V, C) "
+                f"weight into the first V rows, so that token id i keeps row i. {_reread(gid)}"
+            )
+        if rows > V and new[V:].abs().max() > 0:
+            raise AssertionError(
+                f"{call}: the padded rows are not zero: start them at zero, as the course's "
+                "model does (their logits start at 0, and training only pushes them down). "
+                f"{_reread(gid)}"
+            )
+        if gpt.config.padded_vocab_size != rows:
+            raise AssertionError(
+                f"{call}: gpt.config.padded_vocab_size is {gpt.config.padded_vocab_size}, but the "
+                f"weight has {rows} rows: set gpt.config.vocab_multiple = {m}, so that code "
+                "reading the config (chapter 03's memory estimate, for one) sees the padded size. "
+                f"{_reread(gid)}"
+            )
+        with torch.no_grad():
+            logits, _ = gpt(idx)
+        if tuple(logits.shape) != (*idx.shape, want) or not (
+            torch.allclose(logits[..., :V], ref_logits, atol=1e-6) and (logits[..., V:] == 0).all()
+        ):
+            raise AssertionError(
+                f"{call}: the padded model's logits of real ids differ from the unpadded model's. "
+                f"{_reread(gid)}"
+            )
     print(
-        f"PASS {gid}: pad_vocab rounds up to the next multiple for {len(PAD_CASES)} cases, "
-        "aligned ones included"
+        f"PASS {gid}: {len(PAD_CASES)} tiny GPTs padded in place (aligned one included): one tied "
+        "weight, old rows kept, zero padded rows, the same logits for real ids"
     )
 
 
@@ -111,16 +167,72 @@ def check_masked_sampling(fn: Callable[..., Any]) -> None:
     )
 
 
-def _pad_always_add(n, m):
-    return n + m - n % m
+def _padded_weight(gpt, rows, fill=None, front=False):
+    import torch
+
+    old = gpt.lm_head.weight.detach()
+    extra = torch.zeros(rows - old.shape[0], old.shape[1]) if fill is None else fill
+    return torch.nn.Parameter(torch.cat([extra, old] if front else [old, extra]))
 
 
-def _pad_round_down(n, m):
-    return n // m * m
+def _rows(gpt, multiple):
+    V = gpt.config.vocab_size
+    return -(-V // multiple) * multiple
 
 
-def _pad_next_always(n, m):
-    return (n // m + 1) * m
+def _pad_untied(gpt, multiple):
+    w = _padded_weight(gpt, _rows(gpt, multiple))
+    gpt.lm_head.weight = w
+    gpt.transformer.wte.weight = _copy_parameter(w)
+    gpt.config.vocab_multiple = multiple
+
+
+def _copy_parameter(w):
+    import torch
+
+    return torch.nn.Parameter(w.detach().clone())
+
+
+def _pad_lm_head_only(gpt, multiple):
+    gpt.lm_head.weight = _padded_weight(gpt, _rows(gpt, multiple))
+    gpt.config.vocab_multiple = multiple
+
+
+def _pad_round_down(gpt, multiple):
+    import torch
+
+    rows = gpt.config.vocab_size // multiple * multiple
+    w = torch.nn.Parameter(gpt.lm_head.weight.detach()[:rows].clone())
+    gpt.lm_head.weight = gpt.transformer.wte.weight = w
+    gpt.config.vocab_multiple = multiple
+
+
+def _pad_always_add(gpt, multiple):
+    V = gpt.config.vocab_size
+    w = _padded_weight(gpt, V + multiple - V % multiple)
+    gpt.lm_head.weight = gpt.transformer.wte.weight = w
+    gpt.config.vocab_multiple = multiple
+
+
+def _pad_random_rows(gpt, multiple):
+    import torch
+
+    V, C = gpt.lm_head.weight.shape
+    fill = torch.randn(_rows(gpt, multiple) - V, C) * 0.02
+    w = _padded_weight(gpt, _rows(gpt, multiple), fill=fill)
+    gpt.lm_head.weight = gpt.transformer.wte.weight = w
+    gpt.config.vocab_multiple = multiple
+
+
+def _pad_rows_in_front(gpt, multiple):
+    w = _padded_weight(gpt, _rows(gpt, multiple), front=True)
+    gpt.lm_head.weight = gpt.transformer.wte.weight = w
+    gpt.config.vocab_multiple = multiple
+
+
+def _pad_config_unchanged(gpt, multiple):
+    w = _padded_weight(gpt, _rows(gpt, multiple))
+    gpt.lm_head.weight = gpt.transformer.wte.weight = w
 
 
 def _sample_unmasked(logits, vocab_size, generator):
@@ -146,6 +258,14 @@ CHECKS: dict[str, Callable[[Callable[..., Any]], None]] = {
 }
 
 WRONG_ANSWERS: dict[str, list[Callable[..., Any]]] = {
-    "ch07_pad_vocab": [_pad_always_add, _pad_round_down, _pad_next_always],
+    "ch07_pad_vocab": [
+        _pad_untied,
+        _pad_lm_head_only,
+        _pad_round_down,
+        _pad_always_add,
+        _pad_random_rows,
+        _pad_rows_in_front,
+        _pad_config_unchanged,
+    ],
     "ch07_masked_sampling": [_sample_unmasked, _sample_off_by_one, _sample_argmax],
 }
