@@ -110,14 +110,16 @@ def format_top(rows: list[dict], n: int = 10, width: int = 70) -> str:
 
 
 def top_markdown(rows: list[dict], n: int = 10, width: int = 70) -> str:
-    """:func:`format_top` as a Markdown table (kernel names in code font, shortened to ``width``
-    characters), for ``IPython.display.Markdown``."""
+    """:func:`format_top` as a Markdown table, for ``IPython.display.Markdown``: kernel names in
+    code font, shortened to ``width`` characters; a family's remainder row (``"remainder":
+    true``, not a kernel) in italics."""
     from helpers.measure.results import markdown_table
 
-    cells = [_top_cells(r, width) for r in rows[:n]]
-    return markdown_table(
-        ["ms/step", "calls", "family", "name"], [[*c[:3], f"`{c[3]}`"] for c in cells], "rrll"
-    )
+    cells = []
+    for r in rows[:n]:
+        ms, calls, family, name = _top_cells(r, width)
+        cells.append([ms, calls, family, f"*{name}*" if r.get("remainder") else f"`{name}`"])
+    return markdown_table(["ms/step", "calls", "family", "name"], cells, "rrll")
 
 
 # --------------------------------------------------------------------------------------------
