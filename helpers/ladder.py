@@ -20,6 +20,7 @@ from helpers.core import data
 from helpers.core.model import flops_per_token
 from helpers.core.train import RunConfig, default_shapes, slow_reason, unsupported_reason
 from helpers.measure import gpus, hardware, memory, results
+from helpers.measure.results import markdown_table as pipe_table
 from helpers.tools import cli
 
 # (name, switches added on top of the previous rung), read from the switch registry
@@ -200,60 +201,111 @@ def run_ladder(
     }
 
 
-def format_table(results: dict) -> str:
-    """The results as a fixed-width text table (one line per rung)."""
-    head = (
-        f"{'rung':<20} {'status':<9} {'ms/step':>9} {'spread':>7} {'tokens/s':>11} "
-        f"{'speed-up':>8} {'MFU':>6} {'peak mem':>10}  note"
-    )
-    base = next((r["name"] for r in results["rungs"] if r["status"] == "measured"), None)
-    lines = [
-        f"{results['device']} | torch {results['torch']} | B={results['config']['batch_size']} "
-        f"T={results['config']['seq_len']} | {results['date']}",
+# The table's columns: (header, fixed-width format spec, Markdown alignment); "note" goes last.
+_TABLE_COLUMNS = [
+    ("rung", "<20", "l"),
+    ("status", "<9", "l"),
+    ("ms/step", ">9", "r"),
+    ("spread", ">7", "r"),
+    ("tokens/s", ">11", "r"),
+    ("speed-up", ">8", "r"),
+    ("MFU", ">6", "r"),
+    ("peak mem", ">10", "r"),
+    ("note", "", "l"),
+]
+
+
+def _table_parts(results: dict, from_rung: str | None = None):
+    """What both tables show: (device line, lines above the table, one list of cell strings per
+    rung, lines below), so the text and the Markdown table can never disagree."""
+    rungs = results["rungs"]
+    base = next((r["name"] for r in rungs if r["status"] == "measured"), None)
+    cfg = results["config"]
+    device = (results["device"], results["torch"], cfg["batch_size"], cfg["seq_len"])
+    above = [
         f"speed-up is relative to the first measured rung ({base}); "
         "spread = (max - min) / median of the timed steps"
         if base is not None
-        else "no rung was measured here (see the reasons below)",
-        head,
-        "-" * len(head),
+        else "no rung was measured here (see the reasons below)"
     ]
-    measured = [r for r in results["rungs"] if r["status"] == "measured"]
+    measured = [r for r in rungs if r["status"] == "measured"]
     shared = {r["reason"] for r in measured}
     # e.g. why no MFU: said once
     shared_note = shared.pop() if len(shared) == 1 and len(measured) > 1 else "ok"
     if shared_note != "ok":
-        lines.insert(2, f"note for every measured rung: {shared_note}")
-    for r in results["rungs"]:
+        above.append(f"note for every measured rung: {shared_note}")
+    if from_rung is not None:
+        names = [r["name"] for r in rungs]
+        if from_rung not in names:
+            raise ValueError(f"no rung named {from_rung!r} in this ladder: {names}")
+        rungs = rungs[names.index(from_rung) :]
+    cells = []
+    for r in rungs:
         if r["status"] == "measured":
-            mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
-            note = "" if r["reason"] in ("ok", shared_note) else r["reason"]
-            lines.append(
-                f"{r['name']:<20} {r['status']:<9} {r['ms_per_step']:>9.1f} "
-                f"{r.get('spread_pct', 0):>6.0f}% {r['tokens_per_s']:>11,.0f} "
-                f"{r['speedup']:>7.2f}x {mfu:>6} "
-                f"{memory.format_bytes(r['peak_mem_bytes']):>10}  {note}"
+            cells.append(
+                [
+                    r["name"],
+                    r["status"],
+                    f"{r['ms_per_step']:.1f}",
+                    f"{r.get('spread_pct', 0):.0f}%",
+                    f"{r['tokens_per_s']:,.0f}",
+                    f"{r['speedup']:.2f}x",
+                    f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-",
+                    memory.format_bytes(r["peak_mem_bytes"]),
+                    "" if r["reason"] in ("ok", shared_note) else r["reason"],
+                ]
             )
         else:
-            lines.append(
-                f"{r['name']:<20} {r['status']:<9} {'-':>9} {'-':>7} {'-':>11} {'-':>8} "
-                f"{'-':>6} {'-':>10}  {r['reason']}"
-            )
-    noisy = [
-        r["name"]
-        for r in results["rungs"]
-        if r["status"] == "measured" and r.get("spread_pct", 0) > 25
-    ]
+            cells.append([r["name"], r["status"], *["-"] * 6, r["reason"]])
+    below = []
+    noisy = [r["name"] for r in rungs if r["status"] == "measured" and r.get("spread_pct", 0) > 25]
     if noisy:
         where = (
             "the CPU was shared"
             if str(results.get("device", "")).startswith("cpu")
             else "the GPU was not warm"
         )
-        lines.append(
+        below.append(
             f"warning: steps varied by more than 25% in {noisy}: the machine was busy or {where}; "
             f"re-run with more --iters before trusting small differences"
         )
-    return "\n".join(lines)
+    return device, above, cells, below
+
+
+def format_table(results: dict, from_rung: str | None = None) -> str:
+    """The results as a fixed-width text table (one line per rung; from the rung named
+    ``from_rung`` on, if given: speed-ups stay relative to the first measured rung).
+    :func:`markdown_table` is the same table for a rendered notebook.
+
+    Raises:
+        ValueError: ``from_rung`` names no rung of ``results``.
+    """
+    (name, torch_version, b, t), above, cells, below = _table_parts(results, from_rung)
+    head = " ".join(f"{h:{spec}}" for h, spec, _ in _TABLE_COLUMNS[:-1]) + "  note"
+    lines = [f"{name} | torch {torch_version} | B={b} T={t} | {results['date']}", *above]
+    lines += [head, "-" * len(head)]
+    for row in cells:
+        specs = [spec for _, spec, _ in _TABLE_COLUMNS[:-1]]
+        fixed = " ".join(f"{c:{spec}}" for c, spec in zip(row[:-1], specs, strict=True))
+        lines.append(f"{fixed}  {row[-1]}")
+    return "\n".join(lines + below)
+
+
+def markdown_table(results: dict, from_rung: str | None = None) -> str:
+    """:func:`format_table` as Markdown, for ``IPython.display.Markdown``: the device line, the
+    notes, then a real table (rung names in code font; no "note" column when no rung has a note),
+    then any warning. A rendered notebook shows it as a table where the fixed-width text would
+    wrap.
+
+    Raises:
+        ValueError: ``from_rung`` names no rung of ``results``.
+    """
+    (name, torch_version, b, t), above, cells, below = _table_parts(results, from_rung)
+    columns = _TABLE_COLUMNS if any(row[-1] for row in cells) else _TABLE_COLUMNS[:-1]
+    rows = [[f"`{row[0]}`", *row[1 : len(columns)]] for row in cells]
+    table = pipe_table([h for h, _, _ in columns], rows, "".join(a for _, _, a in columns))
+    head = f"**{name}**, torch {torch_version}, B={b}, T={t}, {results['date']}"
+    return "\n\n".join([head, *above, table, *below])
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

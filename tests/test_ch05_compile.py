@@ -11,7 +11,7 @@ import torch
 from helpers.chapters import ch05_compile as compilation
 from helpers.core import train
 from helpers.core.model import GPTConfig
-from helpers.measure import hardware
+from helpers.measure import hardware, results
 
 TINY = GPTConfig(block_size=16, vocab_size=256, n_layer=1, n_head=2, n_embd=32)
 needs_compile = pytest.mark.skipif(
@@ -195,3 +195,17 @@ def test_chapter_run_is_the_pre_compile_rung_on_cpu():
         "fp32",
         None,
     )
+
+
+def test_rows_markdown_has_the_text_tables_cells():
+    rows = results.load("h200-compile-modes.json")["rows"]
+    text = compilation.format_rows(rows).splitlines()[1:]
+    md = compilation.rows_markdown(rows).splitlines()
+    assert md[:2] == [
+        "| mode | ran as | first step (s) | step (ms) | compile (s) | note |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for text_row, md_row in zip(text, md[2:], strict=True):
+        assert (
+            text_row.split() == " ".join(md_row.strip("| ").split(" | ")).replace("`", "").split()
+        )

@@ -106,6 +106,18 @@ def test_load_table_and_provenance_line():
         profiling.load_table(profiling.SHIPPED_TABLE, 3)
 
 
+def test_top_markdown_has_the_text_tables_rows_with_names_in_code_font():
+    kernels = profiling.load_table(profiling.SHIPPED_TABLE, 16)[1]["kernels"]
+    text = profiling.format_top(kernels, 5).splitlines()[1:]
+    md = profiling.top_markdown(kernels, 5).splitlines()
+    assert md[:2] == ["| ms/step | calls | family | name |", "|---:|---:|---|---|"] and len(md) == 7
+    for text_row, md_row, kernel in zip(text, md[2:], kernels[:5], strict=True):
+        ms, calls, family, name = md_row.strip("| ").split(" | ")
+        assert text_row.split()[:2] == [ms, calls] and family == kernel["family"]
+        marks = "*" if kernel.get("remainder") else "`"  # a remainder row is not a kernel name
+        assert name.startswith(marks) and name.strip(marks) == text_row[31:]
+
+
 @pytest.mark.parametrize(
     "rows,step_ms,low,want",
     [

@@ -428,3 +428,37 @@ def test_checklist_of_a_committed_result_names_its_device():
     items = capstone.checklist(synthetic(), where="on the H200")
     assert all("here" not in i["verdict"] for i in items)
     assert any(i["verdict"].startswith("faster on the H200") for i in items)
+
+
+def test_comparison_markdown_is_the_text_tables_cells_as_a_real_table(published, h200):
+    measured = {"H200 B=16": h200, "here": synthetic()}
+    rows = capstone.comparison_rows(measured, published)
+    text = capstone.format_comparison(rows, published, measured)
+    md = capstone.comparison_markdown(rows, published, measured).splitlines()
+    head = md.index(
+        "| stage | A100 published | T4 published | H200 B=16 measured | here measured |"
+    )
+    assert md[head + 1] == "|---|---:|---:|---:|---:|"
+    text_rows = text.splitlines()[3 : 3 + len(rows)]
+    md_rows = md[head + 2 : head + 2 + len(rows)]
+    for text_row, md_row in zip(text_rows, md_rows, strict=True):
+        # the same cells: the text's columns are 2+ spaces apart, the Markdown's " | " apart
+        assert re.split(r"\s{2,}", text_row.strip()) == md_row.strip("| ").split(" | ")
+    assert "- seed-000: " in "\n".join(md) and "**measured:**" in md
+
+
+def test_selection_markdown_draws_the_explorers_opening_state(h200):
+    w = capstone.explorer({"H200 B=16": h200})
+    _, boxes, _ = w.children
+    ticked = capstone.default_selection(h200)
+    assert [b.value for b in boxes.children] == ticked
+    md = capstone.selection_markdown(h200, ticked)
+    last = h200["rungs"][-1]
+    assert md.startswith(f"**{h200['device']}, B={h200['config']['batch_size']}")
+    assert md.count("| \u2611 |") == 1 + sum(ticked) and "\u2610" not in md
+    assert f"**measured:** {last['ms_per_step']:.1f} ms/step" in md
+    gap = [n in ("+ tf32", "+ torch.compile") for n in (r["name"] for r in h200["rungs"][1:])]
+    md = capstone.selection_markdown(h200, gap)
+    assert md.count("| \u2611 |") == 3 and "not measured: the ladder adds switches" in md
+    with pytest.raises(ValueError, match="one per rung"):
+        capstone.selection_markdown(h200, [True])

@@ -673,3 +673,13 @@ def test_a_recipe_is_asked_by_profile_name_and_a_wrong_name_says_what_exists():
         t4_colab.recommend_recipe("T5")
     reasons = {c.switch: c.reason for c in t4_colab.recommend_recipe("T4")}
     assert "compute capability 7.5" in reasons["matmul_precision"]
+
+
+def test_profiles_markdown_is_the_profile_table_as_a_real_table():
+    text = gpus.format_profiles().splitlines()
+    md = gpus.profiles_markdown().splitlines()
+    assert md[0].startswith("| profile | sm | GB | GB/s | fp32 TFLOP/s |")
+    n = len(gpus.PROFILES)
+    for text_row, md_row in zip(text[2 : 2 + n], md[2 : 2 + n], strict=True):
+        assert text_row.split() == " ".join(md_row.strip("| ").split(" | ")).split()
+    assert "- T4: NVIDIA T4 Tensor Core GPU datasheet (2019)" in md

@@ -5,7 +5,7 @@ import torch
 
 from helpers import bench, ladder
 from helpers.core.train import RunConfig
-from helpers.measure import gpus, hardware
+from helpers.measure import gpus, hardware, results
 
 
 def test_rungs_are_cumulative_and_skip_what_the_cpu_cannot_run(monkeypatch):
@@ -406,3 +406,22 @@ def test_ladder_plot_without_a_suffix_is_written_and_reported_as_png(tmp_path, c
     assert (
         tmp_path / "ladder.png"
     ).is_file() and f"wrote {tmp_path / 'ladder.png'}" in capsys.readouterr().out
+
+
+def test_markdown_table_has_the_text_tables_cells_and_can_start_at_a_rung():
+    ref = results.load("h200-ladder-b64.json")
+    text = ladder.format_table(ref).splitlines()
+    md = ladder.markdown_table(ref).split("\n\n")
+    assert md[0] == f"**{ref['device']}**, torch {ref['torch']}, B=64, T=1024, {ref['date']}"
+    table = md[2].splitlines()
+    assert table[0] == "| rung | status | ms/step | spread | tokens/s | speed-up | MFU | peak mem |"
+    for text_row, md_row in zip(text[4:], table[2:], strict=True):  # no notes: no note column
+        cells = md_row.strip("| ").split(" | ")
+        assert cells[0] == f"`{text_row[:20].strip()}`"
+        assert text_row[20:].split() == " ".join(cells[1:]).split()
+    part = ladder.markdown_table(ref, from_rung="+ fused AdamW").split("\n\n")[2].splitlines()
+    assert part[2].startswith("| `+ fused AdamW` | measured | 124.5 | 15% |") and len(part) == 9
+    with pytest.raises(ValueError, match="no rung named 'nope'"):
+        ladder.markdown_table(ref, from_rung="nope")
+    cpu = ladder.markdown_table(results.load("cpu-ladder-2026-12-01.json"))
+    assert "| peak mem | note |" in cpu and "| skipped | - | - |" in cpu  # skipped rows say why

@@ -1,3 +1,5 @@
+import pytest
+
 from helpers import ladder
 from helpers.measure import results
 
@@ -12,3 +14,24 @@ def test_missing_result_is_none_with_advice(tmp_path, monkeypatch):
     monkeypatch.setenv(results.RESULTS_DIR_ENV, str(tmp_path))
     assert results.load("nope.json") is None
     assert "clone the course repository" in results.missing("nope.json")
+
+
+def test_markdown_table_writes_cells_as_given_and_escapes_pipes():
+    md = results.markdown_table(
+        ["rung", "ms/step", "note"],
+        [["fp32", f"{366.5626:.1f}", None], ["a | b", 12, "two\nlines"]],
+        align="lrl",
+    )
+    assert md.splitlines() == [
+        "| rung | ms/step | note |",
+        "|---|---:|---|",
+        "| fp32 | 366.6 | - |",
+        "| a \\| b | 12 | two lines |",
+    ]
+
+
+def test_markdown_table_refuses_a_row_or_alignment_of_the_wrong_length():
+    with pytest.raises(ValueError, match="row 1 has 1 cells, the header 2"):
+        results.markdown_table(["a", "b"], [[1, 2], [3]])
+    with pytest.raises(ValueError, match="one 'l' or 'r' per column"):
+        results.markdown_table(["a", "b"], [], align="lc")

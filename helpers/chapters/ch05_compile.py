@@ -335,29 +335,52 @@ def break_even_steps(compile_s: float, eager_ms: float, compiled_ms: float) -> f
     return float(math.ceil(compile_s / saved_s))
 
 
+_ROW_COLUMNS = [  # (header, fixed-width spec, Markdown alignment); "note" comes last
+    ("mode", "<27", "l"),
+    ("ran as", "<9", "l"),
+    ("first step (s)", ">14", "r"),
+    ("step (ms)", ">10", "r"),
+    ("compile (s)", ">11", "r"),
+    ("note", "", "l"),
+]
+
+
+def _row_cells(r: dict) -> list[str]:
+    if r["status"] != "measured":
+        return [r["mode"], "-", "-", "-", "-", f"skipped: {r['reason']}"]
+    cs = f"{r['compile_s']:.1f}" if r["compile_s"] is not None else "-"
+    return [
+        r["mode"],
+        "compiled" if r["compiled"] else "eager",
+        f"{r['first_step_ms'] / 1e3:.1f}",
+        f"{r['ms_per_step']:.1f}",
+        cs,
+        "" if r["compiled"] else r["reason"],
+    ]
+
+
 def format_rows(rows: list[dict]) -> str:
     """A fixed-width table of :func:`measure_step` rows, one line each, units in the header. The
-    "ran as" column says what the timed steps really ran: "compiled", or "eager" with the reason."""
-    lines = [
-        f"{'mode':<27} {'ran as':<9} {'first step (s)':>14} {'step (ms)':>10} "
-        f"{'compile (s)':>11}  note"
-    ]
+    "ran as" column says what the timed steps really ran: "compiled", or "eager" with the reason.
+    :func:`rows_markdown` is the same table for a rendered notebook."""
+    specs = [spec for _, spec, _ in _ROW_COLUMNS[:-1]]
+    lines = [" ".join(f"{h:{spec}}" for h, spec, _ in _ROW_COLUMNS[:-1]) + "  note"]
     for r in rows:
-        if r["status"] != "measured":
-            lines.append(
-                f"{r['mode']:<27} {'-':<9} {'-':>14} {'-':>10} {'-':>11}  skipped: {r['reason']}"
-            )
-            continue
-        ran = "compiled" if r["compiled"] else "eager"
-        cs = f"{r['compile_s']:.1f}" if r["compile_s"] is not None else "-"
-        note = "" if r["compiled"] else r["reason"]
-        lines.append(
-            (
-                f"{r['mode']:<27} {ran:<9} {r['first_step_ms'] / 1e3:>14.1f} "
-                f"{r['ms_per_step']:>10.1f} {cs:>11}  {note}"
-            ).rstrip()
-        )
+        cells = _row_cells(r)
+        fixed = " ".join(f"{c:{spec}}" for c, spec in zip(cells[:-1], specs, strict=True))
+        lines.append(f"{fixed}  {cells[-1]}".rstrip())
     return "\n".join(lines)
+
+
+def rows_markdown(rows: list[dict]) -> str:
+    """:func:`format_rows` as a Markdown table, for ``IPython.display.Markdown``."""
+    from helpers.measure.results import markdown_table
+
+    return markdown_table(
+        [h for h, _, _ in _ROW_COLUMNS],
+        [[f"`{c[0]}`", *c[1:]] for c in map(_row_cells, rows)],
+        "".join(a for _, _, a in _ROW_COLUMNS),
+    )
 
 
 # ----------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from helpers import ladder, switches
 from helpers.core.train import RunConfig
 from helpers.measure import hardware
 from helpers.measure.gpus import PROFILES, GPUProfile
+from helpers.measure.results import markdown_table
 
 
 @dataclass(frozen=True)
@@ -158,16 +159,13 @@ def recipe_markdown(choices: list[RecipeChoice]) -> str:
     ``IPython.display.Markdown``: a rendered notebook wraps its cells instead of clipping a wide
     text table."""
     chapter = {s.field: s.chapter for s in switches.SWITCHES}
-    lines = ["| switch | value | taught in | reason |", "|---|---|---|---|"]
-    lines += [
-        f"| `{ch.switch}` | `{ch.value!s}` | {chapter.get(ch.switch, '03')} | {_cell(ch.reason)} |"
-        for ch in choices
-    ]
-    return "\n".join(lines)
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "/").replace("\n", " ")
+    return markdown_table(
+        ["switch", "value", "taught in", "reason"],
+        [
+            [f"`{ch.switch}`", f"`{ch.value!s}`", chapter.get(ch.switch, "03"), ch.reason]
+            for ch in choices
+        ],
+    )
 
 
 def row_text(row: dict) -> str:
@@ -184,13 +182,10 @@ def compare_markdown(left: list[dict], right: list[dict], heads: tuple[str, str]
     """Two ladders' rows side by side as a Markdown table, rung by rung: each side's rung name
     (they differ where a rung changes, e.g. the autocast rung on a T4) and :func:`row_text`.
     ``heads``: the two sides' names, e.g. ("H200", "emulated T4")."""
-    lines = [
-        f"| rung | {heads[0]} | rung | {heads[1]} |",
-        "|---|---|---|---|",
-    ]
-    for a, b in zip(left, right):
-        lines.append(f"| {a['name']} | {_cell(row_text(a))} | {b['name']} | {_cell(row_text(b))} |")
-    return "\n".join(lines)
+    return markdown_table(
+        ["rung", heads[0], "rung", heads[1]],
+        [[a["name"], row_text(a), b["name"], row_text(b)] for a, b in zip(left, right)],
+    )
 
 
 def recipe_run_config(choices, batch_size: int, seq_len: int, name: str = "recipe") -> RunConfig:

@@ -93,14 +93,33 @@ def suggest_chapter(rows: Iterable[dict], step_ms: float, low_precision: bool) -
     return CHAPTER_FOR_FAMILY[dominant]
 
 
+def _top_cells(r: dict, width: int) -> list[str]:
+    name = r["name"] if len(r["name"]) <= width else r["name"][: width - 3] + "..."
+    calls = f"{r['calls']:.0f}" if r.get("calls") is not None else "-"
+    return [f"{r['ms']:.3f}", calls, r["family"], name]
+
+
 def format_top(rows: list[dict], n: int = 10, width: int = 70) -> str:
-    """The first ``n`` rows as an aligned text table (names shortened to ``width`` characters)."""
+    """The first ``n`` rows as an aligned text table (names shortened to ``width`` characters).
+    :func:`top_markdown` is the same table for a rendered notebook."""
     lines = [f"{'ms/step':>8} {'calls':>6}  {'family':<13} name"]
     for r in rows[:n]:
-        name = r["name"] if len(r["name"]) <= width else r["name"][: width - 3] + "..."
-        calls = f"{r['calls']:.0f}" if r.get("calls") is not None else "-"
-        lines.append(f"{r['ms']:8.3f} {calls:>6}  {r['family']:<13} {name}")
+        ms, calls, family, name = _top_cells(r, width)
+        lines.append(f"{ms:>8} {calls:>6}  {family:<13} {name}")
     return "\n".join(lines)
+
+
+def top_markdown(rows: list[dict], n: int = 10, width: int = 70) -> str:
+    """:func:`format_top` as a Markdown table, for ``IPython.display.Markdown``: kernel names in
+    code font, shortened to ``width`` characters; a family's remainder row (``"remainder":
+    true``, not a kernel) in italics."""
+    from helpers.measure.results import markdown_table
+
+    cells = []
+    for r in rows[:n]:
+        ms, calls, family, name = _top_cells(r, width)
+        cells.append([ms, calls, family, f"*{name}*" if r.get("remainder") else f"`{name}`"])
+    return markdown_table(["ms/step", "calls", "family", "name"], cells, "rrll")
 
 
 # --------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from helpers import switches
 from helpers.core.model import GPT, GPTConfig
 from helpers.core.train import RunConfig
 from helpers.measure import memory
+from helpers.measure.results import markdown_table as pipe_table
 
 PUBLISHED_FILE = "published-seed-figures.json"
 
@@ -361,19 +362,15 @@ def comparison_rows(measured: dict[str, dict], published: dict | None) -> list[d
     return out
 
 
-def format_comparison(rows: list[dict], published: dict, measured: dict[str, dict]) -> str:
-    """The comparison as a text table: published columns first (A100, T4, labelled "published"),
-    then measured columns (labelled "measured"), each cell "ms (speed-up)"; then where each number
-    comes from and which measured rung each stage was matched to."""
-    pub_cols = [f"{g} published" for g in published["gpus"]]
-    mes_cols = [f"{label} measured" for label in measured]
-    w = max(18, *(len(c) for c in pub_cols + mes_cols))
-    head = f"{'stage':<26}" + "".join(f"{c:>{w + 2}}" for c in pub_cols + mes_cols)
-    lines = [
-        "ms per training step (speed-up over the same column's FP32 row); '-' = no such step",
-        head,
-        "-" * len(head),
-    ]
+COMPARISON_TITLE = (
+    "ms per training step (speed-up over the same column's FP32 row); '-' = no such step"
+)
+
+
+def _comparison_parts(rows: list[dict], published: dict, measured: dict[str, dict]):
+    """What both comparison tables show: (column heads, one list of cell strings per stage,
+    the "published:" source lines, the "measured:" source lines)."""
+    heads = [f"{g} published" for g in published["gpus"]] + [f"{m} measured" for m in measured]
 
     def cell(v):
         return (
@@ -384,40 +381,71 @@ def format_comparison(rows: list[dict], published: dict, measured: dict[str, dic
             else f"{v['ms']:.1f}"
         )
 
-    for r in rows:
-        cells = [cell(r["published"][g]) for g in published["gpus"]] + [
-            cell(r["measured"][m]) for m in measured
-        ]
-        lines.append(f"{r['stage']:<26}" + "".join(f"{c:>{w + 2}}" for c in cells))
-    lines.append("published:")
+    cells = [
+        [r["stage"]]
+        + [cell(r["published"][g]) for g in published["gpus"]]
+        + [cell(r["measured"][m]) for m in measured]
+        for r in rows
+    ]
+    pub_lines = []
     for key in sorted({published["gpus"][g]["source"] for g in published["gpus"]}):
         src = published["sources"][key]
         title = src["title"] or f"untitled ({src.get('title_note', '')})"
-        lines.append(
-            f"  {key}: {title}; author: {src['author'] or 'not given'}; "
+        pub_lines.append(
+            f"{key}: {title}; author: {src['author'] or 'not given'}; "
             f"url: {src['url'] or 'not given'}; file {src['file']}"
         )
     setup = published.get("setup", {})
     batch = setup.get("batch_size") or {}
     for g, info in published["gpus"].items():
         b = batch.get(g) if isinstance(batch, dict) else batch
-        lines.append(
-            f"  {g}: {info['name']}, T={setup.get('seq_len')}, "
+        pub_lines.append(
+            f"{g}: {info['name']}, T={setup.get('seq_len')}, "
             f"B={b if b is not None else 'not stated'}"
         )
     if setup.get("compile_mode"):
-        lines.append(f"  torch.compile mode: {setup['compile_mode']}")
-    lines.append("measured:")
+        pub_lines.append(f"torch.compile mode: {setup['compile_mode']}")
+    mes_lines = []
     for label, res in measured.items():
         cfg = res["config"]
         mapping = ", ".join(
             f"{r['stage']} = {r['measured'][label]['rung']}" for r in rows if r["measured"][label]
         )
-        lines.append(
-            f"  {label}: {res['device']}, torch {res['torch']}, {res['date']}, "
+        mes_lines.append(
+            f"{label}: {res['device']}, torch {res['torch']}, {res['date']}, "
             f"B={cfg['batch_size']}, T={cfg['seq_len']}; rungs: {mapping}"
         )
+    return heads, cells, pub_lines, mes_lines
+
+
+def format_comparison(rows: list[dict], published: dict, measured: dict[str, dict]) -> str:
+    """The comparison as a text table: published columns first (A100, T4, labelled "published"),
+    then measured columns (labelled "measured"), each cell "ms (speed-up)"; then where each number
+    comes from and which measured rung each stage was matched to. :func:`comparison_markdown` is
+    the same table for a rendered notebook."""
+    heads, cells, pub_lines, mes_lines = _comparison_parts(rows, published, measured)
+    w = max(18, *(len(c) for c in heads))
+    head = f"{'stage':<26}" + "".join(f"{c:>{w + 2}}" for c in heads)
+    lines = [COMPARISON_TITLE, head, "-" * len(head)]
+    lines += [f"{c[0]:<26}" + "".join(f"{x:>{w + 2}}" for x in c[1:]) for c in cells]
+    lines += ["published:", *(f"  {line}" for line in pub_lines)]
+    lines += ["measured:", *(f"  {line}" for line in mes_lines)]
     return "\n".join(lines)
+
+
+def comparison_markdown(rows: list[dict], published: dict, measured: dict[str, dict]) -> str:
+    """:func:`format_comparison` as Markdown, for ``IPython.display.Markdown``: the same title, a
+    real table (one column per GPU, published first) and the same sources as two lists."""
+    heads, cells, pub_lines, mes_lines = _comparison_parts(rows, published, measured)
+    table = pipe_table(["stage", *heads], cells, "l" + "r" * len(heads))
+    return "\n\n".join(
+        [
+            COMPARISON_TITLE,
+            table,
+            "**published:**\n\n" + "\n".join(f"- {line}" for line in pub_lines),
+            "**measured:**\n\n" + "\n".join(f"- {line}" for line in mes_lines),
+        ]
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -434,16 +462,9 @@ def _row_line(row: dict) -> str:
     )
 
 
-def describe_selection(results: dict, enabled: Sequence[bool]) -> str:
-    """What the ladder measured for the optimisations switched on in ``enabled``.
-
-    ``enabled`` has one bool per rung after the first (the first rung is the baseline, always on).
-    The ladder measured cumulative configurations only: rungs 1..k on, the rest off (skipped rungs
-    must stay off: they never ran). Any other selection is explained, not guessed.
-
-    Raises:
-        ValueError: if ``enabled`` does not have one entry per optimisation rung.
-    """
+def _selection(results: dict, enabled: Sequence[bool]) -> tuple[str, str | None, str]:
+    """(header, the names of the measured rungs switched on or None, the answer) for
+    :func:`describe_selection` and :func:`selection_markdown`."""
     rows = results["rungs"]
     if len(enabled) != len(rows) - 1:
         raise ValueError(
@@ -458,7 +479,7 @@ def describe_selection(results: dict, enabled: Sequence[bool]) -> str:
     bad = [r["name"] for r, o in zip(rows, on, strict=True) if o and r["status"] == "skipped"]
     if bad:
         why = "; ".join(f"{r['name']}: {r['reason']}" for r in rows if r["name"] in bad)
-        return f"{header}\nnot measured: {', '.join(bad)} could not run on this device ({why})"
+        return header, None, f"not measured: {', '.join(bad)} could not run on this device ({why})"
     k = max(i for i, o in enumerate(on) if o)
     gaps = [
         r["name"]
@@ -467,25 +488,69 @@ def describe_selection(results: dict, enabled: Sequence[bool]) -> str:
     ]
     if gaps:
         return (
-            f"{header}\nnot measured: the ladder adds switches in order, so {rows[k]['name']!r} "
+            header,
+            None,
+            f"not measured: the ladder adds switches in order, so {rows[k]['name']!r} "
             f"was only measured together with {', '.join(repr(g) for g in gaps)}. To time this "
-            "combination, build it with train.RunConfig and time it with timing.measure."
+            "combination, build it with train.RunConfig and time it with timing.measure.",
         )
     row = rows[k]
     if row["status"] != "measured":
-        return f"{header}\n{row['name']}: {row['status']} ({row['reason']})"
+        return header, None, f"{row['name']}: {row['status']} ({row['reason']})"
     names = " ".join(
         r["name"]
         for r, o in zip(rows[: k + 1], on[: k + 1], strict=True)
         if o and r["status"] == "measured"
     )
-    return f"{header}\n{names}\n  -> {_row_line(row)}"
+    return header, names, _row_line(row)
+
+
+def describe_selection(results: dict, enabled: Sequence[bool]) -> str:
+    """What the ladder measured for the optimisations switched on in ``enabled``.
+
+    ``enabled`` has one bool per rung after the first (the first rung is the baseline, always on).
+    The ladder measured cumulative configurations only: rungs 1..k on, the rest off (skipped rungs
+    must stay off: they never ran). Any other selection is explained, not guessed.
+
+    Raises:
+        ValueError: if ``enabled`` does not have one entry per optimisation rung.
+    """
+    header, names, answer = _selection(results, enabled)
+    return f"{header}\n{answer}" if names is None else f"{header}\n{names}\n  -> {answer}"
+
+
+def default_selection(results: dict) -> list[bool]:
+    """What :func:`explorer` ticks when it opens on ``results``: every rung after the first that
+    was measured (one bool per rung after the first)."""
+    return [r["status"] == "measured" for r in results["rungs"][1:]]
+
+
+def selection_markdown(results: dict, enabled: Sequence[bool]) -> str:
+    """One state of :func:`explorer`, drawn without widgets, as Markdown: the results it reads, a
+    table of its tick boxes (one row per rung: ticked or not, measured or skipped in the ladder)
+    and the answer of :func:`describe_selection`. For a static view (GitHub, nbconvert, a notebook
+    opened without its kernel), where the widget itself shows nothing.
+
+    Raises:
+        ValueError: if ``enabled`` does not have one entry per optimisation rung.
+    """
+    header, names, answer = _selection(results, enabled)
+    rows = results["rungs"]
+    ticks = [
+        ["\u2611" if o else "\u2610", f"`{r['name']}`", r["status"]]
+        for r, o in zip(rows, [True, *enabled], strict=True)
+    ]
+    table = pipe_table(["ticked", "rung", "in the ladder run"], ticks)
+    said = f"**measured:** {answer}" if names is not None else answer
+    return f"**{header}**\n\n{table}\n\n{said}"
 
 
 def explorer(sources: dict[str, dict]):
     """An ipywidgets explorer: pick a results source, tick optimisations, read the measured row.
 
     ``sources`` maps a label (e.g. "this device", "H200 B=16 (committed)") to a ladder results dict.
+    It opens on the first source with :func:`default_selection` ticked; a static view shows no
+    widget, so show that state with :func:`selection_markdown` too.
     Returns the widget (display it); the text also goes to its Output area.
     """
     import ipywidgets as widgets
@@ -503,10 +568,8 @@ def explorer(sources: dict[str, dict]):
     def rebuild(*_):
         res = sources[pick.value]
         new = []
-        for r in res["rungs"][1:]:
-            b = widgets.Checkbox(
-                value=r["status"] == "measured", description=r["name"], indent=False
-            )
+        for r, ticked in zip(res["rungs"][1:], default_selection(res), strict=True):
+            b = widgets.Checkbox(value=ticked, description=r["name"], indent=False)
             b.observe(show, names="value")
             new.append(b)
         boxes.children = tuple(new)

@@ -226,29 +226,61 @@ def match_profile(device_name: str, total_memory_bytes: int | None = None) -> GP
     return None
 
 
+_PROFILE_COLUMNS = [  # (header, fixed-width spec); the autocast dtype comes last
+    ("profile", "<10"),
+    ("sm", ">4"),
+    ("GB", ">5"),
+    ("GB/s", ">6"),
+    ("fp32", ">6"),
+    ("tf32", ">6"),
+    ("bf16", ">6"),
+    ("fp16", ">6"),
+    ("autocast", ""),
+]
+
+
+def _profile_cells(p: GPUProfile) -> list[str]:
+    def num(x: float | None) -> str:
+        return "-" if x is None else f"{x:g}"
+
+    sm = "-" if p.capability is None else f"{p.capability[0]}{p.capability[1]}"
+    peaks = (p.fp32_tflops, p.tf32_tflops, p.bf16_tflops, p.fp16_tflops)
+    return [p.key, sm, num(p.memory_gb), num(p.bandwidth_gbs), *map(num, peaks), p.autocast_label]
+
+
+def _profile_source(p: GPUProfile) -> str:
+    return f"{p.key}: {p.source}" + (f" ({p.note})" if p.note else "")
+
+
 def format_profiles(profiles: list[GPUProfile] | None = None) -> str:
     """The datasheet profiles as a fixed-width table: capability, memory (GB), bandwidth (GB/s),
     dense peak TFLOP/s per format ('-' = no native support or not published; see each profile's
     note), and the autocast dtype the course uses there (:attr:`GPUProfile.autocast_label`).
-    Sources follow the table, one line per profile."""
-
-    def num(x: float | None) -> str:
-        return "-" if x is None else f"{x:g}"
-
+    Sources follow the table, one line per profile. :func:`profiles_markdown` is the same table
+    for a rendered notebook."""
     profiles = list(PROFILES.values()) if profiles is None else profiles
-    head = (
-        f"{'profile':<10} {'sm':>4} {'GB':>5} {'GB/s':>6} "
-        f"{'fp32':>6} {'tf32':>6} {'bf16':>6} {'fp16':>6}  autocast"
-    )
+    specs = [spec for _, spec in _PROFILE_COLUMNS[:-1]]
+    head = " ".join(f"{h:{spec}}" for h, spec in _PROFILE_COLUMNS[:-1]) + "  autocast"
     lines = [head, "-" * len(head)]
     for p in profiles:
-        sm = "-" if p.capability is None else f"{p.capability[0]}{p.capability[1]}"
-        dtype = p.autocast_label
-        lines.append(
-            f"{p.key:<10} {sm:>4} {num(p.memory_gb):>5} {num(p.bandwidth_gbs):>6} "
-            f"{num(p.fp32_tflops):>6} {num(p.tf32_tflops):>6} {num(p.bf16_tflops):>6} "
-            f"{num(p.fp16_tflops):>6}  {dtype}"
-        )
+        cells = _profile_cells(p)
+        fixed = " ".join(f"{c:{spec}}" for c, spec in zip(cells[:-1], specs, strict=True))
+        lines.append(f"{fixed}  {cells[-1]}")
     lines.append("TFLOP/s dense. Sources:")
-    lines += [f"  {p.key}: {p.source}" + (f" ({p.note})" if p.note else "") for p in profiles]
+    lines += [f"  {_profile_source(p)}" for p in profiles]
     return "\n".join(lines)
+
+
+def profiles_markdown(profiles: list[GPUProfile] | None = None) -> str:
+    """:func:`format_profiles` as Markdown, for ``IPython.display.Markdown``: the same table
+    (numbers right-aligned, the TFLOP/s columns named as such), then the sources as a list."""
+    from helpers.measure.results import markdown_table
+
+    profiles = list(PROFILES.values()) if profiles is None else profiles
+    heads = [
+        h if h not in ("fp32", "tf32", "bf16", "fp16") else f"{h} TFLOP/s"
+        for h, _ in _PROFILE_COLUMNS
+    ]
+    table = markdown_table(heads, [_profile_cells(p) for p in profiles], "l" + "r" * 7 + "l")
+    sources = "\n".join(f"- {_profile_source(p)}" for p in profiles)
+    return f"{table}\n\nTFLOP/s dense. Sources:\n\n{sources}"

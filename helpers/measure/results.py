@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import subprocess
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
@@ -48,6 +49,40 @@ def missing(name: str) -> str:
         f"committed result {name} not found: clone the course repository (its results/ folder "
         f"holds the course's own GPU measurements) or set {RESULTS_DIR_ENV} to that folder."
     )
+
+
+def markdown_table(
+    header: Sequence[str], rows: Iterable[Sequence[object]], align: str | None = None
+) -> str:
+    """A Markdown (GitHub pipe) table, for ``IPython.display.display(Markdown(...))``: a rendered
+    notebook shows it as a table, where a wide fixed-width text table wraps and loses its columns.
+
+    Every cell is written as given (``str(cell)``): format numbers before (``f"{ms:.1f}"``), so
+    the table shows the digits you chose. None is written "-" (nothing measured); a "|" inside a
+    cell is escaped ("\\|", so it does not end the cell) and a newline becomes a space.
+    ``align``: one letter per column, "l" (left) or "r" (right, for numbers); default all left.
+
+    Returns the table's lines joined by newlines: the header row, the delimiter row, one row each.
+
+    Raises:
+        ValueError: a row's length differs from the header's, or ``align`` is not one "l"/"r"
+            per column.
+    """
+    n = len(header)
+    align = align or "l" * n
+    if len(align) != n or set(align) - {"l", "r"}:
+        raise ValueError(f"align needs one 'l' or 'r' per column ({n}), got {align!r}")
+
+    def line(cells: Sequence[object]) -> str:
+        text = ["-" if c is None else str(c).replace("|", "\\|").replace("\n", " ") for c in cells]
+        return "| " + " | ".join(text) + " |"
+
+    out = [line(header), "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
+    for i, row in enumerate(rows):
+        if len(row) != n:
+            raise ValueError(f"row {i} has {len(row)} cells, the header {n}: {list(row)!r}")
+        out.append(line(row))
+    return "\n".join(out)
 
 
 def provenance(device: torch.device | str) -> dict:
