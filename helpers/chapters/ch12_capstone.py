@@ -20,6 +20,7 @@ from helpers import switches
 from helpers.core.model import GPT, GPTConfig
 from helpers.core.train import RunConfig
 from helpers.measure import memory
+from helpers.measure.plots import ladder_panels as ladder_figure  # noqa: F401 (the notebook's name)
 from helpers.measure.results import markdown_table as pipe_table
 
 PUBLISHED_FILE = "published-seed-figures.json"
@@ -578,44 +579,3 @@ def explorer(sources: dict[str, dict]):
     pick.observe(rebuild, names="value")
     rebuild()
     return widgets.VBox([pick, boxes, out])
-
-
-# --------------------------------------------------------------------------------------------
-# Figure
-# --------------------------------------------------------------------------------------------
-
-
-def ladder_figure(results: dict):
-    """Four bar charts of one ladder: ms/step, tokens/s, MFU (%) and peak memory (GiB) per rung;
-    rungs that did not run are drawn empty and labelled. Returns the matplotlib Figure."""
-    import matplotlib.pyplot as plt
-
-    rows = results["rungs"]
-    panels = [
-        ("ms_per_step", "ms per step (median)", 1.0),
-        ("tokens_per_s", "tokens/s", 1.0),
-        ("mfu", "MFU (%)", 100.0),
-        ("peak_mem_bytes", "peak memory (GiB)", 1 / 2**30),
-    ]
-    fig, axes = plt.subplots(2, 2, figsize=(11, 6.5))
-    x = range(len(rows))
-    for ax, (key, label, scale) in zip(axes.flat, panels, strict=True):
-        vals = [(r.get(key) or 0.0) * scale for r in rows]
-        ax.bar(
-            x, vals, color=["tab:blue" if r["status"] == "measured" else "lightgrey" for r in rows]
-        )
-        for i, r in enumerate(rows):
-            if r["status"] != "measured":
-                ax.annotate(r["status"], (i, 0), ha="center", va="bottom", fontsize=7, rotation=90)
-            elif r.get(key) is None:
-                ax.annotate("n/a", (i, 0), ha="center", va="bottom", fontsize=7)
-        ax.set_xticks(list(x), [r["name"] for r in rows], rotation=30, ha="right", fontsize=8)
-        ax.set_ylabel(label)
-    cfg = results["config"]
-    fig.suptitle(
-        f"Speed-up ladder on {results['device']}, B={cfg['batch_size']}, T={cfg['seq_len']} "
-        f"(torch {results['torch']}, {results['date']})",
-        fontsize=10,
-    )
-    fig.tight_layout()
-    return fig
