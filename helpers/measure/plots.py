@@ -36,12 +36,7 @@ def ladder_bars(results: dict, path: str | Path | None = None):
         )
     ax.set_xticks(range(len(rows)), names, rotation=25, ha="right")
     ax.set_ylabel("ms per training step (median)")
-    cfg = results["config"]
-    ax.set_title(
-        f"Speed-up ladder on {results['device']}, B={cfg['batch_size']}, T={cfg['seq_len']} "
-        f"(torch {results['torch']}, {results['date']})",
-        fontsize=9,
-    )
+    ax.set_title(_ladder_title(results), fontsize=9)
     fig.tight_layout()
     if path is not None:
         fig.savefig(path, dpi=120)
@@ -359,11 +354,15 @@ def ladder_panels(results: dict):
                 ax.annotate("n/a", (i, 0), ha="center", va="bottom", fontsize=7)
         ax.set_xticks(list(x), [r["name"] for r in rows], rotation=30, ha="right", fontsize=8)
         ax.set_ylabel(label)
-    cfg = results["config"]
-    fig.suptitle(
-        f"Speed-up ladder on {results['device']}, B={cfg['batch_size']}, T={cfg['seq_len']} "
-        f"(torch {results['torch']}, {results['date']})",
-        fontsize=10,
-    )
+    fig.suptitle(_ladder_title(results), fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def _ladder_title(results: dict) -> str:
+    """A ladder figure's title: device, B, T, torch and date of the results dict."""
+    cfg = results["config"]
+    return (
+        f"Speed-up ladder on {results['device']}, B={cfg['batch_size']}, T={cfg['seq_len']} "
+        f"(torch {results['torch']}, {results['date']})"
+    )
