@@ -9,6 +9,9 @@ code change, and measures the scaling:
     torchrun --standalone --nproc_per_node=2 -m helpers.chapters.ch11_multi_gpu train --steps 20
     # tokens/s per world size
     python -m helpers.chapters.ch11_multi_gpu scaling --nproc 1 2 --out results/FILE.json ...
+    # what FSDP sends per step (collectives vs arithmetic), ms/step, peak memory; 1 or N ranks
+    torchrun --standalone --nproc_per_node=1 -m helpers.chapters.ch11_multi_gpu fsdp-traffic \\
+             --json results/FILE.json ...
 
 (``train`` is the default command: ``python -m helpers.chapters.ch11_multi_gpu --steps 20`` is the
 same run.)
@@ -361,6 +364,8 @@ def traffic_run(args: argparse.Namespace, env: distributed.DistEnv) -> dict:
     return {
         **results.provenance(env.device),
         "what": "collectives per optimizer step, step time and peak memory: DDP and FSDP variants",
+        "command": "torchrun -m helpers.chapters.ch11_multi_gpu fsdp-traffic "
+        + " ".join(getattr(args, "argv", [])),
         "world_size": env.world_size,
         "backend": env.backend,
         "run": dataclasses.asdict(run),
@@ -563,6 +568,7 @@ def main(argv: list[str] | None = None) -> int:
         for path in (args.checkpoint, args.json):  # checked before training, not after it
             cli.out_path(path)
         if args.command == "fsdp-traffic":
+            args.argv = argv[1:]  # written into the result
             return main_train(args, traffic_run, group_of_one=True)
         return main_train(args)
     for n in args.nproc or []:

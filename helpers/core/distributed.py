@@ -16,7 +16,8 @@ last micro-step needs the average: the others run under ``no_sync()`` (:func:`di
 
 FSDP (``fully_shard``) keeps only 1/WORLD_SIZE of every parameter, gradient and AdamW moment on
 each process and gathers a block's full weights just before it runs: the memory of the model
-state falls by about WORLD_SIZE, paid for with more communication (:func:`state_bytes`).
+state falls by about WORLD_SIZE, paid for with more communication (:func:`state_bytes`; what it
+sends per step: :mod:`helpers.core.collectives`).
 
 Chapter 11's training runs, their command line and the scaling measurement use this module:
 :mod:`helpers.chapters.ch11_multi_gpu`.
