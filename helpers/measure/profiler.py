@@ -68,10 +68,13 @@ FAMILY_DESCRIPTIONS = {
         "loss fused together"
     ),
     ELEMENTWISE: "one output per input element: add, multiply, GELU, masking (memory-bound)",
-    REDUCTION: "reductions over a row: LayerNorm, softmax, cross-entropy, sums (memory-bound)",
+    REDUCTION: (
+        "reductions over a row or a column: LayerNorm (and its weight gradients), softmax, "
+        "cross-entropy, sums, norms (memory-bound)"
+    ),
     COPY: (
-        "data movement: copies, dtype casts, fills, gathers (embedding lookup), "
-        "host-device transfers"
+        "data movement: copies, dtype casts, fills, gathers and scatters (embedding lookup and "
+        "its backward), host-device transfers"
     ),
     OPTIMIZER: (
         "AdamW (fused / foreach multi-tensor kernels), gradient-norm clipping, GradScaler unscale"
@@ -93,19 +96,28 @@ FAMILY_RULES: list[tuple[str, str]] = [
         r"gemm|nvjet|xmma|cutlass|wgmma|cublas|sm90_|sm80_|^triton_tem_|"
         r"^aten::(mm|addmm|bmm|baddbmm|matmul|addmv|mv|dot)$",
     ),
-    (OPTIMIZER, r"adam|multi_tensor_apply|foreach|_amp_|amp_update_scale|non_finite"),
+    # lpnorm_cleanup: the last kernel of the foreach gradient norm (clip_grad_norm_)
+    (
+        OPTIMIZER,
+        r"adam|multi_tensor_apply|foreach|_amp_|amp_update_scale|non_finite|lpnorm_cleanup",
+    ),
     (TRITON, r"^triton_"),
     (
         REDUCTION,
         r"softmax|nll_loss|cross_entropy|_ce_(forward|backward|fused|fused_e5m2)_kernel|"
-        r"layer_norm|reduce_kernel|"
+        # LayerNorm forward and backward: PyTorch's layer_norm_grad_input and GammaBetaBackward
+        # (the weight and bias gradients: sums over the rows), apex's cuComputeGradGammaBeta ...
+        r"layer_?norm|gammabeta|cuComputePartGrad|cuComputeGradInput|reduce_kernel|"
         r"^aten::(sum|mean|amax|max|min|norm|linalg_vector_norm|var|std)$",
     ),
     (
         COPY,
         r"copy|memcpy|memset|fill|_transpose_kernel|"
         r"^aten::(zero_|clone|contiguous|to|cat|index_select|index|gather|scatter|embedding|"
-        r"embedding_dense_backward)$|indexing_backward|index_select|gather|scatter",
+        r"embedding_dense_backward)$|indexing_backward|index_select|gather|scatter|"
+        # the embedding's backward on a GPU: sort the token ids, then add each row's gradients
+        r"embedding_backward|compute_grad_weight|sum_and_scatter|partials_per_segment|"
+        r"partial_segment_offset|num_of_partial_segments|segment_offsets_kernel",
     ),
     (ELEMENTWISE, rf"elementwise|gelu|tanh|^aten::({_ELEMENTWISE_OPS})_?$"),
 ]
