@@ -230,6 +230,9 @@ def test_cpu_profile_has_operators_phases_and_a_trace(cpu_profile):
     assert prof.phases_ms.get(profiler.UNATTRIBUTED, 0.0) < 0.05 * sum(prof.phases_ms.values())
     assert 0 < prof.busy_ms <= prof.span_ms
     assert prof.busy_ms == pytest.approx(prof.kernel_ms)
+    for phase, fams in prof.phase_families_ms.items():  # the phases, split by family
+        assert sum(fams.values()) == pytest.approx(prof.phases_ms[phase]), phase
+    assert prof.phase_families_ms["backward"]["matmul"] > 0
     trace = json.loads(Path(prof.trace_path).read_text())
     names_in_trace = {e.get("name") for e in trace["traceEvents"]}
     assert {"forward", "backward", "optimizer"} <= names_in_trace
@@ -284,6 +287,11 @@ def test_summarize_events_puts_gpu_kernels_in_the_phase_of_their_launch():
     assert prof.span_ms == pytest.approx(0.040)
     assert prof.idle_ms == pytest.approx(0.014)
     assert prof.host_ms == pytest.approx(0.025)
+    assert prof.phase_families_ms["forward"] == pytest.approx({"matmul": 0.010})
+    assert prof.phase_families_ms["backward"] == pytest.approx({"triton fused": 0.005})
+    assert prof.phase_ratio() == pytest.approx(0.5)  # backward / forward, all kernels
+    assert prof.phase_ratio(family="triton fused") is None  # no triton kernel in the forward
+    assert prof.phase_ratio("optimizer", "backward") == pytest.approx(2.0)
 
 
 def test_summarize_events_refuses_an_empty_profile():
