@@ -319,6 +319,48 @@ def final_rung(batch_size: int, seq_len: int, device: torch.device | str, eager:
     )
 
 
+TAUGHT_BY = "09"  # chapter 10 profiles what chapters 01-09 taught
+
+
+def chapter_rung(batch_size: int, seq_len: int, device: torch.device | str, eager: bool = False):
+    """The step chapter 10 profiles: the ladder's last rung that runs on this device and whose
+    switches chapters 01 to :data:`TAUGHT_BY` teach (the switch registry names each switch's
+    chapter; see :func:`helpers.ladder.last_runnable`), as a RunConfig named for that rung ("the ladder up to '+ vocab 50304'");
+    ``eager=True`` drops torch.compile (seconds instead of minutes to build).
+
+    Raises:
+        ValueError: if no such rung can run on ``device``.
+    """
+    from helpers.ladder import last_runnable
+
+    run = last_runnable(batch_size, seq_len, torch.device(device), taught_by=TAUGHT_BY)
+    name = f"the ladder up to '{run.name}'" + (", eager" if eager else "")
+    return run.replace(name=name, compile=None if eager else run.compile)
+
+
+def ratio_rows(prof: StepProfile, num: str = "backward", den: str = "forward") -> list[list[str]]:
+    """Rows [family, den ms, num ms, num / den] of a profile, one per family with kernel time in
+    either phase (largest ``num`` first), then "all kernels"; ms per step, the ratio "-" where
+    the ``den`` time is 0. For :func:`helpers.measure.results.markdown_table`."""
+    fwd = prof.phase_families_ms.get(den, {})
+    bwd = prof.phase_families_ms.get(num, {})
+    fams = sorted(set(fwd) | set(bwd), key=lambda f: -bwd.get(f, 0.0))
+
+    def row(label: str, a: float, b: float, ratio: float | None) -> list[str]:
+        return [label, f"{a:.2f}", f"{b:.2f}", "-" if ratio is None else f"{ratio:.2f}"]
+
+    rows = [
+        row(f, fwd.get(f, 0.0), bwd.get(f, 0.0), prof.phase_ratio(num, den, f)) for f in fams
+    ]
+    total = row(
+        "all kernels",
+        prof.phases_ms.get(den, 0.0),
+        prof.phases_ms.get(num, 0.0),
+        prof.phase_ratio(num, den),
+    )
+    return rows + [total]
+
+
 def describe(run) -> str:
     """'name: matmul_precision=..., autocast=..., ...': the switches of a RunConfig on one line."""
     from helpers import switches
