@@ -194,6 +194,9 @@ def test_cli_table_and_run_on_cpu(tmp_path, capsys):
         == 0
     )
     assert "ms/step over 1 steps" in capsys.readouterr().out
+    run = ["run", "--steps", "1", "--warmup", "0", "--batch-size", "1", "--eager"]
+    assert profiling.main([*run, "--chapter-step"]) == 0
+    assert "the ladder up to '+ " in capsys.readouterr().out
 
 
 def test_chapter_rung_uses_only_switches_taught_by_chapter_09(monkeypatch):

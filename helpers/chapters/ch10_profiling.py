@@ -14,7 +14,7 @@ reads and commits:
            --out results/h200-profile-table-new.json
        python -m helpers.chapters.ch10_profiling from-perf \\
            results/h200-perf-final-2026-11-30.json --out results/h200-profile-table.json
-       # the step alone, for Nsight Systems (see chapter 10)
+       # the step alone, for Nsight Systems (see chapter 10); --chapter-step: chapter 10's step
        python -m helpers.chapters.ch10_profiling run --steps 5
 
 torch.profiler: https://pytorch.org/docs/stable/profiler.html ;
@@ -408,6 +408,12 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--warmup", type=int, default=3)
     r.add_argument("--steps", type=int, default=5)
     r.add_argument("--eager", action="store_true", help="without torch.compile")
+    r.add_argument(
+        "--chapter-step",
+        action="store_true",
+        help="chapter 10's step (chapter_rung: switches taught by chapter 09) instead of the "
+        "ladder's last rung",
+    )
     f = sub.add_parser(
         "from-perf", help="derive a profile table from benchmarks/perf.py --profile output"
     )
@@ -456,7 +462,8 @@ def main(argv: list[str] | None = None) -> int:
     tokens = data.load_tokens()
     if args.command == "run":
         B = B0 if args.batch_size is None else args.batch_size
-        trainer = build(final_rung(B, T, device, args.eager), cfg, device)
+        rung = chapter_rung if args.chapter_step else final_rung
+        trainer = build(rung(B, T, device, args.eager), cfg, device)
         loader = data.BatchLoader(tokens, B, T, device)
         for _ in range(args.warmup):
             step_with_ranges(trainer, loader)
