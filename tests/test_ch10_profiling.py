@@ -213,7 +213,14 @@ def test_chapter_rung_uses_only_switches_taught_by_chapter_09(monkeypatch):
 
 def test_ratio_rows_split_backward_over_forward_by_family():
     prof = profiler.StepProfile(
-        "cuda", "fake", 1, [], {"forward": 3.0, "backward": 5.0}, 8.0, 8.0, 8.0,
+        "cuda",
+        "fake",
+        1,
+        [],
+        {"forward": 3.0, "backward": 5.0},
+        8.0,
+        8.0,
+        8.0,
         phase_families_ms={
             "forward": {"matmul": 2.0, "attention": 1.0},
             "backward": {"matmul": 4.0, "reduction": 1.0},

@@ -325,8 +325,9 @@ TAUGHT_BY = "09"  # chapter 10 profiles what chapters 01-09 taught
 def chapter_rung(batch_size: int, seq_len: int, device: torch.device | str, eager: bool = False):
     """The step chapter 10 profiles: the ladder's last rung that runs on this device and whose
     switches chapters 01 to :data:`TAUGHT_BY` teach (the switch registry names each switch's
-    chapter; see :func:`helpers.ladder.last_runnable`), as a RunConfig named for that rung ("the ladder up to '+ vocab 50304'");
-    ``eager=True`` drops torch.compile (seconds instead of minutes to build).
+    chapter; see :func:`helpers.ladder.last_runnable`), as a RunConfig named for that rung ("the
+    ladder up to '+ vocab 50304'"); ``eager=True`` drops torch.compile (seconds instead of minutes
+    to build).
 
     Raises:
         ValueError: if no such rung can run on ``device``.
@@ -349,9 +350,7 @@ def ratio_rows(prof: StepProfile, num: str = "backward", den: str = "forward") -
     def row(label: str, a: float, b: float, ratio: float | None) -> list[str]:
         return [label, f"{a:.2f}", f"{b:.2f}", "-" if ratio is None else f"{ratio:.2f}"]
 
-    rows = [
-        row(f, fwd.get(f, 0.0), bwd.get(f, 0.0), prof.phase_ratio(num, den, f)) for f in fams
-    ]
+    rows = [row(f, fwd.get(f, 0.0), bwd.get(f, 0.0), prof.phase_ratio(num, den, f)) for f in fams]
     total = row(
         "all kernels",
         prof.phases_ms.get(den, 0.0),

@@ -25,7 +25,8 @@ THERMAL_SLOWDOWN = 0x20 | 0x40
 class PowerSample:
     """One nvidia-smi reading: ``t`` (time.time(), s, when the line arrived), SM clock (MHz), power
     draw and limit (W), and the clock-event reasons bit mask (:data:`SW_POWER_CAP` = 0x4,
-    :data:`THERMAL_SLOWDOWN` = 0x20 | 0x40; 0 = nothing holds the clock). A field nvidia-smi reports as "[N/A]" is None.
+    :data:`THERMAL_SLOWDOWN` = 0x20 | 0x40; 0 = nothing holds the clock). A field nvidia-smi
+    reports as "[N/A]" is None.
 
     The clock is the current one. ``power.draw`` is, on Ampere and newer GPUs, the driver's average
     over about the last second (``nvidia-smi --help-query-gpu``), so it lags a load that has just
