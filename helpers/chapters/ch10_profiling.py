@@ -307,15 +307,28 @@ def provenance_line(provenance: dict, table: dict) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def final_rung(batch_size: int, seq_len: int, device: torch.device | str, eager: bool = False):
+def final_rung(
+    batch_size: int,
+    seq_len: int,
+    device: torch.device | str,
+    eager: bool = False,
+    taught_by: str | None = None,
+):
     """The ladder's last rung that runs on this device (every switch it can run, see
-    :func:`helpers.ladder.last_runnable`) as a RunConfig; ``eager=True`` drops torch.compile
-    (seconds instead of minutes to build)."""
+    :func:`helpers.ladder.last_runnable`) as a RunConfig named "final rung"; with ``taught_by``
+    (a chapter number) the last one whose switches are all taught by that chapter, named for its
+    rung ("the ladder up to '+ vocab 50304'"). ``eager=True`` drops torch.compile (seconds instead
+    of minutes to build).
+
+    Raises:
+        ValueError: if no such rung can run on ``device``.
+    """
     from helpers.ladder import last_runnable
 
-    run = last_runnable(batch_size, seq_len, torch.device(device))
+    run = last_runnable(batch_size, seq_len, torch.device(device), taught_by=taught_by)
+    name = "final rung" if taught_by is None else f"the ladder up to '{run.name}'"
     return run.replace(
-        name="final rung, eager" if eager else "final rung", compile=None if eager else run.compile
+        name=name + (", eager" if eager else ""), compile=None if eager else run.compile
     )
 
 
@@ -323,20 +336,10 @@ TAUGHT_BY = "09"  # chapter 10 profiles what chapters 01-09 taught
 
 
 def chapter_rung(batch_size: int, seq_len: int, device: torch.device | str, eager: bool = False):
-    """The step chapter 10 profiles: the ladder's last rung that runs on this device and whose
-    switches chapters 01 to :data:`TAUGHT_BY` teach (the switch registry names each switch's
-    chapter; see :func:`helpers.ladder.last_runnable`), as a RunConfig named for that rung ("the
-    ladder up to '+ vocab 50304'"); ``eager=True`` drops torch.compile (seconds instead of minutes
-    to build).
-
-    Raises:
-        ValueError: if no such rung can run on ``device``.
-    """
-    from helpers.ladder import last_runnable
-
-    run = last_runnable(batch_size, seq_len, torch.device(device), taught_by=TAUGHT_BY)
-    name = f"the ladder up to '{run.name}'" + (", eager" if eager else "")
-    return run.replace(name=name, compile=None if eager else run.compile)
+    """The step chapter 10 profiles: :func:`final_rung` with ``taught_by=TAUGHT_BY``, the ladder's
+    last rung that runs here and whose switches chapters 01-09 teach (the switch registry names
+    each switch's chapter)."""
+    return final_rung(batch_size, seq_len, device, eager, taught_by=TAUGHT_BY)
 
 
 def ratio_rows(prof: StepProfile, num: str = "backward", den: str = "forward") -> list[list[str]]:
