@@ -315,6 +315,25 @@ def get(field_name: str, switches: tuple[Switch, ...] = SWITCHES) -> Switch:
     raise KeyError(f"no switch {field_name!r}; switches are {[s.field for s in switches]}")
 
 
+def taught_after(
+    run: object, chapter: str, switches: tuple[Switch, ...] = SWITCHES
+) -> list[Switch]:
+    """The switches that ``run`` (a RunConfig, or any object with the switch fields as attributes)
+    sets away from their baseline and that a chapter after ``chapter`` teaches (``chapter``: two
+    digits, "09"), in declaration order; [] when every switch it turns is taught by then.
+
+    Raises:
+        ValueError: if ``chapter`` is not a chapter number such as "09".
+    """
+    if not (isinstance(chapter, str) and chapter.isdigit()):
+        raise ValueError(f"chapter must be a chapter number such as '09', got {chapter!r}")
+    return [
+        s
+        for s in switches
+        if int(s.chapter) > int(chapter) and getattr(run, s.field, s.baseline) != s.baseline
+    ]
+
+
 def rung_fields(switches: tuple[Switch, ...] = SWITCHES) -> tuple[str, ...]:
     """The RunConfig fields the ladder's rungs turn, in declaration order."""
     return tuple(s.field for s in switches if s.rungs)
