@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import torch
+from torch.nn import functional as F
 
 from helpers import ladder
 from helpers.core import generation, pretrained, train
@@ -67,7 +68,13 @@ def random_checkpoint(folder: str | Path, seed: int = 0):
         for p in hf.parameters():
             if p.ndim == 1:  # biases and LayerNorm weights start at 0 and 1: move them
                 p.add_(0.1 * torch.randn_like(p))
-    hf.save_pretrained(folder)
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()  # no "Writing model shards" bar
+    try:
+        hf.save_pretrained(folder)
+    finally:
+        if bars:
+            transformers.utils.logging.enable_progress_bar()
     return hf
 
 
@@ -86,9 +93,9 @@ def equality_rows(folder: str | Path, hf, idx: torch.Tensor) -> list[dict]:
     padded 50304) with "max_logit_diff" (max |difference| of the 50257 real logits), "loss_diff"
     (|difference| of the mean next-token loss, nats), "padded_zero" (every padded logit exactly 0)
     and "equal" (both diffs <= :data:`TOLERANCE`)."""
-    out = hf(idx, labels=idx)  # transformers shifts the labels itself
-    ref_logits, ref_loss = out.logits.float(), out.loss.item()
+    ref_logits = hf(idx).logits.float()  # (B, T, 50257)
     V = ref_logits.size(-1)
+    ref_loss = F.cross_entropy(ref_logits[:, :-1].reshape(-1, V), idx[:, 1:].reshape(-1)).item()
     rows = []
     for attention in ("manual", "sdpa"):
         for multiple in (1, 64):
