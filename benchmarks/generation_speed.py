@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     model = GPT(GPTConfig(vocab_multiple=64), attention="sdpa").to(device).eval()
     equal = {}
     for b in args.batch:
-        prompt = torch.randint(0, 50257, (b, args.prompt_len), device=device)
+        prompt = torch.randint(0, model.config.vocab_size, (b, args.prompt_len), device=device)
         slow = model.generate(prompt, args.new_tokens, top_k=1)
         equal[str(b)] = bool(torch.equal(slow, model.generate(prompt, args.new_tokens, top_k=1,
                                                                use_cache=True)))  # fmt: skip

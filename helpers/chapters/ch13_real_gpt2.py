@@ -204,7 +204,7 @@ def speed_markdown(rows: list[dict]) -> str:
     ]
     header = ("B", "method", "grad mode", "ms/token", "tokens/s", "vs recompute",
               "peak MiB", "note")  # fmt: skip
-    return markdown_table(header, body, "rlllrrrl")
+    return markdown_table(header, body, "rllrrrrl")
 
 
 def fastest(rows: list[dict], batch: int) -> dict:
