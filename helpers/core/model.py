@@ -380,6 +380,7 @@ class GPT(nn.Module):
         temperature: float = 1.0,
         top_k: int | None = 50,
         generator: torch.Generator | None = None,
+        use_cache: bool = False,
     ) -> torch.Tensor:
         """Sample ``max_new_tokens`` tokens after ``idx`` (B, T0) int64; returns
         (B, T0 + max_new_tokens).
@@ -387,9 +388,24 @@ class GPT(nn.Module):
         Logits of padded ids (>= vocab_size) are set to -inf before sampling, so a padded model
         never returns an id the tokenizer cannot decode. ``top_k`` keeps the k most likely ids
         (None = all).
+
+        ``use_cache=False`` recomputes the whole context for every new token (and crops it to the
+        last block_size tokens). ``use_cache=True`` keeps every layer's keys and values in a KV
+        cache and feeds only the new token (:func:`helpers.core.generation.generate_cached`,
+        chapter 13): the same tokens (greedy, or sampled with the same ``generator``).
+
+        Raises:
+            ValueError: temperature <= 0; with ``use_cache``, T0 + max_new_tokens > block_size (a
+                cache does not crop the context).
         """
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
+        if use_cache:
+            from helpers.core import generation  # imports this module: only when asked for
+
+            return generation.generate_cached(
+                self, idx, max_new_tokens, temperature, top_k, generator
+            )
         was_training = self.training
         self.eval()
         V = self.config.vocab_size
