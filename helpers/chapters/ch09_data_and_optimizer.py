@@ -245,9 +245,9 @@ def knobs_conclusion(rows: list[dict], step_ms: float) -> str:
         knobs += f", prefetch_factor={best['prefetch_factor']}"
     return (
         f"The course's loader takes {course['median_ms']:.3f} ms per batch "
-        f"({100 * course['median_ms'] / step_ms:.2f}% of a {step_ms:.1f} ms step); the fastest "
+        f"({100 * course['median_ms'] / step_ms:.2g}% of a {step_ms:.1f} ms step); the fastest "
         f"DataLoader setting ({knobs}) {best['median_ms']:.3f} ms "
-        f"({100 * best['median_ms'] / step_ms:.2f}%)."
+        f"({100 * best['median_ms'] / step_ms:.2g}%)."
     )
 
 
