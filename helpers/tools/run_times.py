@@ -44,14 +44,14 @@ def read_table(path: Path | None = None) -> dict[str, tuple[int, int | None]]:
 def sentence(h200_s: int, t4_s: int | None) -> str:
     """The **Run time** paragraph of a chapter's opening, from its two measured times (seconds)."""
     t4 = (
-        f"{t4_s} s as an emulated T4, which is the H200 under a T4's limits and at the H200's "
+        f"{t4_s} s as an emulated T4, which is the H200 under a T4's limits and at\nthe H200's "
         "speed (a real T4 is slower)."
         if t4_s is not None
         else "not yet timed as an emulated T4 since the chapter last changed."
     )
     return (
-        f"**Run time** (measured 2026-12-01, torch 2.11, `results/{TABLE}`): "
-        f"{h200_s} s on an NVIDIA H200;\n{t4}"
+        f"**Run time** (measured 2026-12-01, torch 2.11, `results/{TABLE}`):\n"
+        f"{h200_s} s on an NVIDIA H200; {t4}"
     )
 
 
