@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -771,6 +772,19 @@ def test_a_submission_cannot_change_another_submission_or_the_checks(tmp_path):
     assert all(r["status"] == "passed" for r in rows["zzz"].values()), rows["zzz"]
     assert victim.read_bytes() == before
     assert (Path(helpers.__file__).parent / "grading" / "ch00.py").read_bytes() == checks
+
+
+def test_the_documented_command_with_relative_paths_grades(tmp_path, monkeypatch):
+    """`grade SUBMISSIONS --out grades.csv --reference notebooks`, as typed from the folder that
+    holds them: the sandbox mounts absolute paths, not ones relative to the kernel's folder."""
+    (tmp_path / "SUBMISSIONS" / "alice").mkdir(parents=True)
+    (tmp_path / "SUBMISSIONS" / "alice" / FIXTURE.name).write_bytes(FIXTURE.read_bytes())
+    shutil.copytree(FIXTURE.parent, tmp_path / "notebooks")
+    monkeypatch.chdir(tmp_path)
+    args = ["grade", "SUBMISSIONS", "--out", "grades.csv", "--reference", "notebooks"]
+    assert grading.main([*args, "--timeout", "60"]) == 0
+    rows = list(csv.DictReader((tmp_path / "grades.csv").open()))
+    assert rows and all(r["status"] == "passed" for r in rows), rows
 
 
 def test_every_submission_is_read_before_any_runs(tmp_path, monkeypatch):

@@ -250,6 +250,7 @@ def grade(submissions: Path, reference: Path, timeout: int = 600) -> list[dict[s
         FileNotFoundError: when ``submissions`` has no student folder,
             or ``reference`` no graded notebook.
     """
+    submissions, reference = Path(submissions).resolve(), Path(reference).resolve()
     refs = load_references(reference)
     if not submissions.is_dir():
         raise FileNotFoundError(f"{submissions} is not a folder of student folders.")
@@ -484,10 +485,12 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(f"{len(written)} student notebook(s) in {args.out}/")
         else:
+            # Absolute paths before anything runs: the sandbox mounts them from the kernel's own
+            # temporary folder, where a relative path would name nothing.
             out, submissions, reference = (
-                Path(args.out),
-                Path(args.submissions),
-                Path(args.reference),
+                Path(args.out).absolute(),
+                Path(args.submissions).resolve(),
+                Path(args.reference).resolve(),
             )
             problem = csv_out_problem(out, submissions, reference)
             if problem and not (args.force and "--force" in problem):

@@ -33,8 +33,8 @@ def sandbox_prefix(read_only: Iterable[Path], hidden: Iterable[Path]) -> tuple[s
     util-linux; as an unprivileged user also a user namespace) in which ``read_only`` paths cannot
     be written and ``hidden`` paths look empty. Paths that do not exist are left out."""
     user = () if os.geteuid() == 0 else ("--user", "--map-root-user")
-    ro = [str(p) for p in read_only if p.exists()]
-    hide = [str(p) for p in hidden if p.is_dir()]
+    ro = [str(Path(p).resolve()) for p in read_only if Path(p).exists()]  # absolute: the sandbox
+    hide = [str(Path(p).resolve()) for p in hidden if Path(p).is_dir()]  # starts in another folder
     return (
         "unshare",
         "--mount",
