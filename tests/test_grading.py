@@ -458,14 +458,32 @@ def test_grade_out_never_replaces_a_notebook_or_a_file_that_is_not_a_grades_csv(
     assert grade(notebook) == 2 and not notebook.exists()  # a notebook's name, in the submissions
     assert grade(tmp_path / "grades.ipynb") == 2
     assert grade(FIXTURE.parent / "grades.csv", "--force") == 2  # inside the reference folder
-    notes = tmp_path / "notes.txt"
+    notes = tmp_path / "notes.csv"
     notes.write_text("a teacher's notes")
     assert grade(notes) == 2 and notes.read_text() == "a teacher's notes"
+    assert grade(tmp_path / "notes.txt") == 2  # the CSV is written as .csv
     err = capsys.readouterr().err
     assert "notebook's name" in err and "reference notebooks folder" in err and "--force" in err
     out = tmp_path / "grades.csv"
     assert grade(out) == 0 and grade(out) == 0  # a grades CSV of an earlier run is replaced
     assert grade(notes, "--force") == 0 and notes.read_text().startswith(",".join(grading.COLUMNS))
+
+
+def test_grade_out_that_cannot_be_written_fails_in_one_line_before_grading(
+    tmp_path, capsys, monkeypatch
+):
+    from helpers.grading import grader
+
+    graded = []
+    monkeypatch.setattr(grader, "grade", lambda *a, **k: graded.append(1) or [])
+    (tmp_path / "subs" / "frank").mkdir(parents=True)
+    (tmp_path / "README.md").write_text("a file")
+    for out in (tmp_path / "README.md" / "grades.csv", Path("/proc/grades.csv")):
+        args = ["grade", str(tmp_path / "subs"), "--out", str(out)]
+        assert grading.main([*args, "--reference", str(FIXTURE.parent)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and all("choose a path in a writable folder" in e for e in err), err
+    assert graded == []
 
 
 def test_command_line_help_runs_without_nbgrader():
@@ -785,6 +803,22 @@ def test_the_documented_command_with_relative_paths_grades(tmp_path, monkeypatch
     assert grading.main([*args, "--timeout", "60"]) == 0
     rows = list(csv.DictReader((tmp_path / "grades.csv").open()))
     assert rows and all(r["status"] == "passed" for r in rows), rows
+
+
+def test_a_symlink_planted_at_the_out_file_is_replaced_not_written_through(tmp_path):
+    """A submission swaps the grades CSV for a symlink to a file of the teacher's: the grader
+    writes its CSV in place of the link, and the teacher's file is untouched."""
+    victim, out = tmp_path / "victim.txt", tmp_path / "grades.csv"
+    victim.write_text("VICTIM")
+    plant = (
+        "import os\n"
+        f"try:\n    os.remove({str(out)!r})\nexcept OSError:\n    pass\n"
+        f"try:\n    os.symlink({str(victim)!r}, {str(out)!r})\nexcept OSError as e:\n    print(e)"
+    )
+    (tmp_path / "subs" / "mallory").mkdir(parents=True)
+    nbformat.write(_solution_cell_with(plant), tmp_path / "subs" / "mallory" / FIXTURE.name)
+    _grade(tmp_path / "subs", tmp_path)
+    assert victim.read_text() == "VICTIM" and not out.is_symlink()
 
 
 def test_every_submission_is_read_before_any_runs(tmp_path, monkeypatch):

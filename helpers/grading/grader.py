@@ -12,7 +12,7 @@ import argparse
 import csv
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from helpers.grading.student import (
     make_student,
     nbgrader_metadata,
 )
+from helpers.tools import cli
 
 # Prepended to every check cell when grading: re-executes the checks' modules (common, then each
 # chapter, then the package that lists them) in the kernel, so that checks a submission replaced are
@@ -355,32 +356,6 @@ def _prefer(new: Path, old: Path, ref: Reference) -> bool:
     return new.stat().st_mtime > old.stat().st_mtime
 
 
-def out_file_problem(
-    path: Path,
-    flag: str,
-    suffix: str,
-    folders: dict[Path, str],
-    may_replace: Callable[[Path], bool] | None = None,
-    what: str = "",
-) -> str | None:
-    """Why the output file of option ``flag`` must not be written (None if it may): a notebook's
-    name, a path inside one of ``folders`` ({folder: what it holds}), a folder, or an existing file
-    that ``may_replace`` does not accept (none when it is None; ``what`` says what the file is not).
-    Only the last one is lifted by ``--force``: the message then ends "pass --force to replace it".
-    """
-    if path.suffix.lower() == ".ipynb":
-        return f"{flag} {path} is a notebook's name: give a {suffix} file"
-    where = path.resolve()
-    for folder, holds in folders.items():
-        if folder.resolve() == where or folder.resolve() in where.parents:
-            return f"{flag} {path} lies in the {holds} folder {folder}: write it elsewhere"
-    if path.is_dir():
-        return f"{flag} {path} is a folder: give a file name, e.g. {path / ('out' + suffix)}"
-    if path.exists() and not (may_replace is not None and may_replace(path)):
-        return f"{flag} {path} exists{what}: pass --force to replace it"
-    return None
-
-
 def _is_grades_csv(path: Path) -> bool:
     try:
         with open(path, newline="") as f:
@@ -389,22 +364,38 @@ def _is_grades_csv(path: Path) -> bool:
         return False
 
 
-def csv_out_problem(path: Path, submissions: Path, reference: Path) -> str | None:
-    """Why ``grade --out path`` must not be written (None if it may): a notebook's name, a path in
-    the submissions or reference folder, a folder, or an existing file that is not a grades CSV
-    (its first line is not :data:`COLUMNS`)."""
+def check_csv_out(path: Path, submissions: Path, reference: Path, force: bool = False) -> Path:
+    """``grade --out path``, checked before any grading (:func:`helpers.tools.cli.out_path`): not
+    a notebook's name, not in the submissions or reference folder, not a folder, writable, and an
+    existing file only when it is a grades CSV (its first line is :data:`COLUMNS`) or with
+    ``force``.
+
+    Raises:
+        ValueError: with the one-line reason.
+    """
     folders = {submissions: "submissions", reference: "reference notebooks"}
-    return out_file_problem(
-        path, "--out", ".csv", folders, _is_grades_csv, " and is not a grades CSV"
+    return cli.out_path(
+        path,
+        "--out",
+        ".csv",
+        force=force,
+        same_kind=_is_grades_csv,
+        what=" and is not a grades CSV",
+        folders=folders,
     )
 
 
 def write_csv(rows: Iterable[dict[str, Any]], path: Path) -> None:
-    """Write grading rows with the columns ``COLUMNS``."""
-    with open(path, "w", newline="") as f:
+    """Write grading rows with the columns ``COLUMNS``, atomically
+    (:func:`helpers.tools.cli.replace_file`: a symlink planted at ``path`` is replaced, never
+    followed)."""
+
+    def write(f) -> None:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
+
+    cli.replace_file(path, write)
 
 
 def totals_table(rows: list[dict[str, Any]]) -> str:
@@ -492,9 +483,7 @@ def main(argv: list[str] | None = None) -> int:
                 Path(args.submissions).resolve(),
                 Path(args.reference).resolve(),
             )
-            problem = csv_out_problem(out, submissions, reference)
-            if problem and not (args.force and "--force" in problem):
-                raise ValueError(problem)
+            check_csv_out(out, submissions, reference, args.force)  # before hours of grading
             rows = grade(submissions, reference, timeout=args.timeout)
             write_csv(rows, out)
             print(totals_table(rows))
