@@ -764,6 +764,101 @@ def test_a_submission_cannot_read_the_reference_solutions(tmp_path):
     assert all(r["points"] == "0" for r in rows["mallory"].values()), rows["mallory"]
 
 
+def _blank_version() -> "nbformat.NotebookNode":
+    """The fixture's student version: every solution stubbed."""
+    blank = nbformat.read(FIXTURE, as_version=4)
+    for cell in blank.cells:
+        if grading.is_solution_cell(cell):
+            cell.source = (
+                grading.student_version(nbformat.v4.new_notebook(cells=[cell])).cells[0].source
+            )
+    return blank
+
+
+@needs_sandbox
+def test_a_submission_cannot_see_the_graders_processes_or_reach_files_through_proc(tmp_path):
+    """mallory (blank) reads the reference through /proc/<pid>/root and /proc/<pid>/cwd of every
+    process it can see and runs its solutions; oscar (correct) breaks his own answer whenever he
+    can see or signal the grader's pid. Both must score nothing that way."""
+    import os
+
+    steal = (
+        "import glob, json\n"
+        f"for p in glob.glob('/proc/*/root{FIXTURE}') + glob.glob('/proc/*/cwd'):\n"
+        "    try:\n"
+        "        cells = json.load(open(p))['cells']\n"
+        "    except Exception:\n"
+        "        continue\n"
+        "    for c in cells:\n"
+        "        if c.get('metadata', {}).get('nbgrader', {}).get('solution'):\n"
+        "            exec(''.join(c['source']), globals())\n"
+    )
+    mallory = _blank_version()
+    for cell in mallory.cells:
+        if grading.is_solution_cell(cell):
+            cell.source += "\n" + steal
+    probe = (
+        "import os\n"
+        f"seen = os.path.exists('/proc/{os.getpid()}') or os.getppid() == {os.getpid()}\n"
+        "try:\n"
+        f"    os.kill({os.getpid()}, 0)\n"
+        "    seen = True\n"
+        "except OSError:\n"
+        "    pass\n"
+        "if seen:\n"
+        "    del matmul_flops\n"
+    )
+    for student, nb in (("mallory", mallory), ("oscar", _solution_cell_with(probe))):
+        (tmp_path / "subs" / student).mkdir(parents=True)
+        nbformat.write(nb, tmp_path / "subs" / student / FIXTURE.name)
+    rows = _grade(tmp_path / "subs", tmp_path)
+    assert all(r["points"] == "0" for r in rows["mallory"].values()), rows["mallory"]
+    assert rows["oscar"]["ch00_matmul_flops"]["status"] == "passed", rows["oscar"]
+
+
+@needs_sandbox
+def test_one_submission_cannot_change_how_later_ones_are_graded(tmp_path):
+    """aaa leaves an IPython startup file that turns every check into `pass` (in its home and in
+    the teacher's), a .pth file in the environment and a file in /tmp; bbb, graded after it, is
+    the untouched student version and must still score 0."""
+    import site
+
+    pth = Path(site.getsitepackages()[0]) / "zz_grader_test.pth"
+    startup = (
+        "get_ipython().input_transformers_cleanup.append("
+        "lambda lines: ['pass\\n'] if any('check_' in x for x in lines) else lines)\n"
+    )
+    leave = (
+        "import os, pathlib\n"
+        f"for home in (os.path.expanduser('~'), {str(Path.home())!r}):\n"
+        "    d = pathlib.Path(home, '.ipython', 'profile_default', 'startup')\n"
+        "    try:\n"
+        "        d.mkdir(parents=True, exist_ok=True)\n"
+        f"        (d / '00-zz-grader-test.py').write_text({startup!r})\n"
+        "    except OSError as e:\n"
+        "        print(e)\n"
+        f"for f in ({str(pth)!r}, '/tmp/zz-grader-test'):\n"
+        "    try:\n"
+        "        pathlib.Path(f).write_text('import os\\n')\n"
+        "    except OSError as e:\n"
+        "        print(e)\n"
+    )
+    subs = tmp_path / "subs"
+    (subs / "aaa").mkdir(parents=True)
+    (subs / "bbb").mkdir(parents=True)
+    nbformat.write(_solution_cell_with(leave), subs / "aaa" / FIXTURE.name)
+    nbformat.write(_blank_version(), subs / "bbb" / FIXTURE.name)
+    real_startup = Path.home() / ".ipython" / "profile_default" / "startup"
+    try:
+        rows = _grade(subs, tmp_path)
+        assert all(r["points"] == "0" for r in rows["bbb"].values()), rows["bbb"]
+        assert not pth.exists() and not Path("/tmp/zz-grader-test").exists()
+        assert not (real_startup / "00-zz-grader-test.py").exists()
+    finally:  # never leave them behind, even when the sandbox failed
+        for f in (pth, Path("/tmp/zz-grader-test"), real_startup / "00-zz-grader-test.py"):
+            f.unlink(missing_ok=True)
+
+
 @needs_sandbox
 def test_a_submission_cannot_change_another_submission_or_the_checks(tmp_path):
     """aaa is graded first and tries to blank zzz's notebook and to rewrite a check on disk."""
@@ -771,25 +866,25 @@ def test_a_submission_cannot_change_another_submission_or_the_checks(tmp_path):
 
     subs = tmp_path / "subs"
     victim = subs / "zzz" / FIXTURE.name
+    checks = Path(helpers.__file__).parent / "grading" / "ch00.py"
     sabotage = (
-        "import pathlib, shutil\n"
-        f"pathlib.Path({str(victim)!r}).write_text('{{}}')\n"
-        f"pathlib.Path({str(Path(helpers.__file__).parent / 'grading' / 'ch00.py')!r})"
-        ".write_text('')\n"
+        "import glob, pathlib\n"
+        f"for p in [{str(victim)!r}, {str(checks)!r}, *glob.glob('/proc/*/root{victim}'),\n"
+        f"          *glob.glob('/proc/*/root{checks}')]:\n"
+        "    try:\n"
+        "        pathlib.Path(p).write_text('{}')\n"
+        "    except OSError as e:\n"
+        "        print(e)\n"
     )
     (subs / "aaa").mkdir(parents=True)
-    nbformat.write(
-        _solution_cell_with(f"try:\n    exec({sabotage!r})\nexcept OSError as e:\n    print(e)"),
-        subs / "aaa" / FIXTURE.name,
-    )
+    nbformat.write(_solution_cell_with(sabotage), subs / "aaa" / FIXTURE.name)
     victim.parent.mkdir()
     victim.write_bytes(FIXTURE.read_bytes())
     before = victim.read_bytes()
-    checks = (Path(helpers.__file__).parent / "grading" / "ch00.py").read_bytes()
+    checks_before = checks.read_bytes()
     rows = _grade(subs, tmp_path)
     assert all(r["status"] == "passed" for r in rows["zzz"].values()), rows["zzz"]
-    assert victim.read_bytes() == before
-    assert (Path(helpers.__file__).parent / "grading" / "ch00.py").read_bytes() == checks
+    assert victim.read_bytes() == before and checks.read_bytes() == checks_before
 
 
 def test_the_documented_command_with_relative_paths_grades(tmp_path, monkeypatch):
