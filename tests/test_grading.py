@@ -859,6 +859,79 @@ def test_one_submission_cannot_change_how_later_ones_are_graded(tmp_path):
             f.unlink(missing_ok=True)
 
 
+# Five in-kernel tricks that let a blank notebook score full marks when the grader ran its check
+# cells through whatever the submission left in place.
+IN_KERNEL_CHEATS = {
+    "reload": (
+        "import importlib, helpers.grading as g\n"
+        "importlib.reload = lambda m: m\n"
+        "for mod in (g, *g.CHAPTERS):\n"
+        "    for n in dir(mod):\n"
+        "        if n.startswith('check_'):\n"
+        "            setattr(mod, n, lambda *a, **k: print('PASS'))\n"
+    ),
+    "input_transformer": (
+        "get_ipython().input_transformers_cleanup.append(\n"
+        "    lambda lines: ['pass\\n'] if any('check_' in x for x in lines) else lines)\n"
+    ),
+    "ast_transformer": (
+        "import ast\n"
+        "class _T(ast.NodeTransformer):\n"
+        "    def visit_Module(self, node):\n"
+        "        if 'check_' in ast.dump(node):\n"
+        "            node.body = [ast.Pass()]\n"
+        "        return node\n"
+        "get_ipython().ast_transformers.append(_T())\n"
+    ),
+    "meta_path": (
+        "import sys, importlib.abc, importlib.util\n"
+        "class _F(importlib.abc.MetaPathFinder, importlib.abc.Loader):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.startswith('helpers.grading.ch'):\n"
+        "            return importlib.util.spec_from_loader(name, self)\n"
+        "    def create_module(self, spec):\n"
+        "        return None\n"
+        "    def exec_module(self, m):\n"
+        "        for n in [n for n in vars(m) if n.startswith('check_')]:\n"
+        "            delattr(m, n)\n"
+        "        m.CHECKS, m.SECTIONS, m.WRONG_ANSWERS = {}, {}, {}\n"
+        "        m.__getattr__ = lambda n: (lambda *a, **k: print('PASS'))\n"
+        "sys.meta_path.insert(0, _F())\n"
+    ),
+    "run_cell": (
+        "_ip = get_ipython()\n"
+        "_run, _run_async = _ip.run_cell, _ip.run_cell_async\n"
+        "def _fake(cell):\n"
+        "    return 'pass' if 'check_' in cell else cell\n"
+        "_ip.run_cell = lambda cell, *a, **k: _run(_fake(cell), *a, **k)\n"
+        "async def _run_cell_async(cell, *a, **k):\n"
+        "    return await _run_async(_fake(cell), *a, **k)\n"
+        "_ip.run_cell_async = _run_cell_async\n"
+    ),
+    # blinds the grader's restore itself: the checks are then not run at all
+    "user_expressions": "get_ipython().user_expressions = lambda expressions: {}\n",
+}
+
+
+def test_in_kernel_tricks_do_not_make_a_blank_notebook_pass(tmp_path):
+    """Each trick (replacing importlib.reload, an input or AST transformer, a sys.meta_path
+    finder, a patched run_cell) in an otherwise blank notebook: the grader restores the kernel's
+    machinery before each check cell (helpers/grading/guard.py), so every check fails."""
+    for name, cheat in IN_KERNEL_CHEATS.items():
+        nb = _blank_version()
+        first = next(c for c in nb.cells if grading.is_solution_cell(c))
+        first.source += "\n" + cheat
+        (tmp_path / "subs" / name).mkdir(parents=True)
+        nbformat.write(nb, tmp_path / "subs" / name / FIXTURE.name)
+    rows = _grade(tmp_path / "subs", tmp_path)
+    scored = {s: [g for g, r in per.items() if r["points"] != "0"] for s, per in rows.items()}
+    assert scored == {name: [] for name in IN_KERNEL_CHEATS}, rows
+    assert {r["reason"] for r in rows["user_expressions"].values()} == {
+        "GraderGuardError: the grader could not restore the kernel's state before this check "
+        "(the submission changed how the kernel runs code)"
+    }
+
+
 @needs_sandbox
 def test_a_submission_cannot_change_another_submission_or_the_checks(tmp_path):
     """aaa is graded first and tries to blank zzz's notebook and to rewrite a check on disk."""

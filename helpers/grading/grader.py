@@ -143,7 +143,14 @@ def grade_notebook(
         own = Path(folder)
         (own / "work").mkdir()
         prefix = sandbox_prefix(**sandbox, writable=[own]) if sandbox else ()
-        run = execute_notebook(nb, cwd=own / "work", timeout=timeout, sandbox=prefix, private=own)
+        run = execute_notebook(
+            nb,
+            cwd=own / "work",
+            timeout=timeout,
+            sandbox=prefix,
+            private=own,
+            guarded=frozenset(where.values()),  # restored before each check: helpers.grading.guard
+        )
 
     out = []
     for gid, pts in ref.points.items():

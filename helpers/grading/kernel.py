@@ -8,6 +8,7 @@ started under a command (the OS sandbox of :mod:`helpers.grading.sandbox`).
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,6 +123,7 @@ def execute_notebook(
     timeout: int = 600,
     sandbox: tuple[str, ...] = (),
     private: Path | None = None,
+    guarded: frozenset[int] = frozenset(),
 ) -> NotebookRun:
     """Run every code cell of ``nb`` (in place) in a fresh kernel;
     never raises for the notebook's faults.
@@ -139,6 +141,10 @@ def execute_notebook(
             (:func:`helpers.grading.sandbox.sandbox_prefix`); () = none.
         private: a folder of this kernel's own for its home, temporary files and connection
             file (:func:`kernel_env`); None = the grader's.
+        guarded: indices of cells (the check cells) before which the kernel's import machinery,
+            builtins and IPython's cell machinery are restored as they were at its start
+            (:mod:`helpers.grading.guard`); when that fails, the cell is not run and is recorded
+            as an error ``GraderGuardError``.
     """
     from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
@@ -173,7 +179,14 @@ def execute_notebook(
         run.cells[i] = CellRun(i, "not run")
     try:
         with client.setup_kernel(env=kernel_env(private)):
+            nonce = secrets.token_hex(8)
+            guard_problem = _guard(client, "snapshot", nonce) if guarded else None
             for i in code_cells:
+                if i in guarded:
+                    problem = guard_problem or _guard(client, "restore", nonce)
+                    if problem:
+                        run.cells[i] = CellRun(i, "error", GUARD_ENAME, problem)
+                        continue
                 try:
                     client.execute_cell(nb.cells[i], i)
                 except DeadKernelError:
@@ -203,6 +216,36 @@ def execute_notebook(
         elif run.kernel_died_in is None:
             run.kernel_died_in = -1
     return run
+
+
+GUARD_ENAME = "GraderGuardError"
+
+
+def _guard(client: Any, what: str, nonce: str, timeout: int = 60) -> str | None:
+    """Call :mod:`helpers.grading.guard`'s ``what`` ("snapshot" or "restore") in the kernel through
+    an ``execute_request``'s ``user_expressions`` (evaluated by ``eval``, never seen by input
+    transformers); None when it answered ``"<what>d <nonce>"``, else why not."""
+    expr = f"__import__('helpers.grading.guard', fromlist=['guard']).{what}({nonce!r})"
+    saved = client.timeout
+    client.timeout = timeout
+    try:
+        msg_id = client.kc.execute(
+            "", silent=True, store_history=False, user_expressions={"guard": expr}
+        )
+        reply = client.wait_for_reply(msg_id) or {}
+    except Exception as exc:  # a dead or stuck kernel: the cell is not run
+        return f"the grader's {what} did not answer ({type(exc).__name__})"
+    finally:
+        client.timeout = saved
+    answer = reply.get("content", {}).get("user_expressions", {}).get("guard", {})
+    text = answer.get("data", {}).get("text/plain", "")
+    expected = repr(f"{ {'snapshot': 'snapshot', 'restore': 'restored'}[what] } {nonce}")
+    if text != expected:
+        return (
+            f"the grader could not {what} the kernel's state before this check "
+            "(the submission changed how the kernel runs code)"
+        )
+    return None
 
 
 def _kernel_answers(client: Any, timeout: int) -> bool:
