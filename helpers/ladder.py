@@ -394,13 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         # refused now, not after the whole ladder ran: a folder, another kind of existing file
-        args.out = cli.out_path(
-            args.out,
-            suffix=".json",
-            force=args.force,
-            same_kind=cli.is_course_result,
-            what=" and is not a course result JSON",
-        )
+        args.out = cli.result_out(args.out, force=args.force)
         # matplotlib would add ".png" itself, silently
         if args.plot is not None and not Path(args.plot).is_dir() and not Path(args.plot).suffix:
             args.plot = Path(args.plot).with_suffix(".png")

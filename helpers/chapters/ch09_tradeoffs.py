@@ -562,13 +562,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.iters < 1:
         p.error("--iters must be >= 1")
     device = cli.device(args.device)
-    cli.out_path(  # checked before the run, not after it
-        args.out,
-        suffix=".json",
-        force=args.force,
-        same_kind=cli.is_course_result,
-        what=" and is not a course result JSON",
-    )
+    cli.result_out(args.out, force=args.force)  # checked before the run, not after it
     out = run_benchmark(args.kind, device, iters=args.iters)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out} ({out['device']}, {len(out['rows'])} rows)")

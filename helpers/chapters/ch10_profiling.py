@@ -437,13 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes_asked = getattr(args, "batch_size", None)
     for b in sizes_asked if isinstance(sizes_asked, list) else [sizes_asked]:
         cli.at_least("batch_size", b)
-    cli.out_path(
-        getattr(args, "out", None),
-        suffix=".json",
-        force=getattr(args, "force", False),
-        same_kind=cli.is_course_result,
-        what=" and is not a course result JSON",
-    )
+    cli.result_out(getattr(args, "out", None), force=getattr(args, "force", False))
     if args.command == "from-perf":
         try:
             datetime.date.fromisoformat(args.date)

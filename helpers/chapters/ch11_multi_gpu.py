@@ -569,34 +569,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.device is not None:
             cli.device(args.device)
         # checked before training, not after it
-        cli.out_path(
-            args.checkpoint,
-            "--checkpoint",
-            force=args.force,
-            same_kind=zipfile.is_zipfile,
-            what=" and is not a torch checkpoint",
-        )
-        cli.out_path(
-            args.json,
-            "--json",
-            ".json",
-            force=args.force,
-            same_kind=cli.is_course_result,
-            what=" and is not a course result JSON",
-        )
+        ckpt = {"force": args.force, "same_kind": zipfile.is_zipfile}  # torch.save's format
+        cli.out_path(args.checkpoint, "--checkpoint", **ckpt)
+        cli.result_out(args.json, "--json", force=args.force)
         if args.command == "fsdp-traffic":
             args.argv = argv[1:]  # written into the result
             return main_train(args, traffic_run, group_of_one=True)
         return main_train(args)
     for n in args.nproc or []:
         cli.at_least("nproc", n)
-    cli.out_path(
-        args.out,
-        suffix=".json",
-        force=args.force,
-        same_kind=cli.json_with_keys("what", "rows"),
-        what=" and is not a scaling JSON",
-    )
+    cli.result_out(args.out, force=args.force, keys=("what", "rows"))  # scaling's own keys
     nprocs = args.nproc or list(range(1, max(1, torch.cuda.device_count()) + 1))
     command = "python -m helpers.chapters.ch11_multi_gpu " + " ".join(argv)
     result = scaling(nprocs, args.modes, rest, command=command)

@@ -137,6 +137,25 @@ def json_with_keys(*keys: str) -> Callable[[Path], bool]:
 is_course_result = json_with_keys("device", "torch", "date")
 
 
+def result_out(
+    path: str | Path | None,
+    flag: str = "--out",
+    force: bool = False,
+    keys: tuple[str, ...] = ("device", "torch", "date"),
+) -> Path | None:
+    """:func:`out_path` for a JSON result: the name ends in .json, and an existing file is
+    replaced only when it is a JSON object holding ``keys`` (default: a course result's
+    provenance, :data:`is_course_result`) or with ``force``."""
+    return out_path(
+        path,
+        flag,
+        ".json",
+        force=force,
+        same_kind=json_with_keys(*keys),
+        what=" and is not a result JSON of this tool",
+    )
+
+
 def add_force(parser: argparse.ArgumentParser, what: str = "--out") -> None:
     """The ``--force`` option of a tool whose outputs :func:`out_path` checks."""
     parser.add_argument(
