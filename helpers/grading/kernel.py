@@ -105,7 +105,7 @@ def kernel_env(private: Path | None = None) -> dict[str, str]:
             MPLCONFIGDIR=str(home / ".config" / "matplotlib"),
             PYTHONNOUSERSITE="1",
         )
-        for name in ("PYTHONSTARTUP", "JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JPY_PARENT_PID"):
+        for name in ("PYTHONSTARTUP", "JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR"):
             env.pop(name, None)
     return env
 

@@ -27,7 +27,7 @@ from helpers.grading.kernel import first_line
 # is opened first, so it can be bound from its descriptor even once a hidden folder above it is
 # covered; mounts are made from the shallowest path down, binds before covers at the same depth.
 # Then every capability is dropped (bounding set, inheritable, ambient; no new privileges), the
-# grader's pid is removed from the environment, and the command is executed. Exit 97: a mount
+# grader's pid is replaced in the environment, and the command is executed. Exit 97: a mount
 # failed; nothing outside the namespace changes either way.
 _SETUP = r"""
 import ctypes, os, sys
@@ -67,7 +67,7 @@ header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, th
 if libc.capset(header, (ctypes.c_uint32 * 6)()) != 0 or libc.prctl(38, 1, 0, 0, 0) != 0:
     sys.stderr.write("sandbox: cannot drop capabilities\n")
     os._exit(97)
-os.environ.pop("JPY_PARENT_PID", None)  # the grader's pid: not the kernel's to know
+os.environ["JPY_PARENT_PID"] = "1"  # not the grader's pid; ipykernel then polls no parent
 os.execvp(command[0], command)
 """
 
