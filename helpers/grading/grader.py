@@ -292,7 +292,9 @@ def sandbox_paths(submissions: Path, reference: Path, out: Path | None) -> dict[
     something the kernel needs); private and empty, ``/tmp``, ``/var/tmp``, ``/dev/shm`` and
     this process's temporary folder."""
     needed = needed_paths()
-    hidden = [reference, submissions, *hidden_repo_folders(), *git_stores(), Path.home()]
+    home = Path.home().resolve()
+    hidden = [reference, submissions, *hidden_repo_folders(), *git_stores()]
+    hidden += [home] if len(home.parts) > 1 else []  # never "/" (HOME=/ in some containers)
     read_only = list(needed)
     if out is not None:
         folder = out.parent.resolve()
