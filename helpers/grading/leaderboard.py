@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from helpers.core.model import GPTConfig, flops_per_token
-from helpers.grading.grader import out_file_problem
 from helpers.grading.kernel import first_line
 from helpers.measure import gpus
 from helpers.tools import cli
@@ -439,16 +438,11 @@ def command(args: argparse.Namespace) -> None:
         FileNotFoundError: no submissions folder, or no student folder in it.
     """
     submissions, out_csv, out_png = Path(args.submissions), Path(args.csv), Path(args.png)
-    for path, flag, suffix in ((out_csv, "--csv", ".csv"), (out_png, "--png", ".png")):
-        problem = out_file_problem(path, flag, suffix, {submissions: "submissions"})
-        if problem and not (args.force and "--force" in problem):
-            raise ValueError(problem)
-    if out_png.suffix.lower() != ".png":
-        raise ValueError(f"--png {out_png} does not end in .png: give a .png file")
     if out_csv.resolve() == out_png.resolve():
         raise ValueError(f"--csv and --png both name {out_csv}: give two files")
-    cli.out_path(out_csv, "--csv")  # makes the folders; refuses unwritable ones
-    cli.out_path(out_png, "--png")
+    for path, flag, suffix in ((out_csv, "--csv", ".csv"), (out_png, "--png", ".png")):
+        # makes the folders; refuses unwritable ones and existing files without --force
+        cli.out_path(path, flag, suffix, force=args.force, folders={submissions: "submissions"})
     rows = rank(collect(submissions))
     write_csv(rows, out_csv)
     plot(rows, out_png)
