@@ -538,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
         title = f"Same model, seed and batches in each precision, on {name}"
         fig = plots.loss_differences(losses, "fp32", title)
         args.plot.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(args.plot, dpi=120)
+        plots.save_png(fig, args.plot)
         print(f"wrote {args.plot}")
     return 0
 

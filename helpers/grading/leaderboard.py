@@ -28,7 +28,7 @@ from typing import Any
 
 from helpers.core.model import GPTConfig, flops_per_token
 from helpers.grading.kernel import first_line
-from helpers.measure import gpus
+from helpers.measure import gpus, plots
 from helpers.tools import cli
 
 SUBMISSION_FILE = "capstone-ladder.json"  # what the capstone writes and the leaderboard reads
@@ -416,7 +416,7 @@ def plot(rows: list[dict[str, Any]], path: str | Path | None = None):
     fig.text(0.01, 0.01, foot, fontsize=8, va="bottom")
     fig.tight_layout(rect=(0, 0.04 + 0.02 * foot.count("\n"), 1, 1))
     if path is not None:
-        fig.savefig(path, dpi=120)
+        plots.save_png(fig, path)
         plt.close(fig)
     return fig
 

@@ -66,7 +66,8 @@ def out_path(
       holds}, e.g. the submissions), or an existing folder;
     - with ``suffix`` (e.g. ".png") the name must end in it;
     - an existing file is replaced only when ``same_kind(path)`` recognises it as an earlier
-      output of the same kind (:func:`is_course_result`, a grades CSV), or with ``force``: the
+      output of the same kind (:func:`is_course_result`, a grades CSV, for ".png" a figure
+      :func:`helpers.measure.plots.save_png` wrote), or with ``force``: the
       message then ends "pass --force to replace it" (``what`` says what the file is not);
     - its folder is created, and a new file is created and removed again, so a place that refuses
       new files fails now, not after the run.
@@ -93,6 +94,10 @@ def out_path(
             f"{flag} {path}: the file is written as {suffix[1:].upper()}, so its name "
             f"must end in {suffix} (e.g. {path.with_suffix(suffix).name})"
         )
+    if same_kind is None and suffix == ".png":
+        from helpers.measure import plots
+
+        same_kind, what = plots.is_course_png, what or " and is not a figure a course tool wrote"
     if (path.exists() or path.is_symlink()) and not force:
         if not (same_kind is not None and path.is_file() and same_kind(path)):
             raise ValueError(f"{flag} {path} exists{what}: pass --force to replace it")
