@@ -819,11 +819,13 @@ def test_a_submission_cannot_see_the_graders_processes_or_reach_files_through_pr
 @needs_sandbox
 def test_one_submission_cannot_change_how_later_ones_are_graded(tmp_path):
     """aaa leaves an IPython startup file that turns every check into `pass` (in its home and in
-    the teacher's), a .pth file in the environment and a file in /tmp; bbb, graded after it, is
-    the untouched student version and must still score 0."""
+    the teacher's), a .pth file in the environment and a file in the shared temp folder; bbb,
+    graded after it, is the untouched student version and must still score 0."""
     import site
+    import tempfile
 
     pth = Path(site.getsitepackages()[0]) / "zz_grader_test.pth"
+    shared_tmp = Path(tempfile.gettempdir()) / "zz-grader-test"  # the grader's own temp folder
     startup = (
         "get_ipython().input_transformers_cleanup.append("
         "lambda lines: ['pass\\n'] if any('check_' in x for x in lines) else lines)\n"
@@ -837,7 +839,7 @@ def test_one_submission_cannot_change_how_later_ones_are_graded(tmp_path):
         f"        (d / '00-zz-grader-test.py').write_text({startup!r})\n"
         "    except OSError as e:\n"
         "        print(e)\n"
-        f"for f in ({str(pth)!r}, '/tmp/zz-grader-test'):\n"
+        f"for f in ({str(pth)!r}, {str(shared_tmp)!r}):\n"
         "    try:\n"
         "        pathlib.Path(f).write_text('import os\\n')\n"
         "    except OSError as e:\n"
@@ -852,10 +854,10 @@ def test_one_submission_cannot_change_how_later_ones_are_graded(tmp_path):
     try:
         rows = _grade(subs, tmp_path)
         assert all(r["points"] == "0" for r in rows["bbb"].values()), rows["bbb"]
-        assert not pth.exists() and not Path("/tmp/zz-grader-test").exists()
+        assert not pth.exists() and not shared_tmp.exists()
         assert not (real_startup / "00-zz-grader-test.py").exists()
     finally:  # never leave them behind, even when the sandbox failed
-        for f in (pth, Path("/tmp/zz-grader-test"), real_startup / "00-zz-grader-test.py"):
+        for f in (pth, shared_tmp, real_startup / "00-zz-grader-test.py"):
             f.unlink(missing_ok=True)
 
 

@@ -291,6 +291,12 @@ TRAFFIC_VARIANTS = (
 )
 
 
+def _no_folders(argv: list[str]) -> list[str]:
+    """``argv`` with each path argument reduced to its file name: a committed result records
+    the command, not the folders of the machine that ran it."""
+    return [Path(a).name if os.sep in a else a for a in argv]
+
+
 def _traffic_row(variant: tuple, args: argparse.Namespace, env: distributed.DistEnv) -> dict:
     name, wrapper, reshard, param_dtype = variant
     run, cfg = run_config_from(args, env.device)
@@ -367,7 +373,7 @@ def traffic_run(args: argparse.Namespace, env: distributed.DistEnv) -> dict:
         **results.provenance(env.device),
         "what": "collectives per optimizer step, step time and peak memory: DDP and FSDP variants",
         "command": "torchrun -m helpers.chapters.ch11_multi_gpu fsdp-traffic "
-        + " ".join(getattr(args, "argv", [])),
+        + " ".join(_no_folders(getattr(args, "argv", []))),
         "world_size": env.world_size,
         "backend": env.backend,
         "run": dataclasses.asdict(run),

@@ -21,6 +21,7 @@ This module is a separate inference path that reuses the model's own modules and
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -326,7 +327,10 @@ def generation_speed(
                 return model.generate(prompt, new_tokens, top_k=1)
             return generate_cached(model, prompt, new_tokens, top_k=1, step=step)
 
-    warm = timing.measure(run, device, warmup=0, iters=warmup) if warmup else None
+    with warnings.catch_warnings():
+        # the compile (in the first run) suggests TF32; the course times fp32 here on purpose
+        warnings.filterwarnings("ignore", message="TensorFloat32 tensor cores")
+        warm = timing.measure(run, device, warmup=0, iters=warmup) if warmup else None
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)  # the timed runs' peak, not the compile's
     t = timing.measure(run, device, warmup=0, iters=iters)
