@@ -1,5 +1,10 @@
 """Chapter 12's demonstrations of the last six rungs (helpers/chapters/ch12_rungs.py), on CPU."""
 
+import os
+import subprocess
+import sys
+
+import pytest
 import torch
 
 from helpers.chapters import ch12_rungs as rungs
@@ -106,3 +111,20 @@ def test_committed_timings_are_read_with_their_provenance():
     mm = rungs.fp8_matmul_times()
     assert mm["date"] == "2026-11-30" and len(mm["rows"]) == 3
     assert all(fp8 < bf16 for _, bf16, fp8 in mm["rows"])
+
+
+def test_fused_lm_head_saves_what_its_code_says_in_the_triton_interpreter():
+    pytest.importorskip("triton")
+    script = (
+        "from helpers.chapters import ch12_rungs as r\n"
+        "out = r.lm_head_saved_bytes(32, 16, 256, 'cpu')\n"
+        "assert out['fused'] == out['fused_by_code'], out\n"
+        "assert out['fused'] < out['pytorch'], out\n"
+        "print('saved OK')\n"
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1"}  # read when helpers.core.kernels is imported
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "saved OK" in out.stdout
