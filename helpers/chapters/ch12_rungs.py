@@ -177,7 +177,7 @@ def residual_stream(
     model_config: GPTConfig, batch_size: int, seq_len: int, device: torch.device | str, seed=0
 ) -> list[dict]:
     """One forward and backward under bf16 autocast with the fp32 and with the bf16 residual
-    stream, same weights and tokens.
+    stream, same weights and tokens (both drawn from ``seed``).
 
     Hooks on every block record its output (the residual stream) and that output's gradient.
     Returns two dicts: ``residual_dtype``, ``stream_dtype`` and ``grad_dtype`` (as str),
@@ -190,7 +190,12 @@ def residual_stream(
     x, y = idx[:, :-1].contiguous().to(device), idx[:, 1:].contiguous().to(device)
     out = []
     for residual in ("fp32", "bf16"):
-        model = GPT(model_config, attention="sdpa", residual_dtype=residual).to(device)
+        # GPT draws its init seed from the global CPU generator: seed it here, for both models
+        # alike, without changing the caller's random state
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = GPT(model_config, attention="sdpa", residual_dtype=residual)
+        model = model.to(device)
         seen, dtypes, handles = _record_stream(model)
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
             _, loss = model(x, y)
