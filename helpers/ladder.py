@@ -82,23 +82,31 @@ def ladder_configs(
 
 
 def last_runnable(
-    batch_size: int, seq_len: int, device: torch.device | str, compile_mode: str = "default"
+    batch_size: int,
+    seq_len: int,
+    device: torch.device | str,
+    compile_mode: str = "default",
+    taught_by: str | None = None,
 ) -> RunConfig:
     """The ladder's fastest configuration on ``device``: its last rung that can run here (every
     runnable switch on). On a T4 that is not the last rung: "+ clip in AdamW" and
     "+ fused LM-head CE" need bf16 (no GradScaler); below compute capability 8.9 (T4, A100)
     "+ fp8 LM head" needs fp8 tensor cores.
 
+    ``taught_by`` (a chapter number, "09"): the last runnable rung whose switches are all taught by
+    that chapter (:func:`helpers.switches.taught_after`), e.g. what a learner of chapter 10 knows.
+
     Raises:
-        ValueError: if no rung can run on ``device``.
+        ValueError: if no rung can run on ``device`` (under ``taught_by``, if given).
     """
     runnable = [
         run
         for run, reason in ladder_configs(batch_size, seq_len, compile_mode, device)
-        if reason is None
+        if reason is None and (taught_by is None or not switches.taught_after(run, taught_by))
     ]
     if not runnable:
-        raise ValueError(f"no rung of the ladder can run on {device}")
+        by = f" with switches taught by chapter {taught_by}" if taught_by else ""
+        raise ValueError(f"no rung of the ladder{by} can run on {device}")
     return runnable[-1]
 
 

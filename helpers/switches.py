@@ -265,6 +265,25 @@ SWITCHES: tuple[Switch, ...] = (
         doc="activation checkpointing: 0 = off, k = recompute every k-th block",
         where="model",
     ),
+    Switch(
+        "checkpoint_policy",
+        "block",
+        (),
+        "09",
+        {
+            "selective": (
+                "with checkpoint_every: keep the matmul and attention outputs and recompute only "
+                "the elementwise operations (LayerNorm, GELU, adds): less memory saved than "
+                "recomputing whole blocks, and no matmul run twice"
+            ),
+        },
+        values=("block", "selective"),
+        doc=(
+            'what a checkpointed block keeps: "block" = only its input, "selective" = also its '
+            "matmul and attention outputs (helpers.core.recompute)"
+        ),
+        where="model",
+    ),
 )
 
 # The order the ladder turns the switches on (a rung's position, not a switch's).
@@ -313,6 +332,25 @@ def get(field_name: str, switches: tuple[Switch, ...] = SWITCHES) -> Switch:
         if s.field == field_name:
             return s
     raise KeyError(f"no switch {field_name!r}; switches are {[s.field for s in switches]}")
+
+
+def taught_after(
+    run: object, chapter: str, switches: tuple[Switch, ...] = SWITCHES
+) -> list[Switch]:
+    """The switches that ``run`` (a RunConfig, or any object with the switch fields as attributes)
+    sets away from their baseline and that a chapter after ``chapter`` teaches (``chapter``: two
+    digits, "09"), in declaration order; [] when every switch it turns is taught by then.
+
+    Raises:
+        ValueError: if ``chapter`` is not a chapter number such as "09".
+    """
+    if not (isinstance(chapter, str) and chapter.isdigit()):
+        raise ValueError(f"chapter must be a chapter number such as '09', got {chapter!r}")
+    return [
+        s
+        for s in switches
+        if int(s.chapter) > int(chapter) and getattr(run, s.field, s.baseline) != s.baseline
+    ]
 
 
 def rung_fields(switches: tuple[Switch, ...] = SWITCHES) -> tuple[str, ...]:

@@ -194,3 +194,41 @@ def test_cli_table_and_run_on_cpu(tmp_path, capsys):
         == 0
     )
     assert "ms/step over 1 steps" in capsys.readouterr().out
+    run = ["run", "--steps", "1", "--warmup", "0", "--batch-size", "1", "--eager"]
+    assert profiling.main([*run, "--chapter-step"]) == 0
+    assert "the ladder up to '+ " in capsys.readouterr().out
+
+
+def test_chapter_rung_uses_only_switches_taught_by_chapter_09(monkeypatch):
+    from helpers import switches
+
+    run = profiling.chapter_rung(4, 64, "cpu", eager=True)
+    assert not switches.taught_after(run, "09") and run.compile is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # an H200, as tests/test_ladder
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+    gpu = profiling.chapter_rung(16, 1024, "cuda")
+    assert gpu.name == "the ladder up to '+ vocab 50304'" and gpu.compile == "default"
+    assert (gpu.optimizer, gpu.loss_kernel, gpu.residual_dtype) == ("foreach", "pytorch", "fp32")
+
+
+def test_ratio_rows_split_backward_over_forward_by_family():
+    prof = profiler.StepProfile(
+        "cuda",
+        "fake",
+        1,
+        [],
+        {"forward": 3.0, "backward": 5.0},
+        8.0,
+        8.0,
+        8.0,
+        phase_families_ms={
+            "forward": {"matmul": 2.0, "attention": 1.0},
+            "backward": {"matmul": 4.0, "reduction": 1.0},
+        },
+    )
+    assert profiling.ratio_rows(prof) == [
+        ["matmul", "2.00", "4.00", "2.00"],
+        ["reduction", "0.00", "1.00", "-"],
+        ["attention", "1.00", "0.00", "0.00"],
+        ["all kernels", "3.00", "5.00", "1.67"],
+    ]

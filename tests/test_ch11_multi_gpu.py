@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from helpers.chapters import ch11_multi_gpu
-from helpers.core import distributed
+from helpers.core import collectives, distributed
 
 # DDP's all-reduce averages in another order than one process's mean over the batch: after 2 AdamW
 # steps parameters differ by ~5e-6. A missing all-reduce, a shard that repeats or skips rows, or
@@ -96,6 +96,60 @@ def test_fsdp_on_two_processes_equals_one_process_and_halves_the_state(
     full, sharded = ddp["state_bytes_rank0"], fsdp["state_bytes_rank0"]
     for part in ("params", "grads"):
         assert sharded[part] == pytest.approx(full[part] / 2, rel=0.01)
+
+
+FSDP_CPU = pytest.mark.skipif(
+    distributed.fsdp_unsupported_reason(torch.device("cpu")) is not None,
+    reason="FSDP2 on a CPU is refused for this torch (see distributed.fsdp_unsupported_reason)",
+)
+TRAFFIC = ["--steps", "1", "--warmup", "0", "--seq-len", "32", "--device", "cpu", "--model", "tiny"]
+
+
+@FSDP_CPU
+def test_fsdp_traffic_on_two_processes_equals_the_arithmetic():
+    summary = ch11_multi_gpu.launch(
+        2, [*TRAFFIC, "--batch-size", "2"], timeout_s=300, command="fsdp-traffic"
+    )
+    rows = {r["variant"]: r for r in summary["rows"]}
+    assert summary["world_size"] == 2 and summary["backend"] == "gloo"
+    assert rows["no wrapper"]["collectives"] == {}
+    ddp = rows["DDP"]
+    assert ddp["collectives"]["all_reduce"]["bytes"] == ddp["state_bytes_rank0"]["params"]
+    fsdp = [r for r in summary["rows"] if r["wrapper"] == "fsdp"]
+    assert all(collectives.matches(r["collectives"], r["expected"]) for r in fsdp)
+    gathers = {r["variant"]: r["collectives"]["all_gather"] for r in fsdp}
+    # 3 units (2 blocks + root): forward gathers each; backward the ones freed after forward
+    assert gathers["FSDP (default: root kept)"]["count"] == 3 + 2
+    assert gathers["FSDP reshard_after_forward=True"]["count"] == 3 + 3
+    assert gathers["FSDP reshard_after_forward=False"]["count"] == 3
+    assert gathers["FSDP param_dtype=bf16"]["dtypes"] == ["torch.bfloat16"]
+    assert (
+        2 * gathers["FSDP param_dtype=bf16"]["bytes"]
+        == gathers["FSDP (default: root kept)"]["bytes"]
+    )
+    for r in fsdp:  # every unit's gradients once, in fp32 (bf16 run: reduce_dtype=fp32)
+        assert r["collectives"]["reduce_scatter"]["count"] == 3
+        assert r["collectives"]["reduce_scatter"]["dtypes"] == ["torch.float32"]
+    lines = ch11_multi_gpu.traffic_conclusions(summary)
+    assert "equal the arithmetic in 4 of 4 FSDP variants" in lines[0]
+    assert "2.00x the bytes of False" in lines[1] and "0.50x" in lines[2]
+    assert "| variant | all-gather |" in ch11_multi_gpu.traffic_table(summary)
+
+
+@FSDP_CPU
+def test_fsdp_traffic_runs_on_one_process_with_a_group_of_one():
+    summary = ch11_multi_gpu.launch(
+        1, [*TRAFFIC, "--batch-size", "2"], timeout_s=300, command="fsdp-traffic"
+    )
+    assert summary["world_size"] == 1 and summary["backend"] == "gloo"
+    fsdp = [r for r in summary["rows"] if r["wrapper"] == "fsdp"]
+    assert len(fsdp) == 4 and all(r["step_ms"] > 0 for r in fsdp)
+    # one rank holds every row: this torch copies instead of gathering, or gathers exactly
+    for r in fsdp:
+        assert not r["collectives"].get("all_gather") or collectives.matches(
+            r["collectives"], r["expected"]
+        )
+    assert ch11_multi_gpu.traffic_conclusions(summary)[0].startswith("world size 1")
 
 
 # ---- the scaling table and the command line ---------------------------------------------------

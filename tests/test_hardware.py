@@ -571,6 +571,11 @@ def test_power_summary_keeps_only_the_window():
     assert with_na["sw_power_cap_fraction"] == pytest.approx(
         2 / 3
     )  # over the samples that had reasons
+    assert with_na["thermal_fraction"] == 0.0
+    samples.append(
+        power.PowerSample(t=3.5, sm_clock_mhz=1400, power_w=650, power_limit_w=700, reasons=0x24)
+    )  # power cap and SW thermal slowdown at once
+    assert power.power_summary(samples)["thermal_fraction"] == pytest.approx(1 / 4)
 
 
 def test_format_power_summary_says_what_was_measured():
@@ -580,6 +585,7 @@ def test_format_power_summary_says_what_was_measured():
     assert (
         "up to 698 W of a 700 W limit (a ~1 s average" in text and "in 67% of the samples" in text
     )
+    assert "a thermal slowdown (the GPU too hot) in 0% of the samples" in text
     assert "average" not in power.format_power_summary(
         power.power_summary(samples), power_is_average=False
     )

@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 
-from helpers import bench, ladder
+from helpers import bench, ladder, switches
 from helpers.core.train import RunConfig
 from helpers.measure import gpus, hardware, results
 
@@ -88,6 +88,22 @@ def test_fp8_rung_is_skipped_below_compute_capability_8_9(monkeypatch):
     assert last.name == "+ fused LM-head CE" and not last.lm_head_fp8
     _fake_cuda(monkeypatch, (9, 0))  # an H100 / H200
     assert ladder.last_runnable(16, 1024, "cuda").lm_head_fp8
+
+
+def test_last_runnable_taught_by_stops_before_the_first_later_chapters_switch(monkeypatch):
+    """Chapter 10's step: on an H200 every rung up to "+ vocab 50304" is taught by chapter 09;
+    "+ fused AdamW" and the rungs after it are chapter 12's."""
+    _fake_cuda(monkeypatch, (9, 0))
+    run = ladder.last_runnable(16, 1024, "cuda", taught_by="09")
+    assert run.name == "+ vocab 50304" and not switches.taught_after(run, "09")
+    assert run.autocast == "bf16" and run.attention == "sdpa" and run.optimizer == "foreach"
+    assert [s.field for s in switches.taught_after(ladder.last_runnable(16, 1024, "cuda"), "09")][
+        :2
+    ] == ["optimizer", "residual_dtype"]
+    assert ladder.last_runnable(16, 1024, "cuda", taught_by="04").name == "+ bf16 autocast"
+    assert ladder.last_runnable(16, 1024, "cuda", taught_by="03").name == "fp32"
+    with pytest.raises(ValueError, match="chapter number"):
+        switches.taught_after(run, "nine")
 
 
 def test_cli_writes_results_json_and_plot(tmp_path, capsys):

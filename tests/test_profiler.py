@@ -104,6 +104,53 @@ def test_kernel_family_of_real_kernel_and_operator_names(name, family):
     assert profiler.kernel_family(name) == family
 
 
+# The first name is as results/h200-perf-eager-2026-11-30.json recorded it on the H200; the
+# others are LayerNorm's backward kernels in other PyTorch versions and in apex.
+LAYER_NORM_BACKWARD = [
+    "void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernelTemplate<float, float, "
+    "32u, 32u, 256u, false, true, false>(long, long, float const*, float const*, float const*, "
+    "float const*, float*, float*)",
+    "void at::native::(anonymous namespace)::GammaBetaBackwardSimpleCUDAKernel<float, float>",
+    "void at::native::(anonymous namespace)::layer_norm_grad_input_kernel<float, float>",
+    "aten::native_layer_norm_backward",
+    "LayerNormBackward0",
+    "void cuComputeGradGammaBeta<float, float, float>(float const*, int, int)",
+    "void cuComputePartGradGammaBeta<float, float, float>(float const*, int, int)",
+    "void cuComputeGradInput<float, float, float>(float const*, float const*, int, int)",
+]
+
+
+@pytest.mark.parametrize("name", LAYER_NORM_BACKWARD)
+def test_layer_norm_backward_kernels_are_reductions(name):
+    """LayerNorm's weight and bias gradients are sums over the rows: a reduction, not "other"."""
+    assert profiler.kernel_family(name) == "reduction"
+
+
+@pytest.mark.parametrize(
+    "name,family",
+    [
+        (
+            "void at::native::lpnorm_cleanup<float, (at::native::NormType)1, float, float>"
+            "(float const*, at::native::TensorListAddresses, int)",
+            "optimizer",
+        ),
+        (
+            "void at::native::(anonymous namespace)::compute_grad_weight<c10::BFloat16, float>"
+            "(long const*, c10::BFloat16 const*, long const*, long, long, long, float*)",
+            "copy / cast",
+        ),
+        (
+            "void at::native::(anonymous namespace)::sum_and_scatter<c10::BFloat16, float>"
+            "(long const*, c10::BFloat16*, long, long const*, float const*, long const*)",
+            "copy / cast",
+        ),
+        ("void at::native::(anonymous namespace)::krn_partials_per_segment<long>", "copy / cast"),
+    ],
+)
+def test_clip_norm_and_embedding_backward_kernels_have_their_family(name, family):
+    assert profiler.kernel_family(name) == family
+
+
 def test_kernel_family_rejects_non_strings():
     with pytest.raises(TypeError):
         profiler.kernel_family(None)
@@ -183,6 +230,9 @@ def test_cpu_profile_has_operators_phases_and_a_trace(cpu_profile):
     assert prof.phases_ms.get(profiler.UNATTRIBUTED, 0.0) < 0.05 * sum(prof.phases_ms.values())
     assert 0 < prof.busy_ms <= prof.span_ms
     assert prof.busy_ms == pytest.approx(prof.kernel_ms)
+    for phase, fams in prof.phase_families_ms.items():  # the phases, split by family
+        assert sum(fams.values()) == pytest.approx(prof.phases_ms[phase]), phase
+    assert prof.phase_families_ms["backward"]["matmul"] > 0
     trace = json.loads(Path(prof.trace_path).read_text())
     names_in_trace = {e.get("name") for e in trace["traceEvents"]}
     assert {"forward", "backward", "optimizer"} <= names_in_trace
@@ -237,6 +287,11 @@ def test_summarize_events_puts_gpu_kernels_in_the_phase_of_their_launch():
     assert prof.span_ms == pytest.approx(0.040)
     assert prof.idle_ms == pytest.approx(0.014)
     assert prof.host_ms == pytest.approx(0.025)
+    assert prof.phase_families_ms["forward"] == pytest.approx({"matmul": 0.010})
+    assert prof.phase_families_ms["backward"] == pytest.approx({"triton fused": 0.005})
+    assert prof.phase_ratio() == pytest.approx(0.5)  # backward / forward, all kernels
+    assert prof.phase_ratio(family="triton fused") is None  # no triton kernel in the forward
+    assert prof.phase_ratio("optimizer", "backward") == pytest.approx(2.0)
 
 
 def test_summarize_events_refuses_an_empty_profile():

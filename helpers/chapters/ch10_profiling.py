@@ -14,7 +14,7 @@ reads and commits:
            --out results/h200-profile-table-new.json
        python -m helpers.chapters.ch10_profiling from-perf \\
            results/h200-perf-final-2026-11-30.json --out results/h200-profile-table.json
-       # the step alone, for Nsight Systems (see chapter 10)
+       # the step alone, for Nsight Systems (see chapter 10); --chapter-step: chapter 10's step
        python -m helpers.chapters.ch10_profiling run --steps 5
 
 torch.profiler: https://pytorch.org/docs/stable/profiler.html ;
@@ -307,16 +307,60 @@ def provenance_line(provenance: dict, table: dict) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def final_rung(batch_size: int, seq_len: int, device: torch.device | str, eager: bool = False):
+def final_rung(
+    batch_size: int,
+    seq_len: int,
+    device: torch.device | str,
+    eager: bool = False,
+    taught_by: str | None = None,
+):
     """The ladder's last rung that runs on this device (every switch it can run, see
-    :func:`helpers.ladder.last_runnable`) as a RunConfig; ``eager=True`` drops torch.compile
-    (seconds instead of minutes to build)."""
+    :func:`helpers.ladder.last_runnable`) as a RunConfig named "final rung"; with ``taught_by``
+    (a chapter number) the last one whose switches are all taught by that chapter, named for its
+    rung ("the ladder up to '+ vocab 50304'"). ``eager=True`` drops torch.compile (seconds instead
+    of minutes to build).
+
+    Raises:
+        ValueError: if no such rung can run on ``device``.
+    """
     from helpers.ladder import last_runnable
 
-    run = last_runnable(batch_size, seq_len, torch.device(device))
+    run = last_runnable(batch_size, seq_len, torch.device(device), taught_by=taught_by)
+    name = "final rung" if taught_by is None else f"the ladder up to '{run.name}'"
     return run.replace(
-        name="final rung, eager" if eager else "final rung", compile=None if eager else run.compile
+        name=name + (", eager" if eager else ""), compile=None if eager else run.compile
     )
+
+
+TAUGHT_BY = "09"  # chapter 10 profiles what chapters 01-09 taught
+
+
+def chapter_rung(batch_size: int, seq_len: int, device: torch.device | str, eager: bool = False):
+    """The step chapter 10 profiles: :func:`final_rung` with ``taught_by=TAUGHT_BY``, the ladder's
+    last rung that runs here and whose switches chapters 01-09 teach (the switch registry names
+    each switch's chapter)."""
+    return final_rung(batch_size, seq_len, device, eager, taught_by=TAUGHT_BY)
+
+
+def ratio_rows(prof: StepProfile, num: str = "backward", den: str = "forward") -> list[list[str]]:
+    """Rows [family, den ms, num ms, num / den] of a profile, one per family with kernel time in
+    either phase (largest ``num`` first), then "all kernels"; ms per step, the ratio "-" where
+    the ``den`` time is 0. For :func:`helpers.measure.results.markdown_table`."""
+    fwd = prof.phase_families_ms.get(den, {})
+    bwd = prof.phase_families_ms.get(num, {})
+    fams = sorted(set(fwd) | set(bwd), key=lambda f: -bwd.get(f, 0.0))
+
+    def row(label: str, a: float, b: float, ratio: float | None) -> list[str]:
+        return [label, f"{a:.2f}", f"{b:.2f}", "-" if ratio is None else f"{ratio:.2f}"]
+
+    rows = [row(f, fwd.get(f, 0.0), bwd.get(f, 0.0), prof.phase_ratio(num, den, f)) for f in fams]
+    total = row(
+        "all kernels",
+        prof.phases_ms.get(den, 0.0),
+        prof.phases_ms.get(num, 0.0),
+        prof.phase_ratio(num, den),
+    )
+    return rows + [total]
 
 
 def describe(run) -> str:
@@ -366,6 +410,12 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--warmup", type=int, default=3)
     r.add_argument("--steps", type=int, default=5)
     r.add_argument("--eager", action="store_true", help="without torch.compile")
+    r.add_argument(
+        "--chapter-step",
+        action="store_true",
+        help="chapter 10's step (chapter_rung: switches taught by chapter 09) instead of the "
+        "ladder's last rung",
+    )
     f = sub.add_parser(
         "from-perf", help="derive a profile table from benchmarks/perf.py --profile output"
     )
@@ -414,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
     tokens = data.load_tokens()
     if args.command == "run":
         B = B0 if args.batch_size is None else args.batch_size
-        trainer = build(final_rung(B, T, device, args.eager), cfg, device)
+        rung = chapter_rung if args.chapter_step else final_rung
+        trainer = build(rung(B, T, device, args.eager), cfg, device)
         loader = data.BatchLoader(tokens, B, T, device)
         for _ in range(args.warmup):
             step_with_ranges(trainer, loader)

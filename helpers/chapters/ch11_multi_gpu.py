@@ -9,6 +9,9 @@ code change, and measures the scaling:
     torchrun --standalone --nproc_per_node=2 -m helpers.chapters.ch11_multi_gpu train --steps 20
     # tokens/s per world size
     python -m helpers.chapters.ch11_multi_gpu scaling --nproc 1 2 --out results/FILE.json ...
+    # what FSDP sends per step (collectives vs arithmetic), ms/step, peak memory; 1 or N ranks
+    torchrun --standalone --nproc_per_node=1 -m helpers.chapters.ch11_multi_gpu fsdp-traffic \\
+             --json results/FILE.json ...
 
 (``train`` is the default command: ``python -m helpers.chapters.ch11_multi_gpu --steps 20`` is the
 same run.)
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import gc
 import json
 import os
 import subprocess
@@ -40,8 +44,8 @@ import torch.distributed as dist
 
 import helpers
 from helpers import switches
-from helpers.core import data, distributed, train
-from helpers.measure import timing
+from helpers.core import collectives, data, distributed, train
+from helpers.measure import results, timing
 from helpers.tools import cli
 
 REPO_ROOT = helpers.REPO_ROOT
@@ -232,11 +236,16 @@ def run_here(argv: list[str]) -> dict:
     return train_run(parse_train_args(argv), env)
 
 
-def main_train(args: argparse.Namespace) -> int:
-    env = distributed.init(args.device)
+def main_train(args: argparse.Namespace, run_fn=None, group_of_one: bool = False) -> int:
+    """Run ``run_fn(args, env)`` (default :func:`train_run`) on this torchrun process; rank 0
+    prints a line and writes the summary to ``args.json``."""
+    env = distributed.init(args.device, group_of_one=group_of_one)
     try:
-        summary = train_run(args, env)
-        if env.is_main:  # rank-0-only logging
+        summary = (run_fn or train_run)(args, env)
+        if env.is_main and run_fn is not None:
+            for line in traffic_conclusions(summary):
+                print(line)
+        elif env.is_main:  # rank-0-only logging
             losses = summary["losses"]
             print(
                 f"world_size={env.world_size} ({summary['mode']}, "
@@ -244,15 +253,15 @@ def main_train(args: argparse.Namespace) -> int:
                 f"loss {losses[0]:.4f} -> {losses[-1]:.4f}, {summary['step_ms']:.1f} ms/step, "
                 f"{summary['tokens_per_s']:,.0f} tokens/s"
             )
-            if args.json:
-                Path(args.json).write_text(json.dumps(summary, indent=1))
+        if env.is_main and args.json:
+            Path(args.json).write_text(json.dumps(summary, indent=1))
         # every rank waits here before leaving the group: a rank that tore gloo down while the other
         # was still busy aborted with "terminate called without an active exception" (seen once in
         # CI)
         distributed.barrier(env)
     finally:
         distributed.shutdown(env)
-    if env.distributed:
+    if env.backend is not None:
         # A torchrun worker that finished cleanly leaves without Python's interpreter finalization.
         # Gloo's worker threads can still hold DDP's communication-hook futures (Python objects)
         # after the group is destroyed, and tearing those down during finalization aborted a worker
@@ -266,14 +275,187 @@ def main_train(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------------
+# What FSDP sends per step: recorded collectives against the arithmetic
+# --------------------------------------------------------------------------------------------
+
+# (name, wrapper, reshard_after_forward, param_dtype): measured in this order, in one job
+TRAFFIC_VARIANTS = (
+    ("no wrapper", None, None, None),
+    ("DDP", "ddp", None, None),
+    ("FSDP (default: root kept)", "fsdp", None, None),
+    ("FSDP reshard_after_forward=True", "fsdp", True, None),
+    ("FSDP reshard_after_forward=False", "fsdp", False, None),
+    ("FSDP param_dtype=bf16", "fsdp", None, torch.bfloat16),
+)
+
+
+def _traffic_row(variant: tuple, args: argparse.Namespace, env: distributed.DistEnv) -> dict:
+    name, wrapper, reshard, param_dtype = variant
+    run, cfg = run_config_from(args, env.device)
+    trainer = train.build(run, cfg, env.device)
+    shapes = [[list(p.shape) for p in ps] for _, ps in distributed.fsdp_units(trainer.model)]
+    reduce_dtype = torch.float32 if param_dtype is not None else None  # gradients summed in fp32
+    if wrapper == "ddp":
+        distributed.wrap_ddp(trainer, env, args.bucket_cap_mb)
+    elif wrapper == "fsdp":
+        distributed.wrap_fsdp(trainer, env, reshard, param_dtype, reduce_dtype)
+    loader = distributed.ShardedBatchLoader(data.load_tokens(), run.batch_size, run.seq_len, env)
+    if env.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(env.device)
+    with collectives.CollectiveRecorder() as rec:  # the first step, recorded (and not timed)
+        distributed.distributed_step(trainer, loader)
+    t = timing.measure(
+        lambda: distributed.distributed_step(trainer, loader),
+        env.device,
+        warmup=args.warmup,
+        iters=args.steps,
+    )
+    expected = None
+    if wrapper == "fsdp":
+        expected = collectives.expected_fsdp_traffic(
+            shapes,
+            distributed.fsdp_reshard_choices(len(shapes), reshard),
+            env.world_size,
+            param_dtype or torch.float32,
+            reduce_dtype,
+        )
+    row = {
+        "variant": name,
+        "wrapper": wrapper,
+        "reshard_after_forward": reshard,
+        "param_dtype": str(param_dtype or torch.float32),
+        "reduce_dtype": str(reduce_dtype or param_dtype or torch.float32),
+        "fsdp_units": len(shapes),
+        "step_ms": t.median_ms,
+        "step_ms_spread_pct": t.spread_pct,
+        "peak_bytes_rank0": torch.cuda.max_memory_allocated(env.device)
+        if env.device.type == "cuda"
+        else None,
+        "state_bytes_rank0": distributed.state_bytes(trainer.model, trainer.optimizer),
+        "collectives": rec.summary(),
+        "expected": expected,
+    }
+    return row
+
+
+def _fresh(device: torch.device) -> None:
+    gc.collect()  # the last variant's model and optimizer go before the next one is built
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def traffic_run(args: argparse.Namespace, env: distributed.DistEnv) -> dict:
+    """What FSDP adds to a step on this process group: for each of :data:`TRAFFIC_VARIANTS` (no
+    wrapper, DDP, FSDP with the reshard_after_forward choices and a bf16 param_dtype), build the
+    model afresh, record the collectives of its first optimizer step
+    (:class:`helpers.core.collectives.CollectiveRecorder`: count and bytes per kind), then time
+    ``args.warmup`` + ``args.steps`` more steps (median ms) and read rank 0's CUDA peak memory
+    (None on a CPU). FSDP rows carry ``expected``: the all-gather and reduce-scatter counts and
+    bytes of :func:`helpers.core.collectives.expected_fsdp_traffic`. One micro-step per step
+    (``--grad-accum`` is ignored). Every rank must call it; returns a JSON-ready dict led by
+    :func:`helpers.measure.results.provenance`.
+    """
+    args = argparse.Namespace(**{**vars(args), "grad_accum": 1, "mode": "traffic"})
+    rows = []
+    for variant in TRAFFIC_VARIANTS:
+        rows.append(_traffic_row(variant, args, env))
+        _fresh(env.device)
+    run, cfg = run_config_from(args, env.device)
+    return {
+        **results.provenance(env.device),
+        "what": "collectives per optimizer step, step time and peak memory: DDP and FSDP variants",
+        "command": "torchrun -m helpers.chapters.ch11_multi_gpu fsdp-traffic "
+        + " ".join(getattr(args, "argv", [])),
+        "world_size": env.world_size,
+        "backend": env.backend,
+        "run": dataclasses.asdict(run),
+        "model": dataclasses.asdict(cfg),
+        "timed_steps": args.steps,
+        "rows": rows,
+    }
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+def traffic_table(summary: dict) -> str:
+    """:func:`traffic_run`'s rows as a Markdown table: per variant the all-gathers and
+    reduce-scatters measured (count / bytes) next to the arithmetic, the all-reduces, step time
+    (ms) and rank 0's peak memory (GiB, CUDA only)."""
+
+    def cell(got: dict | None, missing: str | None) -> str | None:
+        return missing if got is None else f"{got['count']} / {_mib(got['bytes'])}"
+
+    rows = []
+    for r in summary["rows"]:
+        done, want, peak = r["collectives"], r["expected"] or {}, r["peak_bytes_rank0"]
+        rows.append([r["variant"]] + [
+            cell(done.get("all_gather"), "0"), cell(want.get("all_gather"), None),
+            cell(done.get("reduce_scatter"), "0"), cell(want.get("reduce_scatter"), None),
+            cell(done.get("all_reduce"), "0"), f"{r['step_ms']:.1f}",
+            None if peak is None else f"{peak / 2**30:.2f}",
+        ])  # fmt: skip
+    header = (
+        "variant|all-gather|(arithmetic)|reduce-scatter|(arithmetic)|all-reduce|ms/step|peak GiB"
+    )
+    return results.markdown_table(header.split("|"), rows, "lrrrrrrr")
+
+
+def traffic_conclusions(summary: dict) -> list[str]:
+    """Sentences computed from :func:`traffic_run`'s numbers: whether the recorded collectives
+    match the arithmetic, what reshard_after_forward and a bf16 param_dtype change, and FSDP's
+    step time and peak memory against the unwrapped step on the same device."""
+    rows = {r["variant"]: r for r in summary["rows"]}
+    base, fsdp = rows["no wrapper"], rows["FSDP (default: root kept)"]
+    fsdp_rows = [r for r in summary["rows"] if r["wrapper"] == "fsdp"]
+    w = summary["world_size"]
+    out = []
+    if all(not r["collectives"].get("all_gather") for r in fsdp_rows):
+        out.append(
+            f"world size {w}: FSDP issued no all-gather or reduce-scatter (a rank that holds "
+            "every row copies instead of communicating)"
+        )
+    else:
+        ok = [
+            r["variant"] for r in fsdp_rows if collectives.matches(r["collectives"], r["expected"])
+        ]
+        out.append(
+            f"world size {w}: recorded all-gathers and reduce-scatters equal the arithmetic "
+            f"in {len(ok)} of {len(fsdp_rows)} FSDP variants"
+        )
+        t, f = rows["FSDP reshard_after_forward=True"], rows["FSDP reshard_after_forward=False"]
+        ag_t, ag_f = t["collectives"]["all_gather"], f["collectives"]["all_gather"]
+        out.append(
+            f"reshard_after_forward=True gathers {ag_t['bytes'] / ag_f['bytes']:.2f}x the bytes "
+            f"of False ({ag_t['count']} vs {ag_f['count']} all-gathers)"
+        )
+        bf = rows["FSDP param_dtype=bf16"]["collectives"]["all_gather"]["bytes"]
+        fp = fsdp["collectives"]["all_gather"]["bytes"]
+        out.append(f"param_dtype=bf16 gathers {bf / fp:.2f}x the bytes of fp32")
+    line = (
+        f"FSDP (default) step: {fsdp['step_ms']:.1f} ms vs {base['step_ms']:.1f} ms "
+        f"without a wrapper ({fsdp['step_ms'] / base['step_ms']:.2f}x)"
+    )
+    if fsdp["peak_bytes_rank0"] and base["peak_bytes_rank0"]:
+        line += (
+            f"; peak memory {fsdp['peak_bytes_rank0'] / 2**30:.2f} vs "
+            f"{base['peak_bytes_rank0'] / 2**30:.2f} GiB"
+        )
+    out.append(line)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
 # Launching torchrun from Python, and the scaling measurement
 # --------------------------------------------------------------------------------------------
 
 
-def launch(nproc: int, args: list[str], timeout_s: float = 600) -> dict:
-    """Run ``torchrun --standalone --nproc_per_node=nproc -m helpers.chapters.ch11_multi_gpu train
-    ARGS --json TMP`` (or plain ``python -m`` for nproc=0) from the repository root, and return the
-    summary rank 0 wrote. ``--standalone`` picks a free port, so runs never clash.
+def launch(nproc: int, args: list[str], timeout_s: float = 600, command: str = "train") -> dict:
+    """Run ``torchrun --standalone --nproc_per_node=nproc -m helpers.chapters.ch11_multi_gpu
+    COMMAND ARGS --json TMP`` (or plain ``python -m`` for nproc=0) from the repository root, and
+    return the summary rank 0 wrote. ``--standalone`` picks a free port, so runs never clash.
+    ``command``: "train" or "fsdp-traffic".
 
     Raises:
         RuntimeError: the job failed; the message holds the tail of its output.
@@ -285,7 +467,7 @@ def launch(nproc: int, args: list[str], timeout_s: float = 600) -> dict:
                 sys.executable,
                 "-m",
                 "helpers.chapters.ch11_multi_gpu",
-                "train",
+                command,
                 *args,
                 "--json",
                 str(out),
@@ -299,7 +481,7 @@ def launch(nproc: int, args: list[str], timeout_s: float = 600) -> dict:
                 f"--nproc_per_node={nproc}",
                 "-m",
                 "helpers.chapters.ch11_multi_gpu",
-                "train",
+                command,
                 *args,
                 "--json",
                 str(out),
@@ -357,6 +539,10 @@ def main(argv: list[str] | None = None) -> int:
     _train_parser(
         sub.add_parser("train", help="train on this process (or on each torchrun process)")
     )
+    f = sub.add_parser(
+        "fsdp-traffic", help="collectives, ms/step, peak memory of DDP and FSDP variants"
+    )
+    _train_parser(f)
     s = sub.add_parser("scaling", help="tokens/s on 1..N GPUs, one torchrun job each; writes JSON")
     s.add_argument(
         "--out", required=True, help="JSON file to write (e.g. results/h200x2-ddp-scaling.json)"
@@ -366,11 +552,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     s.add_argument("--modes", nargs="+", choices=("ddp", "fsdp"), default=["ddp"])
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] not in ("train", "scaling", "-h", "--help"):
+    if argv and argv[0] not in ("train", "fsdp-traffic", "scaling", "-h", "--help"):
         # `python -m helpers.chapters.ch11_multi_gpu --steps 20` means the train command
         argv = ["train", *argv]
     args, rest = p.parse_known_args(argv)
-    if args.command == "train":
+    if args.command in ("train", "fsdp-traffic"):
         if rest:
             p.error(f"unrecognized arguments: {' '.join(rest)}")
         if args.steps < 1 or not 0 <= args.warmup:
@@ -381,6 +567,9 @@ def main(argv: list[str] | None = None) -> int:
             cli.device(args.device)
         for path in (args.checkpoint, args.json):  # checked before training, not after it
             cli.out_path(path)
+        if args.command == "fsdp-traffic":
+            args.argv = argv[1:]  # written into the result
+            return main_train(args, traffic_run, group_of_one=True)
         return main_train(args)
     for n in args.nproc or []:
         cli.at_least("nproc", n)

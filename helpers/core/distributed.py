@@ -16,7 +16,8 @@ last micro-step needs the average: the others run under ``no_sync()`` (:func:`di
 
 FSDP (``fully_shard``) keeps only 1/WORLD_SIZE of every parameter, gradient and AdamW moment on
 each process and gathers a block's full weights just before it runs: the memory of the model
-state falls by about WORLD_SIZE, paid for with more communication (:func:`state_bytes`).
+state falls by about WORLD_SIZE, paid for with more communication (:func:`state_bytes`; what it
+sends per step: :mod:`helpers.core.collectives`).
 
 Chapter 11's training runs, their command line and the scaling measurement use this module:
 :mod:`helpers.chapters.ch11_multi_gpu`.
@@ -97,20 +98,25 @@ def env_from_environ(device: str | None = None, environ: dict | None = None) -> 
     return DistEnv(rank, local_rank, world_size, dev, backend)
 
 
-def init(device: str | None = None) -> DistEnv:
+def init(device: str | None = None, group_of_one: bool = False) -> DistEnv:
     """Read torchrun's variables and, when WORLD_SIZE > 1, join the process group (NCCL on CUDA,
-    gloo on a CPU). Call :func:`shutdown` at the end. A plain ``python -m`` run is world size 1."""
+    gloo on a CPU). Call :func:`shutdown` at the end. A plain ``python -m`` run is world size 1.
+
+    ``group_of_one``: join a process group even at WORLD_SIZE 1 (FSDP needs one; torchrun must
+    have set MASTER_ADDR and MASTER_PORT). The returned env then names its backend."""
     env = env_from_environ(device)
     if env.device.type == "cuda":
         torch.cuda.set_device(env.device)
-    if env.distributed and not dist.is_initialized():
+    if group_of_one and not env.distributed:
+        env = dataclasses.replace(env, backend="nccl" if env.device.type == "cuda" else "gloo")
+    if env.backend is not None and not dist.is_initialized():
         dist.init_process_group(backend=env.backend)
     return env
 
 
 def shutdown(env: DistEnv) -> None:
-    """Leave the process group (no-op for a single process)."""
-    if env.distributed and dist.is_initialized():
+    """Leave the process group (no-op when there is none)."""
+    if env.backend is not None and dist.is_initialized():
         dist.destroy_process_group()
 
 
@@ -212,12 +218,12 @@ def wrap_ddp(
     Returns (the DDP module, the all-reduce counter or None).
 
     Raises:
-        ValueError: world size 1 (nothing to average), or a compiled run (not wired in
-            chapter 11).
+        ValueError: no process group (world size 1 without :func:`init`'s ``group_of_one``:
+            nothing to average), or a compiled run (not wired in chapter 11).
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    if not env.distributed:
+    if not dist.is_initialized():
         raise ValueError("DDP needs WORLD_SIZE > 1: launch with torchrun --nproc_per_node=N")
     if trainer.run.compile is not None:
         raise ValueError("torch.compile + DDP is not wired in this chapter: use compile=None")
@@ -248,6 +254,37 @@ def fully_shard_api():
     return fully_shard
 
 
+def _mixed_precision_policy(param_dtype: torch.dtype | None, reduce_dtype: torch.dtype | None):
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+    except ImportError:
+        from torch.distributed._composable.fsdp import MixedPrecisionPolicy
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+
+
+def fsdp_units(model: torch.nn.Module) -> list[tuple[str, list[torch.Tensor]]]:
+    """The FSDP units :func:`wrap_fsdp` makes, in the order it makes them: ("h.0", its
+    parameters), ..., then ("root", the parameters of no block: embeddings, final LayerNorm;
+    the tied lm_head weight once). Works on a sharded or an unsharded model."""
+    in_blocks = set()
+    units = []
+    for i, block in enumerate(model.transformer.h):
+        params = list(block.parameters())
+        in_blocks.update(id(p) for p in params)
+        units.append((f"h.{i}", params))
+    units.append(("root", [p for p in model.parameters() if id(p) not in in_blocks]))
+    return units
+
+
+def fsdp_reshard_choices(n_units: int, reshard_after_forward: bool | None) -> list[bool]:
+    """Whether each of :func:`fsdp_units`' ``n_units`` units frees its gathered parameters after
+    forward. None: the blocks do and the root does not (``fully_shard``'s default: backward
+    starts with the root's lm_head, so it would gather them again at once); a bool: every unit."""
+    if reshard_after_forward is None:
+        return [True] * (n_units - 1) + [False]
+    return [bool(reshard_after_forward)] * n_units
+
+
 def fsdp_unsupported_reason(device: torch.device) -> str | None:
     """Why FSDP2 cannot run on ``device`` with this torch (None if it can, as far as the course has
     seen).
@@ -266,19 +303,31 @@ def fsdp_unsupported_reason(device: torch.device) -> str | None:
     return None
 
 
-def wrap_fsdp(trainer: train.Trainer, env: DistEnv) -> torch.nn.Module:
+def wrap_fsdp(
+    trainer: train.Trainer,
+    env: DistEnv,
+    reshard_after_forward: bool | None = None,
+    param_dtype: torch.dtype | None = None,
+    reduce_dtype: torch.dtype | None = None,
+) -> torch.nn.Module:
     """Shard ``trainer.model`` over all ranks with FSDP2: each transformer block is one unit
-    (its full weights are gathered just before it runs, then freed), the rest (embeddings, final
-    LayerNorm) is the root unit. The parameters become DTensors holding 1/world_size of the rows,
-    so a new AdamW is made over them (its moments are sharded too). Returns the sharded model,
-    which is also the trainer's model and forward.
+    (its full weights are gathered just before it runs), the rest (embeddings, final LayerNorm)
+    is the root unit (:func:`fsdp_units`). The parameters become DTensors holding 1/world_size of
+    the rows, so a new AdamW is made over them (its moments are sharded too). Returns the sharded
+    model, which is also the trainer's model and forward.
+
+    ``reshard_after_forward``: see :func:`fsdp_reshard_choices` (None: blocks free their gathered
+    weights after forward, the root keeps them). ``param_dtype``: the dtype FSDP gathers and
+    computes the parameters in (``MixedPrecisionPolicy``; None: fp32, as stored);
+    ``reduce_dtype``: the gradients' dtype in the reduce-scatter (None: ``param_dtype``).
 
     Raises:
-        ValueError: world size 1, or a compiled run.
+        ValueError: no process group (world size 1 without :func:`init`'s ``group_of_one``),
+            or a compiled run.
         RuntimeError: FSDP2 cannot run on this device with this torch
             (:func:`fsdp_unsupported_reason`).
     """
-    if not env.distributed:
+    if not dist.is_initialized():
         raise ValueError("FSDP needs WORLD_SIZE > 1: launch with torchrun --nproc_per_node=N")
     if trainer.run.compile is not None:
         raise ValueError("torch.compile + FSDP is not wired in this chapter: use compile=None")
@@ -289,9 +338,12 @@ def wrap_fsdp(trainer: train.Trainer, env: DistEnv) -> torch.nn.Module:
 
     fully_shard = fully_shard_api()
     mesh = init_device_mesh(env.device.type, (env.world_size,))
-    for block in trainer.model.transformer.h:
-        fully_shard(block, mesh=mesh)
-    fully_shard(trainer.model, mesh=mesh)
+    mp = _mixed_precision_policy(param_dtype, reduce_dtype)
+    n_blocks = len(trainer.model.transformer.h)
+    reshard = fsdp_reshard_choices(n_blocks + 1, reshard_after_forward)
+    for block, free in zip(trainer.model.transformer.h, reshard, strict=False):
+        fully_shard(block, mesh=mesh, reshard_after_forward=free, mp_policy=mp)
+    fully_shard(trainer.model, mesh=mesh, reshard_after_forward=reshard[-1], mp_policy=mp)
     trainer.forward = trainer.model
     trainer.optimizer = train.make_optimizer(trainer.model, trainer.run)
     return trainer.model

@@ -16,13 +16,17 @@ import torch
 SMI_QUERY = "timestamp,clocks.sm,power.draw,power.limit,clocks_throttle_reasons.active"
 # the clock-event reason bit "SW power cap": the driver lowers clocks to stay under the power limit
 SW_POWER_CAP = 0x4
+# the bits "SW thermal slowdown" (0x20) and "HW thermal slowdown" (0x40): clocks lowered because
+# the GPU (or its memory) is too hot (NVML's nvmlClocksEventReasons, nvidia-smi -q -d PERFORMANCE)
+THERMAL_SLOWDOWN = 0x20 | 0x40
 
 
 @dataclass
 class PowerSample:
     """One nvidia-smi reading: ``t`` (time.time(), s, when the line arrived), SM clock (MHz), power
-    draw and limit (W), and the clock-event reasons bit mask (:data:`SW_POWER_CAP` = 0x4; 0 =
-    nothing holds the clock). A field nvidia-smi reports as "[N/A]" is None.
+    draw and limit (W), and the clock-event reasons bit mask (:data:`SW_POWER_CAP` = 0x4,
+    :data:`THERMAL_SLOWDOWN` = 0x20 | 0x40; 0 = nothing holds the clock). A field nvidia-smi
+    reports as "[N/A]" is None.
 
     The clock is the current one. ``power.draw`` is, on Ampere and newer GPUs, the driver's average
     over about the last second (``nvidia-smi --help-query-gpu``), so it lags a load that has just
@@ -77,7 +81,8 @@ def power_summary(
 ) -> dict:
     """Min / median / max of power (W) and SM clock (MHz) over the samples taken in [t0, t1]
     (time.time() s; None = no bound), the window's length, the power limit, and the fraction of
-    samples whose clock-event reasons include :data:`SW_POWER_CAP`. Fields nvidia-smi could not read
+    samples whose clock-event reasons include :data:`SW_POWER_CAP` (and, as
+    ``thermal_fraction``, :data:`THERMAL_SLOWDOWN`). Fields nvidia-smi could not read
     ("[N/A]") are left out of each statistic (a statistic with no value is None).
 
     Returns ``{"samples": 0, "window_s": ...}`` when no sample falls in the window (e.g. a window
@@ -103,6 +108,9 @@ def power_summary(
         "sm_clock_mhz": stats([s.sm_clock_mhz for s in sel]),
         "power_limit_w": limits[-1] if limits else None,
         "sw_power_cap_fraction": (sum(bool(r & SW_POWER_CAP) for r in reasons) / len(reasons))
+        if reasons
+        else None,
+        "thermal_fraction": (sum(bool(r & THERMAL_SLOWDOWN) for r in reasons) / len(reasons))
         if reasons
         else None,
     }
@@ -140,6 +148,11 @@ def format_power_summary(
         lines.append(
             "the driver named its power cap as a clock-event reason in "
             f"{summary['sw_power_cap_fraction']:.0%} of the samples"
+        )
+    if summary.get("thermal_fraction") is not None:
+        lines.append(
+            "and a thermal slowdown (the GPU too hot) in "
+            f"{summary['thermal_fraction']:.0%} of the samples"
         )
     return "\n".join(lines)
 

@@ -68,10 +68,13 @@ FAMILY_DESCRIPTIONS = {
         "loss fused together"
     ),
     ELEMENTWISE: "one output per input element: add, multiply, GELU, masking (memory-bound)",
-    REDUCTION: "reductions over a row: LayerNorm, softmax, cross-entropy, sums (memory-bound)",
+    REDUCTION: (
+        "reductions over a row or a column: LayerNorm (and its weight gradients), softmax, "
+        "cross-entropy, sums, norms (memory-bound)"
+    ),
     COPY: (
-        "data movement: copies, dtype casts, fills, gathers (embedding lookup), "
-        "host-device transfers"
+        "data movement: copies, dtype casts, fills, gathers and scatters (embedding lookup and "
+        "its backward), host-device transfers"
     ),
     OPTIMIZER: (
         "AdamW (fused / foreach multi-tensor kernels), gradient-norm clipping, GradScaler unscale"
@@ -93,19 +96,28 @@ FAMILY_RULES: list[tuple[str, str]] = [
         r"gemm|nvjet|xmma|cutlass|wgmma|cublas|sm90_|sm80_|^triton_tem_|"
         r"^aten::(mm|addmm|bmm|baddbmm|matmul|addmv|mv|dot)$",
     ),
-    (OPTIMIZER, r"adam|multi_tensor_apply|foreach|_amp_|amp_update_scale|non_finite"),
+    # lpnorm_cleanup: the last kernel of the foreach gradient norm (clip_grad_norm_)
+    (
+        OPTIMIZER,
+        r"adam|multi_tensor_apply|foreach|_amp_|amp_update_scale|non_finite|lpnorm_cleanup",
+    ),
     (TRITON, r"^triton_"),
     (
         REDUCTION,
         r"softmax|nll_loss|cross_entropy|_ce_(forward|backward|fused|fused_e5m2)_kernel|"
-        r"layer_norm|reduce_kernel|"
+        # LayerNorm forward and backward: PyTorch's layer_norm_grad_input and GammaBetaBackward
+        # (the weight and bias gradients: sums over the rows), apex's cuComputeGradGammaBeta ...
+        r"layer_?norm|gammabeta|cuComputePartGrad|cuComputeGradInput|reduce_kernel|"
         r"^aten::(sum|mean|amax|max|min|norm|linalg_vector_norm|var|std)$",
     ),
     (
         COPY,
         r"copy|memcpy|memset|fill|_transpose_kernel|"
         r"^aten::(zero_|clone|contiguous|to|cat|index_select|index|gather|scatter|embedding|"
-        r"embedding_dense_backward)$|indexing_backward|index_select|gather|scatter",
+        r"embedding_dense_backward)$|indexing_backward|index_select|gather|scatter|"
+        # the embedding's backward on a GPU: sort the token ids, then add each row's gradients
+        r"embedding_backward|compute_grad_weight|sum_and_scatter|partials_per_segment|"
+        r"partial_segment_offset|num_of_partial_segments|segment_offsets_kernel",
     ),
     (ELEMENTWISE, rf"elementwise|gelu|tanh|^aten::({_ELEMENTWISE_OPS})_?$"),
 ]
@@ -206,6 +218,8 @@ class StepProfile:
     host_ms: float  # host (CPU) wall time of one step, profiler overhead included
     trace_path: str | None = None
     notes: list[str] = field(default_factory=list)
+    # {phase: {family: ms per step}}: the per-phase split of each family (phases_ms, by family)
+    phase_families_ms: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def kernel_ms(self) -> float:
@@ -223,6 +237,18 @@ class StepProfile:
 
     def top(self, n: int = 10) -> list[dict]:
         return self.kernels[:n]
+
+    def phase_ratio(
+        self, num: str = "backward", den: str = "forward", family: str | None = None
+    ) -> float | None:
+        """Kernel time of phase ``num`` over phase ``den`` (default backward / forward), of all
+        kernels or of one ``family``; None when the ``den`` time is 0."""
+        if family is None:
+            a, b = self.phases_ms.get(num, 0.0), self.phases_ms.get(den, 0.0)
+        else:
+            a = self.phase_families_ms.get(num, {}).get(family, 0.0)
+            b = self.phase_families_ms.get(den, {}).get(family, 0.0)
+        return a / b if b > 0 else None
 
 
 def _is_annotation(evt) -> bool:
@@ -297,6 +323,7 @@ def summarize_events(events, steps: int, device_type: str, device_name: str = ""
     phase_at = _phase_lookup(events)
     per_name: dict[str, dict] = {}
     phases: dict[str, float] = {p: 0.0 for p in PHASES}
+    by_phase_family: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     intervals: list[tuple[float, float]] = []
     if device_type == "cuda":
         cpu = [e for e in events if _device_is(e, "CPU")]
@@ -312,6 +339,7 @@ def summarize_events(events, steps: int, device_type: str, device_name: str = ""
                 launch = frontends.get(linked)
             phase = phase_at(launch) if launch is not None else UNATTRIBUTED
             phases[phase] = phases.get(phase, 0.0) + dur
+            by_phase_family[phase][kernel_family(e.name)] += dur
             entry = per_name.setdefault(e.name, {"us": 0.0, "calls": 0})
             entry["us"] += dur
             entry["calls"] += 1
@@ -328,6 +356,7 @@ def summarize_events(events, steps: int, device_type: str, device_name: str = ""
                 continue
             phase = phase_at(e.time_range.start)
             phases[phase] = phases.get(phase, 0.0) + dur
+            by_phase_family[phase][kernel_family(e.name)] += dur
             entry = per_name.setdefault(e.name, {"us": 0.0, "calls": 0})
             entry["us"] += dur
             entry["calls"] += 1
@@ -373,6 +402,10 @@ def summarize_events(events, steps: int, device_type: str, device_name: str = ""
         busy_us / 1e3 / steps,
         span_us / 1e3 / steps,
         host_us / 1e3,
+        phase_families_ms={
+            ph: {fam: us / 1e3 / steps for fam, us in fams.items()}
+            for ph, fams in by_phase_family.items()
+        },
     )
     unattributed = phases_ms.get(UNATTRIBUTED, 0.0)
     total = sum(phases_ms.values())
