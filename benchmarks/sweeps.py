@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from helpers.chapters import ch06_attention as attention
+from helpers.chapters import ch07_vocab as vocab
 from helpers.measure import hardware, results
 
 
@@ -25,12 +26,7 @@ def main(argv=None) -> int:
     }
     seq_lens = [128, 256, 512, 1024, 2048, 4096] if cuda else [64, 128, 256]
     att = attention.attention_sweep(device, seq_lens, B=8 if cuda else 2)
-    vocab = list(range(50240, 50433, 8)) if cuda else list(range(50240, 50305, 16))
-    lm = (
-        attention.lm_head_sweep(device, vocab)
-        if cuda
-        else attention.lm_head_sweep(device, vocab, n_tokens=128, n_embd=128)
-    )
+    lm = vocab.lm_head_sweep(device)  # chapter 07's sizes, 50257 and 50304 included
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / f"{args.prefix}-attention-sweep.json").write_text(
         json.dumps(

@@ -265,6 +265,25 @@ SWITCHES: tuple[Switch, ...] = (
         doc="activation checkpointing: 0 = off, k = recompute every k-th block",
         where="model",
     ),
+    Switch(
+        "checkpoint_policy",
+        "block",
+        (),
+        "09",
+        {
+            "selective": (
+                "with checkpoint_every: keep the matmul and attention outputs and recompute only "
+                "the elementwise operations (LayerNorm, GELU, adds): less memory saved than "
+                "recomputing whole blocks, and no matmul run twice"
+            ),
+        },
+        values=("block", "selective"),
+        doc=(
+            'what a checkpointed block keeps: "block" = only its input, "selective" = also its '
+            "matmul and attention outputs (helpers.core.recompute)"
+        ),
+        where="model",
+    ),
 )
 
 # The order the ladder turns the switches on (a rung's position, not a switch's).

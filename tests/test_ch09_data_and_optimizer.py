@@ -81,3 +81,23 @@ def test_data_wait_report_has_a_no_loading_baseline():
 
 def test_copy_time_is_none_on_cpu():
     assert data_and_optimizer.copy_time_us(4, 32, "cpu", pinned=True) is None
+
+
+def test_token_windows_are_the_stream_shifted_by_one():
+    tokens = torch.arange(11)
+    ds = data_and_optimizer.TokenWindows(tokens, 5)
+    assert len(ds) == 2
+    x, y = ds[1]
+    assert x.tolist() == [5, 6, 7, 8, 9] and y.tolist() == [6, 7, 8, 9, 10]
+
+
+def test_dataloader_knobs_time_the_course_loader_and_each_variant():
+    assert [v["num_workers"] for v in data_and_optimizer.dataloader_variants("cpu")] == [0, 2, 2]
+    assert not any(v["pin_memory"] for v in data_and_optimizer.dataloader_variants("cpu"))
+    rows = data_and_optimizer.dataloader_knobs(2, 16, "cpu", [dict(num_workers=0)], n=3)
+    assert [r["loader"] for r in rows] == ["course's BatchLoader", "torch DataLoader"]
+    assert all(r["median_ms"] > 0 and r["first_ms"] > 0 for r in rows)
+    table = data_and_optimizer.knobs_table(rows)
+    assert table.count("\n") == 3 and "prefetch_factor" in table
+    line = data_and_optimizer.knobs_conclusion(rows, step_ms=10.0)
+    assert line.startswith("The course's loader takes") and "num_workers=0" in line

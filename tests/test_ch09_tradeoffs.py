@@ -6,6 +6,7 @@ import torch
 from helpers.chapters import ch09_tradeoffs as tradeoffs
 from helpers.core import data, train
 from helpers.core.model import GPT, GPTConfig
+from helpers.measure import memory
 
 CFG = GPTConfig(block_size=32, n_layer=2, n_head=2, n_embd=32)
 RUN = train.RunConfig(attention="sdpa", batch_size=4, seq_len=32)
@@ -50,29 +51,30 @@ def test_accumulation_sweep_counts_tokens_per_optimizer_step():
     assert all(r["ms"] > 0 and r["peak_bytes"] is None and 9 < r["loss"] < 12 for r in rows)
 
 
-def test_saved_activation_bytes_fall_as_more_blocks_are_checkpointed():
+def test_held_bytes_fall_as_more_blocks_are_checkpointed():
     import dataclasses
 
     idx = torch.randint(0, 50257, (2, 32))
-    saved = {}
+    held = {}
     for k in (0, 2, 1):
         m = _model(dataclasses.replace(CFG, n_layer=4), checkpoint_every=k)
-        (_, loss), saved[k] = tradeoffs.saved_activation_bytes(
-            lambda m=m: m(idx, idx), list(m.parameters())
-        )
+        (_, loss), held[k] = memory.held_bytes(lambda m=m: m(idx, idx), "cpu")
         loss.backward()
-    assert saved[0] > saved[2] > saved[1] > 0
-    # the parameters themselves are never counted as activations
-    m = _model()
-    _, with_params = tradeoffs.saved_activation_bytes(lambda: m(idx, idx))
-    _, without = tradeoffs.saved_activation_bytes(lambda: m(idx, idx), list(m.parameters()))
-    assert with_params > without
+        del loss
+    assert held[0] > held[2] > held[1] > 0
 
 
 def test_checkpointing_sweep_rows():
-    rows = tradeoffs.checkpointing_sweep(RUN, CFG, "cpu", [0, 1], warmup=0, iters=1)
-    assert [r["checkpointed_blocks"] for r in rows] == [0, 2]
-    assert rows[0]["saved_bytes"] > rows[1]["saved_bytes"] and all(
+    rows = tradeoffs.checkpointing_sweep(
+        RUN, CFG, "cpu", [0, 1, (1, "selective")], warmup=0, iters=1
+    )
+    assert [r["checkpointed_blocks"] for r in rows] == [0, 2, 2]
+    assert [tradeoffs.setting_label(r) for r in rows] == [
+        "off",
+        "every block",
+        "every block, selective",
+    ]
+    assert rows[0]["held_bytes"] > rows[1]["held_bytes"] and all(
         r["peak_bytes"] is None for r in rows
     )
     fig = tradeoffs.plot_checkpointing(rows, "test")

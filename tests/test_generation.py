@@ -40,6 +40,21 @@ def test_generate_cached_gives_generate_tokens_greedy_and_sampled(attention, voc
     assert not torch.equal(want, greedy)  # the sampled run really sampled
 
 
+def test_gpt_generate_with_use_cache_gives_the_recomputed_tokens():
+    model = tiny_model("sdpa", vocab_multiple=64)
+    idx = prompt()
+    assert torch.equal(
+        model.generate(idx, 20, top_k=1, use_cache=True), model.generate(idx, 20, top_k=1)
+    )
+    sampled = [
+        model.generate(idx, 20, generator=torch.Generator().manual_seed(3), use_cache=c)
+        for c in (False, True)
+    ]
+    assert torch.equal(*sampled)
+    with pytest.raises(ValueError, match="does not crop"):
+        model.generate(prompt(1, 12), 21, use_cache=True)
+
+
 def test_generate_cached_never_samples_padded_ids():
     model = tiny_model("sdpa", vocab_multiple=64)  # 100 real ids, 128 rows
     with torch.no_grad():  # make the padded ids by far the most likely: only masking keeps them out

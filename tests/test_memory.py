@@ -118,3 +118,15 @@ def test_fits_reports_an_out_of_memory_step_as_none_and_raises_other_errors():
     assert memory.fits(step, 2, "cpu")[0] is True
     with pytest.raises(ValueError, match="a bug"):
         memory.fits(step, 3, "cpu")
+
+
+def test_held_bytes_counts_what_survives_and_not_temporaries():
+    a = torch.randn(256, 256)
+
+    def fn():
+        (a * 2).sum()  # a temporary of 256 KiB, freed before fn returns
+        return a @ a  # 256 KiB kept
+
+    out, held = memory.held_bytes(fn, "cpu")
+    assert out.shape == (256, 256)
+    assert 256 * 256 * 4 <= held < 2 * 256 * 256 * 4

@@ -1,6 +1,7 @@
 """helpers.tools.notebooks: the authoring tools that re-record notebook outputs."""
 
 import nbformat
+import pytest
 
 from helpers.tools import notebooks
 
@@ -49,20 +50,31 @@ def test_record_keeps_figures_even_when_mplbackend_is_agg(tmp_path, monkeypatch)
 
 def test_every_chapter_states_its_measured_run_time_from_the_committed_table():
     """The opening of each chapter gives its H200 and emulated-T4 run times, as the committed
-    nbval table measured them (so the two never disagree)."""
-    import re
-
+    table measured them (so the two never disagree)."""
     from helpers import REPO_ROOT
+    from helpers.tools import run_times
 
-    table = REPO_ROOT / "results" / "h200-nbval-2026-12-01-evening.md"
-    rows = {}
-    for line in table.read_text().splitlines():
-        m = re.match(r"\| (\d\d)_\w+ \| [^|]+ \| (\d+) \| [^|]+ \| (\d+) \|", line)
-        if m:
-            rows[m.group(1)] = (m.group(2), m.group(3))
+    rows = run_times.read_table()
     chapters = sorted((REPO_ROOT / "notebooks").glob("[01][0-9]_*.ipynb"))
-    assert len(chapters) == 13 and set(rows) == {p.name[:2] for p in chapters}
+    assert len(chapters) == 14 and set(rows) == {p.name[:2] for p in chapters}
     for path in chapters:
-        opening = " ".join(nbformat.read(path, as_version=4).cells[0].source.split())
-        h200, t4 = rows[path.name[:2]]
-        assert f"{h200} s on an NVIDIA H200; {t4} s as an emulated T4" in opening, path.name
+        opening = nbformat.read(path, as_version=4).cells[0].source
+        assert run_times.sentence(*rows[path.name[:2]]) in opening, path.name
+
+
+def test_run_time_rewrite_follows_the_table_and_refuses_a_chapter_without_a_row(tmp_path):
+    from helpers.tools import run_times
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# T\n\n**Run time**: old.\n\nNext.")]
+    good, bad = tmp_path / "07_x.ipynb", tmp_path / "99_x.ipynb"
+    nbformat.write(nb, good)
+    nbformat.write(nb, bad)
+    assert run_times.rewrite([good]) == [good]
+    text = nbformat.read(good, as_version=4).cells[0].source
+    assert run_times.sentence(*run_times.read_table()["07"]) in text and "old" not in text
+    assert text.endswith("\n\nNext.")
+    assert run_times.rewrite([good]) == []  # already current: not written again
+    with pytest.raises(ValueError, match="no row"):
+        run_times.rewrite([bad])
+    assert "not yet timed" in run_times.sentence(10, None)

@@ -21,7 +21,7 @@ import torch.nn as nn
 from helpers import switches
 from helpers.core import data, tokenizer, train
 from helpers.core.model import GPTConfig
-from helpers.measure import timing
+from helpers.measure import results, timing
 
 # --------------------------------------------------------------------------------------------
 # Data loading
@@ -134,6 +134,121 @@ def copy_time_us(
         host = host.pin_memory()
     t = timing.measure(lambda: host.to(device, non_blocking=pinned), device, warmup=3, iters=iters)
     return 1e3 * t.median_ms
+
+
+class TokenWindows(torch.utils.data.Dataset):
+    """The pre-tokenised stream as a map-style Dataset: item i is (x, y), each (T,) int64, the
+    tokens [i*T, i*T + T) and the same window shifted by one. What a ``torch.utils.data.DataLoader``
+    would read where the course's :class:`helpers.core.data.BatchLoader` slices the array itself.
+    """
+
+    def __init__(self, tokens: torch.Tensor, seq_len: int):
+        self.tokens = tokens.to(torch.long).contiguous()
+        self.T = seq_len
+        self.n = (self.tokens.numel() - 1) // seq_len
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        buf = self.tokens[i * self.T : i * self.T + self.T + 1]
+        return buf[:-1], buf[1:]
+
+
+def dataloader_variants(device: torch.device | str) -> list[dict]:
+    """The DataLoader settings the chapter times, as DataLoader keyword arguments: 0 workers, then
+    2 workers with ``prefetch_factor`` 2 (PyTorch's default) and 4; ``pin_memory`` on CUDA only
+    (there is no device copy to speed up on a CPU), plus 0 workers unpinned on CUDA."""
+    pin = torch.device(device).type == "cuda"
+    variants = [dict(num_workers=0, pin_memory=pin)]
+    if pin:
+        variants.insert(0, dict(num_workers=0, pin_memory=False))
+    variants += [dict(num_workers=2, pin_memory=pin, prefetch_factor=f) for f in (2, 4)]
+    return variants
+
+
+def dataloader_knobs(
+    B: int, T: int, device: torch.device | str, variants: list[dict] | None = None, n: int = 20
+) -> list[dict]:
+    """Host time per batch of the course's :class:`helpers.core.data.BatchLoader` against a
+    ``torch.utils.data.DataLoader`` over the same tokens (:class:`TokenWindows`, shuffled) for each
+    of ``variants`` (default :func:`dataloader_variants`), each batch copied to ``device``
+    (``non_blocking`` when pinned, through :class:`PrefetchLoader`).
+
+    Returns rows {"loader", "num_workers", "pin_memory", "prefetch_factor" (None without
+    workers), "first_ms" (the first batch: worker start-up), "median_ms" (median of ``n`` further
+    batches)}, the course's loader first. Worker processes end before this returns.
+    """
+    device = torch.device(device)
+    tokens = data.load_tokens()
+    course = time_next_batch(data.BatchLoader(tokens, B, T, device), n=n)
+    rows = [
+        dict(
+            loader="course's BatchLoader",
+            num_workers=0,
+            pin_memory=device.type == "cuda",
+            prefetch_factor=None,
+            first_ms=course["first_ms"],
+            median_ms=course["median_ms"],
+        )
+    ]
+    for v in variants if variants is not None else dataloader_variants(device):
+        dl = torch.utils.data.DataLoader(
+            TokenWindows(tokens, T), batch_size=B, shuffle=True, drop_last=True, **v
+        )
+        t = time_next_batch(PrefetchLoader(dl, device), n=n)
+        rows.append(
+            dict(
+                loader="torch DataLoader",
+                num_workers=v["num_workers"],
+                pin_memory=v.get("pin_memory", False),
+                prefetch_factor=v.get("prefetch_factor"),
+                first_ms=t["first_ms"],
+                median_ms=t["median_ms"],
+            )
+        )
+        del dl, t  # the iterator in the PrefetchLoader goes with it, and its workers end
+    return rows
+
+
+def knobs_table(rows: list[dict]) -> str:
+    """A Markdown table of :func:`dataloader_knobs` rows (ms per batch, host side)."""
+    body = [
+        [
+            r["loader"],
+            r["num_workers"],
+            r["pin_memory"],
+            r["prefetch_factor"],
+            f"{r['first_ms']:.1f}",
+            f"{r['median_ms']:.3f}",
+        ]
+        for r in rows
+    ]
+    header = [
+        "loader",
+        "num_workers",
+        "pin_memory",
+        "prefetch_factor",
+        "first batch ms",
+        "ms per batch",
+    ]
+    return results.markdown_table(header, body, "lrllrr")
+
+
+def knobs_conclusion(rows: list[dict], step_ms: float) -> str:
+    """One sentence from :func:`dataloader_knobs` rows and a training step's time (ms): the course's
+    loader and the fastest DataLoader setting, each as a share of the step."""
+    course = rows[0]
+    best = min(rows[1:], key=lambda r: r["median_ms"])
+    knobs = f"num_workers={best['num_workers']}, pin_memory={best['pin_memory']}"
+    if best["prefetch_factor"] is not None:
+        knobs += f", prefetch_factor={best['prefetch_factor']}"
+    return (
+        f"The course's loader takes {course['median_ms']:.3f} ms per batch "
+        f"({100 * course['median_ms'] / step_ms:.2g}% of a {step_ms:.1f} ms step); the fastest "
+        f"DataLoader setting ({knobs}) {best['median_ms']:.3f} ms "
+        f"({100 * best['median_ms'] / step_ms:.2g}%)."
+    )
 
 
 class FixedBatch:

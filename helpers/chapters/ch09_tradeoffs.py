@@ -5,7 +5,8 @@ checkpointing, each measured on the course's real model and data.
   gradient of one N-times larger batch; the logged loss is the mean of the detached micro-losses.
 - Activation checkpointing (``torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)``,
   switched by ``RunConfig.checkpoint_every``): keep only each checkpointed block's input and
-  recompute its activations during backward.
+  recompute its activations during backward; ``RunConfig.checkpoint_policy="selective"`` also
+  keeps the matmul and attention outputs (:mod:`helpers.core.recompute`).
   PyTorch docs: https://pytorch.org/docs/stable/checkpoint.html
 
 The chapter's data loading (pinned memory, prefetch, tokenising DataLoader workers) and optimizer
@@ -23,7 +24,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import warnings
-from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -239,92 +239,87 @@ class Checkpointed(nn.Module):
         return torch.utils.checkpoint.checkpoint(self.module, x, use_reentrant=self.use_reentrant)
 
 
-def saved_activation_bytes(
-    fn: Callable[[], object], exclude: list[torch.Tensor] = ()
-) -> tuple[object, int]:
-    """Run ``fn()`` and count the bytes of the tensors autograd keeps for backward.
-
-    Every tensor autograd saves passes a ``torch.autograd.graph.saved_tensors_hooks`` pack hook; the
-    storages are counted once each, and those of ``exclude`` (pass the parameters) not at all.
-    Inside a non-reentrant checkpoint the checkpoint's own hook takes over, so what it drops is not
-    counted: this is the memory a step holds between forward and backward, on any device. Under
-    autocast it includes the low-precision copies of the weights that autocast makes and saves.
-    Returns (fn's result, bytes).
-    """
-    skip = {t.untyped_storage().data_ptr() for t in exclude}
-    seen: dict[tuple, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        s = t.untyped_storage()
-        if s.data_ptr() not in skip:
-            seen[(t.device, s.data_ptr())] = s.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return out, sum(seen.values())
-
-
-def _saved_bytes_of_one_forward(trainer, loader) -> dict:
-    """{"saved_bytes": activation bytes one extra forward of ``trainer``'s model saves for
-    backward}."""
+def _held_bytes_of_one_forward(trainer, loader) -> dict:
+    """{"held_bytes": bytes one extra forward of ``trainer``'s model allocates and still holds
+    when it returns (:func:`helpers.measure.memory.held_bytes`): the activations kept for backward
+    plus the logits and loss}."""
     trainer.optimizer.zero_grad(set_to_none=True)
     x, y = loader.next_batch()
     with trainer.autocast():
-        (logits, loss), saved = saved_activation_bytes(
-            lambda m=trainer.model, x=x, y=y: m(x, y), list(trainer.model.parameters())
+        (logits, loss), held = memory.held_bytes(
+            lambda m=trainer.model, x=x, y=y: m(x, y), trainer.device
         )
-    # the un-backwarded graph holds every saved activation: drop it before the next setting is
+    # the un-backwarded graph holds every kept activation: drop it before the next setting is
     # measured (kept alive, it added ~9 GiB per setting to the next peak on the H200)
     del logits, loss, x, y
-    return {"saved_bytes": saved}
+    return {"held_bytes": held}
+
+
+def _setting(s: int | tuple[int, str]) -> tuple[int, str]:
+    """A sweep setting as (checkpoint_every, checkpoint_policy); an int k means (k, "block")."""
+    return (s, "block") if isinstance(s, int) else s
+
+
+def setting_label(row: dict) -> str:
+    """'off', 'every block', 'every 2nd block', ..., with ', selective' for the selective policy:
+    the name of a row of :func:`checkpointing_sweep` or :func:`max_batch_under_limit`."""
+    k, policy = row["checkpoint_every"], row.get("checkpoint_policy", "block")
+    if k == 0:
+        return "off"
+    nth = {1: "", 2: "2nd ", 3: "3rd "}.get(k, f"{k}th ")
+    return f"every {nth}block" + (", selective" if policy == "selective" else "")
 
 
 def checkpointing_sweep(
     run: train.RunConfig,
     model_config: GPTConfig,
     device: torch.device | str,
-    settings: list[int],
+    settings: list[int | tuple[int, str]],
     warmup: int = 2,
     iters: int = 5,
 ) -> list[dict]:
-    """Step time, peak memory and saved-activation bytes for each ``checkpoint_every`` setting.
+    """Step time, peak memory and held bytes for each checkpointing setting: an int k is
+    ``checkpoint_every=k`` with whole blocks recomputed, a pair (k, policy) also sets
+    ``checkpoint_policy`` (``(1, "selective")``: every block, :mod:`helpers.core.recompute`).
 
-    Returns rows {"checkpoint_every", "checkpointed_blocks", "ms", "tokens_per_s", "peak_bytes"
-    (CUDA only, else None), "saved_bytes", "baseline_bytes"} with ms the median of ``iters`` full
-    training steps and the peak over all steps (warm-up included), counted from the memory
-    allocated before the setting's model was built (``baseline_bytes``); saved_bytes from
-    :func:`saved_activation_bytes` of one extra forward (parameters excluded).
+    Returns rows {"checkpoint_every", "checkpoint_policy", "checkpointed_blocks", "ms",
+    "tokens_per_s", "peak_bytes" (CUDA only, else None), "held_bytes", "baseline_bytes"} with ms the
+    median of ``iters`` full training steps and the peak over all steps (warm-up included), counted
+    from the memory allocated before the setting's model was built (``baseline_bytes``); held_bytes
+    what one extra forward allocates and still holds when it returns
+    (:func:`helpers.measure.memory.held_bytes`: the activations kept for backward, the logits and
+    the loss; on any device).
     """
     device = torch.device(device)
     tokens = data.load_tokens()
     rows = []
-    for k in settings:
+    for k, policy in map(_setting, settings):
         memory.reset_peak(device)
         # tensors of earlier work, not of this setting
         baseline = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
         row = bench.measure(
-            run.replace(checkpoint_every=k),
+            run.replace(checkpoint_every=k, checkpoint_policy=policy),
             model_config,
             device,
             tokens,
             warmup,
             iters,
-            after=_saved_bytes_of_one_forward,
+            after=_held_bytes_of_one_forward,
         )
         if row["status"] != "measured":
-            raise RuntimeError(f"checkpoint_every={k}: {row['reason']}")
+            raise RuntimeError(f"checkpoint_every={k}, {policy}: {row['reason']}")
         peak = row["peak_mem_bytes"]
         rows.append(
             dict(
                 checkpoint_every=k,
+                checkpoint_policy=policy,
                 checkpointed_blocks=0 if k == 0 else len(range(0, model_config.n_layer, k)),
                 ms=row["ms_per_step"],
                 tokens_per_s=timing.tokens_per_second(
                     run.batch_size * run.seq_len, row["ms_per_step"]
                 ),
                 peak_bytes=None if peak is None else peak - baseline,
-                saved_bytes=row["saved_bytes"],
+                held_bytes=row["held_bytes"],
                 baseline_bytes=baseline,
             )
         )
@@ -337,12 +332,13 @@ def max_batch_under_limit(
     model_config: GPTConfig,
     device: torch.device | str,
     limit_bytes: int,
-    settings: list[int],
+    settings: list[int | tuple[int, str]],
     start: int = 8,
     limit_b: int = 512,
 ) -> list[dict]:
     """Largest B whose *measured* peak memory of one full training step stays under
-    ``limit_bytes``, for each ``checkpoint_every`` setting (CUDA only: the peak is
+    ``limit_bytes``, for each checkpointing setting (as in :func:`checkpointing_sweep`; CUDA only:
+    the peak is
     ``torch.cuda.max_memory_allocated``).
 
     A step whose peak exceeds the limit counts as out of memory (the real GPU may be larger), so
@@ -350,18 +346,21 @@ def max_batch_under_limit(
     GPU.
     The peak counts from the memory already allocated before the model is built (``baseline_bytes``,
     e.g. tensors an earlier notebook cell still holds), so only this step's own memory is budgeted.
-    Returns rows {"checkpoint_every", "max_batch_size", "peak_bytes", "baseline_bytes"}.
+    Returns rows {"checkpoint_every", "checkpoint_policy", "max_batch_size", "peak_bytes",
+    "baseline_bytes"}.
     Raises ValueError on a CPU (no peak-memory counter there).
     """
     device = torch.device(device)
     if device.type != "cuda":
         raise ValueError("max_batch_under_limit measures CUDA peak memory: run it on a GPU")
     rows = []
-    for k in settings:
+    for k, policy in map(_setting, settings):
         memory.reset_peak(device)
         # tensors of earlier work: not this step's budget
         baseline = torch.cuda.memory_allocated(device)
-        trainer = train.build(run.replace(checkpoint_every=k), model_config, device)
+        trainer = train.build(
+            run.replace(checkpoint_every=k, checkpoint_policy=policy), model_config, device
+        )
         probe = memory.make_step_probe(trainer, run.seq_len)
 
         def try_step(B: int, probe=probe, baseline=baseline) -> None:
@@ -378,6 +377,7 @@ def max_batch_under_limit(
         rows.append(
             dict(
                 checkpoint_every=k,
+                checkpoint_policy=policy,
                 max_batch_size=found["max_batch_size"],
                 peak_bytes=None if peak is None else peak - baseline,
                 baseline_bytes=baseline,
@@ -435,12 +435,13 @@ def reentrant_trap(
 
 
 def plot_checkpointing(rows: list[dict], title: str):
-    """Step time (ms) against memory (GiB) per ``checkpoint_every`` setting: measured peak where the
-    rows have one (CUDA), and the activation bytes autograd keeps. Returns the matplotlib figure."""
+    """Step time (ms) against memory (GiB) per checkpointing setting: measured peak where the rows
+    have one (CUDA), and the bytes one forward holds for backward (``held_bytes``). Returns the
+    matplotlib figure."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 3.5))
-    series = [("saved_bytes", "activations kept for backward", "o")]
+    series = [("held_bytes", "held after forward", "o")]
     if rows[0]["peak_bytes"] is not None:
         series.insert(0, ("peak_bytes", "peak memory of the step", "s"))
     for key, label, marker in series:
@@ -448,7 +449,7 @@ def plot_checkpointing(rows: list[dict], title: str):
         ax.plot(xs, ys, marker=marker, ls="-", label=label)
         for r, xv, yv in zip(rows, xs, ys, strict=True):
             ax.annotate(
-                "off" if r["checkpoint_every"] == 0 else f"every {r['checkpoint_every']}",
+                setting_label(r),
                 (xv, yv),
                 textcoords="offset points",
                 xytext=(4, 4),
@@ -500,19 +501,19 @@ def _provenance(device: torch.device, run: train.RunConfig, cfg: GPTConfig, what
 def run_benchmark(
     kind: str, device: torch.device | str, iters: int = 5, limit_gib: float = 16.0
 ) -> dict:
-    """The JSON the command line writes. ``kind``: "checkpointing" (settings 0, 4, 2, 1: step time,
-    peak and saved-activation memory, and on CUDA the largest B under ``limit_gib`` GiB) or
+    """The JSON the command line writes. ``kind``: "checkpointing" (settings 0, 4, 2, 1 and every
+    block selective: step time, peak and held memory, on CUDA the largest B under ``limit_gib``) or
     "accumulation" (fp32 gradients of one batch vs 4 micro-batches; step time, tokens/s and peak
     memory for 1..32 micro-steps: 32 x 16 x 1024 = 0.5M tokens per step on the GPU)."""
     device = torch.device(device)
     run, cfg = benchmark_run(device)
     if kind == "checkpointing":
-        settings = [0, 4, 2, 1]
+        settings = [0, 4, 2, 1, (1, "selective")]
         out = _provenance(
             device,
             run,
             cfg,
-            f"full training step per checkpoint_every, median of {iters}; "
+            f"full training step per checkpoint_every (and policy), median of {iters}; "
             f"max B: largest B whose measured peak stays under {limit_gib:g} GiB",
         )
         out["rows"] = checkpointing_sweep(run, cfg, device, settings, warmup=2, iters=iters)

@@ -15,7 +15,8 @@ the model are keyword arguments of :class:`GPT` (their records are in :mod:`help
   cuDNN) that never stores the scores (chapter 06).
 - ``loss_kernel``: ``"pytorch"`` (``F.cross_entropy``), ``"triton"`` (the hand-written kernel of
   :mod:`helpers.core.kernels`) or ``"fused"`` (LM head and loss in chunks, chapter 12).
-- ``residual_dtype``, ``detach_logits``, ``lm_head_fp8``, ``checkpoint_every``: chapters 09 and 12.
+- ``residual_dtype``, ``detach_logits``, ``lm_head_fp8``, ``checkpoint_every``,
+  ``checkpoint_policy``: chapters 09 and 12.
 
 ``GPTConfig.vocab_multiple`` pads the embedding / LM-head rows from 50257 up to a multiple (64 ->
 50304) so the LM-head matmul has tensor-core friendly shapes (chapter 07). Targets never reach the
@@ -33,6 +34,7 @@ import torch.utils.checkpoint
 from torch.nn import functional as F
 
 from helpers import switches
+from helpers.core import recompute
 
 GPT2_VOCAB_SIZE = 50257  # 50,000 BPE merges + 256 byte tokens + <|endoftext|>
 # The switches whose mechanism is in this file, from the registry (where="model").
@@ -197,7 +199,9 @@ class GPT(nn.Module):
     ``residual_dtype`` ("fp32" | "bf16": the residual stream in bf16 under bf16 autocast),
     ``detach_logits`` (return logits.detach() with targets: no logits-sized gradient input to
     backward), ``lm_head_fp8`` (with loss_kernel="fused": the LM head's matmuls in fp8) and
-    ``checkpoint_every`` (0 = off, k = recompute every k-th block in backward).
+    ``checkpoint_every`` (0 = off, k = recompute every k-th block in backward) and
+    ``checkpoint_policy`` (what a checkpointed block keeps: "block" = only its input, "selective" =
+    also its matmul and attention outputs, :mod:`helpers.core.recompute`).
 
     ``forward(idx, targets=None) -> (logits | None, loss)``:
         idx: (B, T) int64 token ids, T <= block_size.
@@ -222,6 +226,7 @@ class GPT(nn.Module):
         detach_logits: bool = False,
         lm_head_fp8: bool = False,
         checkpoint_every: int = 0,
+        checkpoint_policy: str = "block",
     ):
         super().__init__()
         chosen = dict(
@@ -231,6 +236,7 @@ class GPT(nn.Module):
             detach_logits=detach_logits,
             lm_head_fp8=lm_head_fp8,
             checkpoint_every=checkpoint_every,
+            checkpoint_policy=checkpoint_policy,
         )
         for name, value in chosen.items():
             problem = switches.get(name).problem(value, owner="GPT")
@@ -269,6 +275,10 @@ class GPT(nn.Module):
         self.recomputed = {
             i for i in range(config.n_layer) if checkpoint_every and i % checkpoint_every == 0
         }
+        # the selective policy is a context_fn of torch.utils.checkpoint (helpers.core.recompute)
+        self.checkpoint_options = (
+            {"context_fn": recompute.selective_context} if checkpoint_policy == "selective" else {}
+        )
         self.residual_bf16 = residual_dtype == "bf16"
         self.detach_logits = detach_logits
         self.lm_head_fp8 = lm_head_fp8
@@ -323,9 +333,12 @@ class GPT(nn.Module):
         x = self.transformer.drop(self._residual_stream(x))
         for i, block in enumerate(self.transformer.h):
             if i in self.recomputed and torch.is_grad_enabled():
-                # keep only the block's input; its activations are recomputed during backward.
+                # keep only the block's input (the selective context also keeps its matmul
+                # outputs, helpers.core.recompute); the rest is recomputed during backward.
                 # use_reentrant=False: parameters get gradients even when x needs none (chapter 09)
-                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)  # (B, T, C)
+                x = torch.utils.checkpoint.checkpoint(
+                    block, x, use_reentrant=False, **self.checkpoint_options
+                )  # (B, T, C)
             else:
                 x = block(x)  # (B, T, C)
         x = self.transformer.ln_f(x)  # (B, T, C)
@@ -380,6 +393,7 @@ class GPT(nn.Module):
         temperature: float = 1.0,
         top_k: int | None = 50,
         generator: torch.Generator | None = None,
+        use_cache: bool = False,
     ) -> torch.Tensor:
         """Sample ``max_new_tokens`` tokens after ``idx`` (B, T0) int64; returns
         (B, T0 + max_new_tokens).
@@ -387,9 +401,24 @@ class GPT(nn.Module):
         Logits of padded ids (>= vocab_size) are set to -inf before sampling, so a padded model
         never returns an id the tokenizer cannot decode. ``top_k`` keeps the k most likely ids
         (None = all).
+
+        ``use_cache=False`` recomputes the whole context for every new token (and crops it to the
+        last block_size tokens). ``use_cache=True`` keeps every layer's keys and values in a KV
+        cache and feeds only the new token (:func:`helpers.core.generation.generate_cached`,
+        chapter 13): the same tokens (greedy, or sampled with the same ``generator``).
+
+        Raises:
+            ValueError: temperature <= 0; with ``use_cache``, T0 + max_new_tokens > block_size (a
+                cache does not crop the context).
         """
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
+        if use_cache:
+            from helpers.core import generation  # imports this module: only when asked for
+
+            return generation.generate_cached(
+                self, idx, max_new_tokens, temperature, top_k, generator
+            )
         was_training = self.training
         self.eval()
         V = self.config.vocab_size

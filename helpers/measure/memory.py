@@ -31,6 +31,33 @@ def peak_bytes(device: torch.device | str) -> int | None:
     return torch.cuda.max_memory_allocated(device)
 
 
+def held_bytes(fn, device: torch.device | str) -> tuple[object, int]:
+    """Run ``fn()`` and count the bytes it allocated on ``device`` that are still allocated when it
+    returns: for a forward pass, the activations the autograd graph keeps for backward plus what
+    ``fn`` returns (logits, loss), on any device. Tensors that existed before (the parameters) are
+    not counted.
+
+    CUDA: ``torch.cuda.memory_allocated`` after minus before. CPU (no allocator counter): the
+    allocation (+bytes) and free (-bytes) events that
+    ``torch.profiler.profile(profile_memory=True)`` records, summed over the top-level events only
+    (an operator's memory figure already includes its children's). Returns (fn's result, bytes).
+    Drop earlier results before calling: a tensor freed while ``fn`` runs counts negative.
+    """
+    device = torch.device(device)
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        out = fn()
+        torch.cuda.synchronize(device)
+        return out, torch.cuda.memory_allocated(device) - before
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = fn()
+    return out, sum(e.cpu_memory_usage for e in prof.events() if e.cpu_parent is None)
+
+
 def format_bytes(n: int | None) -> str:
     """'11.52 GiB' style text (binary units); '-' for None."""
     if n is None:

@@ -1,0 +1,94 @@
+"""Each chapter's measured run time: one table, ``results/h200-run-times.md``, and the sentence the
+chapter's opening prints from it.
+
+The table holds, per notebook, the seconds of its newest whole run on the H200 (strict nbval or a
+recording) and as an emulated T4 (strict nbval), or ``-`` where the chapter changed since its last
+emulated-T4 run. ``python -m helpers.tools.run_times`` rewrites the **Run time** paragraph in every
+chapter's first cell from the table; a test checks that they agree.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import helpers
+
+TABLE = "h200-run-times.md"
+_ROW = re.compile(r"\| (\d\d)_\w+ \| (\d+) \| [^|]+ \| (\d+|-) \| [^|]+ \|")
+_PARAGRAPH = re.compile(r"\*\*Run time\*\*.*?(?=\n\n|\Z)", re.S)
+
+
+def table_path() -> Path:
+    """``results/h200-run-times.md`` of this checkout."""
+    return helpers.REPO_ROOT / "results" / TABLE
+
+
+def read_table(path: Path | None = None) -> dict[str, tuple[int, int | None]]:
+    """{chapter number "NN": (H200 seconds, emulated-T4 seconds or None)} from the table.
+
+    Raises:
+        ValueError: the table has no chapter rows.
+    """
+    rows = {}
+    for line in (path or table_path()).read_text().splitlines():
+        m = _ROW.match(line)
+        if m:
+            rows[m.group(1)] = (int(m.group(2)), None if m.group(3) == "-" else int(m.group(3)))
+    if not rows:
+        raise ValueError(f"{path or table_path()} has no rows like '| NN_name | s | ... |'")
+    return rows
+
+
+def sentence(h200_s: int, t4_s: int | None) -> str:
+    """The **Run time** paragraph of a chapter's opening, from its two measured times (seconds)."""
+    t4 = (
+        f"{t4_s} s as an emulated T4, which is the H200 under a T4's limits and at\nthe H200's "
+        "speed (a real T4 is slower)."
+        if t4_s is not None
+        else "not yet timed as an emulated T4 since the chapter last changed."
+    )
+    return (
+        f"**Run time** (measured 2026-12-01, torch 2.11, `results/{TABLE}`):\n"
+        f"{h200_s} s on an NVIDIA H200; {t4}"
+    )
+
+
+def rewrite(notebooks: list[Path]) -> list[Path]:
+    """Replace the **Run time** paragraph of each notebook's first cell from the table; returns
+    the notebooks that changed.
+
+    Raises:
+        ValueError: a notebook without a row in the table or without a **Run time** paragraph.
+    """
+    import nbformat
+
+    rows, changed = read_table(), []
+    for path in notebooks:
+        nb = nbformat.read(path, as_version=4)
+        if path.name[:2] not in rows:
+            raise ValueError(f"{path.name} has no row in results/{TABLE}: add one first")
+        text = nb.cells[0].source
+        if not _PARAGRAPH.search(text):
+            raise ValueError(f"{path.name}: its first cell has no '**Run time**' paragraph")
+        line = sentence(*rows[path.name[:2]])
+        new = _PARAGRAPH.sub(lambda _, line=line: line, text, count=1)
+        if new != text:
+            nb.cells[0].source = new
+            nbformat.write(nb, path)
+            changed.append(path)
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    paths = [Path(a) for a in (argv if argv is not None else sys.argv[1:])] or sorted(
+        (helpers.REPO_ROOT / "notebooks").glob("[01][0-9]_*.ipynb")
+    )
+    for path in rewrite(paths):
+        print(f"run time updated: {path.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
