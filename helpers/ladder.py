@@ -386,17 +386,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "One of: %(choices)s",
     )
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    cli.add_force(p, "--out/--plot")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        args.out = cli.out_path(args.out)  # a folder is refused now, not after the whole ladder ran
+        # refused now, not after the whole ladder ran: a folder, another kind of existing file
+        args.out = cli.result_out(args.out, force=args.force)
         # matplotlib would add ".png" itself, silently
         if args.plot is not None and not Path(args.plot).is_dir() and not Path(args.plot).suffix:
             args.plot = Path(args.plot).with_suffix(".png")
-        args.plot = cli.out_path(args.plot, "--plot", suffix=".png")
+        args.plot = cli.out_path(args.plot, "--plot", suffix=".png", force=args.force)
         emulated = (
             hardware.emulate(args.emulate, args.device or "cuda")
             if args.emulate

@@ -2,6 +2,7 @@
 and exit 2."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -100,4 +101,52 @@ def test_an_output_place_that_refuses_new_files_is_refused_before_the_run(tmp_pa
     assert ok.parent.is_dir() and not ok.exists()  # the probe leaves nothing behind
     existing = tmp_path / "keep.json"
     existing.write_text("learner's file")
-    assert cli.out_path(existing) == existing and existing.read_text() == "learner's file"
+    with pytest.raises(ValueError, match="exists: pass --force to replace it"):
+        cli.out_path(existing)
+    assert existing.read_text() == "learner's file"
+
+
+def test_an_existing_file_is_replaced_only_when_it_is_an_earlier_output_of_that_kind(tmp_path):
+    """The one rule of every tool that writes files (ladder, chapter tools, grade, leaderboard)."""
+    result = tmp_path / "ladder.json"
+    result.write_text(json.dumps({"device": "cpu", "torch": "2.13.0", "date": "2026-12-01"}))
+    readme, png = tmp_path / "README.md", tmp_path / "figure.png"
+    readme.write_text("docs")
+    png.write_bytes(b"\x89PNG")
+    kind = {"same_kind": cli.is_course_result, "what": " and is not a course result JSON"}
+    assert cli.out_path(result, **kind) == result  # an earlier result: replaced
+    for path, suffix, match in (
+        (readme, None, "README.md exists and is not a course result JSON: pass --force"),
+        (tmp_path / "notes.ipynb", ".json", "is a notebook's name"),
+        (tmp_path / "x.png", ".json", r"must end in \.json"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            cli.out_path(path, suffix=suffix, **kind)
+    with pytest.raises(ValueError, match="figure.png exists and is not a figure a course tool"):
+        cli.out_path(png, "--plot", ".png")  # a PNG it did not write: only with --force
+    assert cli.out_path(png, "--plot", ".png", force=True) == png
+    with pytest.raises(ValueError, match="notebook's name"):
+        cli.out_path(tmp_path / "a.ipynb", force=True)  # never, not even with --force
+    assert readme.read_text() == "docs" and png.read_bytes() == b"\x89PNG"
+
+
+def test_replace_file_never_writes_through_a_planted_symlink(tmp_path):
+    victim, out = tmp_path / "victim.txt", tmp_path / "grades.csv"
+    victim.write_text("important")
+    out.symlink_to(victim)
+    cli.replace_file(out, lambda f: f.write("new\n"))
+    assert victim.read_text() == "important"
+    assert not out.is_symlink() and out.read_text() == "new\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["grades.csv", "victim.txt"]
+
+
+def test_every_tool_that_writes_files_checks_them_with_the_one_rule():
+    """No tool checks an output path its own way: each calls cli.out_path (grep-able)."""
+    root = Path(__file__).resolve().parents[1] / "helpers"
+    option = re.compile(r'add_argument\(\s*"--(out|plot|json|checkpoint|csv|png)"')
+    writers = [p for p in root.rglob("*.py") if option.search(p.read_text())]
+    assert writers
+    for p in writers:
+        text = p.read_text()
+        assert any(f in text for f in ("cli.out_path(", "cli.result_out(", "check_csv_out(")), p
+        assert "out_file_problem" not in text, p

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -457,14 +458,32 @@ def test_grade_out_never_replaces_a_notebook_or_a_file_that_is_not_a_grades_csv(
     assert grade(notebook) == 2 and not notebook.exists()  # a notebook's name, in the submissions
     assert grade(tmp_path / "grades.ipynb") == 2
     assert grade(FIXTURE.parent / "grades.csv", "--force") == 2  # inside the reference folder
-    notes = tmp_path / "notes.txt"
+    notes = tmp_path / "notes.csv"
     notes.write_text("a teacher's notes")
     assert grade(notes) == 2 and notes.read_text() == "a teacher's notes"
+    assert grade(tmp_path / "notes.txt") == 2  # the CSV is written as .csv
     err = capsys.readouterr().err
     assert "notebook's name" in err and "reference notebooks folder" in err and "--force" in err
     out = tmp_path / "grades.csv"
     assert grade(out) == 0 and grade(out) == 0  # a grades CSV of an earlier run is replaced
     assert grade(notes, "--force") == 0 and notes.read_text().startswith(",".join(grading.COLUMNS))
+
+
+def test_grade_out_that_cannot_be_written_fails_in_one_line_before_grading(
+    tmp_path, capsys, monkeypatch
+):
+    from helpers.grading import grader
+
+    graded = []
+    monkeypatch.setattr(grader, "grade", lambda *a, **k: graded.append(1) or [])
+    (tmp_path / "subs" / "frank").mkdir(parents=True)
+    (tmp_path / "README.md").write_text("a file")
+    for out in (tmp_path / "README.md" / "grades.csv", Path("/proc/grades.csv")):
+        args = ["grade", str(tmp_path / "subs"), "--out", str(out)]
+        assert grading.main([*args, "--reference", str(FIXTURE.parent)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and all("choose a path in a writable folder" in e for e in err), err
+    assert graded == []
 
 
 def test_command_line_help_runs_without_nbgrader():
@@ -745,6 +764,174 @@ def test_a_submission_cannot_read_the_reference_solutions(tmp_path):
     assert all(r["points"] == "0" for r in rows["mallory"].values()), rows["mallory"]
 
 
+def _blank_version() -> "nbformat.NotebookNode":
+    """The fixture's student version: every solution stubbed."""
+    blank = nbformat.read(FIXTURE, as_version=4)
+    for cell in blank.cells:
+        if grading.is_solution_cell(cell):
+            cell.source = (
+                grading.student_version(nbformat.v4.new_notebook(cells=[cell])).cells[0].source
+            )
+    return blank
+
+
+@needs_sandbox
+def test_a_submission_cannot_see_the_graders_processes_or_reach_files_through_proc(tmp_path):
+    """mallory (blank) reads the reference through /proc/<pid>/root and /proc/<pid>/cwd of every
+    process it can see and runs its solutions; oscar (correct) breaks his own answer whenever he
+    can see or signal the grader's pid. Both must score nothing that way."""
+    import os
+
+    steal = (
+        "import glob, json\n"
+        f"for p in glob.glob('/proc/*/root{FIXTURE}') + glob.glob('/proc/*/cwd'):\n"
+        "    try:\n"
+        "        cells = json.load(open(p))['cells']\n"
+        "    except Exception:\n"
+        "        continue\n"
+        "    for c in cells:\n"
+        "        if c.get('metadata', {}).get('nbgrader', {}).get('solution'):\n"
+        "            exec(''.join(c['source']), globals())\n"
+    )
+    mallory = _blank_version()
+    for cell in mallory.cells:
+        if grading.is_solution_cell(cell):
+            cell.source += "\n" + steal
+    probe = (
+        "import os\n"
+        f"seen = os.path.exists('/proc/{os.getpid()}') or os.getppid() == {os.getpid()}\n"
+        "try:\n"
+        f"    os.kill({os.getpid()}, 0)\n"
+        "    seen = True\n"
+        "except OSError:\n"
+        "    pass\n"
+        "if seen:\n"
+        "    del matmul_flops\n"
+    )
+    for student, nb in (("mallory", mallory), ("oscar", _solution_cell_with(probe))):
+        (tmp_path / "subs" / student).mkdir(parents=True)
+        nbformat.write(nb, tmp_path / "subs" / student / FIXTURE.name)
+    rows = _grade(tmp_path / "subs", tmp_path)
+    assert all(r["points"] == "0" for r in rows["mallory"].values()), rows["mallory"]
+    assert rows["oscar"]["ch00_matmul_flops"]["status"] == "passed", rows["oscar"]
+
+
+@needs_sandbox
+def test_one_submission_cannot_change_how_later_ones_are_graded(tmp_path):
+    """aaa leaves an IPython startup file that turns every check into `pass` (in its home and in
+    the teacher's), a .pth file in the environment and a file in /tmp; bbb, graded after it, is
+    the untouched student version and must still score 0."""
+    import site
+
+    pth = Path(site.getsitepackages()[0]) / "zz_grader_test.pth"
+    startup = (
+        "get_ipython().input_transformers_cleanup.append("
+        "lambda lines: ['pass\\n'] if any('check_' in x for x in lines) else lines)\n"
+    )
+    leave = (
+        "import os, pathlib\n"
+        f"for home in (os.path.expanduser('~'), {str(Path.home())!r}):\n"
+        "    d = pathlib.Path(home, '.ipython', 'profile_default', 'startup')\n"
+        "    try:\n"
+        "        d.mkdir(parents=True, exist_ok=True)\n"
+        f"        (d / '00-zz-grader-test.py').write_text({startup!r})\n"
+        "    except OSError as e:\n"
+        "        print(e)\n"
+        f"for f in ({str(pth)!r}, '/tmp/zz-grader-test'):\n"
+        "    try:\n"
+        "        pathlib.Path(f).write_text('import os\\n')\n"
+        "    except OSError as e:\n"
+        "        print(e)\n"
+    )
+    subs = tmp_path / "subs"
+    (subs / "aaa").mkdir(parents=True)
+    (subs / "bbb").mkdir(parents=True)
+    nbformat.write(_solution_cell_with(leave), subs / "aaa" / FIXTURE.name)
+    nbformat.write(_blank_version(), subs / "bbb" / FIXTURE.name)
+    real_startup = Path.home() / ".ipython" / "profile_default" / "startup"
+    try:
+        rows = _grade(subs, tmp_path)
+        assert all(r["points"] == "0" for r in rows["bbb"].values()), rows["bbb"]
+        assert not pth.exists() and not Path("/tmp/zz-grader-test").exists()
+        assert not (real_startup / "00-zz-grader-test.py").exists()
+    finally:  # never leave them behind, even when the sandbox failed
+        for f in (pth, Path("/tmp/zz-grader-test"), real_startup / "00-zz-grader-test.py"):
+            f.unlink(missing_ok=True)
+
+
+# Five in-kernel tricks that let a blank notebook score full marks when the grader ran its check
+# cells through whatever the submission left in place.
+IN_KERNEL_CHEATS = {
+    "reload": (
+        "import importlib, helpers.grading as g\n"
+        "importlib.reload = lambda m: m\n"
+        "for mod in (g, *g.CHAPTERS):\n"
+        "    for n in dir(mod):\n"
+        "        if n.startswith('check_'):\n"
+        "            setattr(mod, n, lambda *a, **k: print('PASS'))\n"
+    ),
+    "input_transformer": (
+        "get_ipython().input_transformers_cleanup.append(\n"
+        "    lambda lines: ['pass\\n'] if any('check_' in x for x in lines) else lines)\n"
+    ),
+    "ast_transformer": (
+        "import ast\n"
+        "class _T(ast.NodeTransformer):\n"
+        "    def visit_Module(self, node):\n"
+        "        if 'check_' in ast.dump(node):\n"
+        "            node.body = [ast.Pass()]\n"
+        "        return node\n"
+        "get_ipython().ast_transformers.append(_T())\n"
+    ),
+    "meta_path": (
+        "import sys, importlib.abc, importlib.util\n"
+        "class _F(importlib.abc.MetaPathFinder, importlib.abc.Loader):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.startswith('helpers.grading.ch'):\n"
+        "            return importlib.util.spec_from_loader(name, self)\n"
+        "    def create_module(self, spec):\n"
+        "        return None\n"
+        "    def exec_module(self, m):\n"
+        "        for n in [n for n in vars(m) if n.startswith('check_')]:\n"
+        "            delattr(m, n)\n"
+        "        m.CHECKS, m.SECTIONS, m.WRONG_ANSWERS = {}, {}, {}\n"
+        "        m.__getattr__ = lambda n: (lambda *a, **k: print('PASS'))\n"
+        "sys.meta_path.insert(0, _F())\n"
+    ),
+    "run_cell": (
+        "_ip = get_ipython()\n"
+        "_run, _run_async = _ip.run_cell, _ip.run_cell_async\n"
+        "def _fake(cell):\n"
+        "    return 'pass' if 'check_' in cell else cell\n"
+        "_ip.run_cell = lambda cell, *a, **k: _run(_fake(cell), *a, **k)\n"
+        "async def _run_cell_async(cell, *a, **k):\n"
+        "    return await _run_async(_fake(cell), *a, **k)\n"
+        "_ip.run_cell_async = _run_cell_async\n"
+    ),
+    # blinds the grader's restore itself: the checks are then not run at all
+    "user_expressions": "get_ipython().user_expressions = lambda expressions: {}\n",
+}
+
+
+def test_in_kernel_tricks_do_not_make_a_blank_notebook_pass(tmp_path):
+    """Each trick (replacing importlib.reload, an input or AST transformer, a sys.meta_path
+    finder, a patched run_cell) in an otherwise blank notebook: the grader restores the kernel's
+    machinery before each check cell (helpers/grading/guard.py), so every check fails."""
+    for name, cheat in IN_KERNEL_CHEATS.items():
+        nb = _blank_version()
+        first = next(c for c in nb.cells if grading.is_solution_cell(c))
+        first.source += "\n" + cheat
+        (tmp_path / "subs" / name).mkdir(parents=True)
+        nbformat.write(nb, tmp_path / "subs" / name / FIXTURE.name)
+    rows = _grade(tmp_path / "subs", tmp_path)
+    scored = {s: [g for g, r in per.items() if r["points"] != "0"] for s, per in rows.items()}
+    assert scored == {name: [] for name in IN_KERNEL_CHEATS}, rows
+    assert {r["reason"] for r in rows["user_expressions"].values()} == {
+        "GraderGuardError: the grader could not restore the kernel's state before this check "
+        "(the submission changed how the kernel runs code)"
+    }
+
+
 @needs_sandbox
 def test_a_submission_cannot_change_another_submission_or_the_checks(tmp_path):
     """aaa is graded first and tries to blank zzz's notebook and to rewrite a check on disk."""
@@ -752,25 +939,54 @@ def test_a_submission_cannot_change_another_submission_or_the_checks(tmp_path):
 
     subs = tmp_path / "subs"
     victim = subs / "zzz" / FIXTURE.name
+    checks = Path(helpers.__file__).parent / "grading" / "ch00.py"
     sabotage = (
-        "import pathlib, shutil\n"
-        f"pathlib.Path({str(victim)!r}).write_text('{{}}')\n"
-        f"pathlib.Path({str(Path(helpers.__file__).parent / 'grading' / 'ch00.py')!r})"
-        ".write_text('')\n"
+        "import glob, pathlib\n"
+        f"for p in [{str(victim)!r}, {str(checks)!r}, *glob.glob('/proc/*/root{victim}'),\n"
+        f"          *glob.glob('/proc/*/root{checks}')]:\n"
+        "    try:\n"
+        "        pathlib.Path(p).write_text('{}')\n"
+        "    except OSError as e:\n"
+        "        print(e)\n"
     )
     (subs / "aaa").mkdir(parents=True)
-    nbformat.write(
-        _solution_cell_with(f"try:\n    exec({sabotage!r})\nexcept OSError as e:\n    print(e)"),
-        subs / "aaa" / FIXTURE.name,
-    )
+    nbformat.write(_solution_cell_with(sabotage), subs / "aaa" / FIXTURE.name)
     victim.parent.mkdir()
     victim.write_bytes(FIXTURE.read_bytes())
     before = victim.read_bytes()
-    checks = (Path(helpers.__file__).parent / "grading" / "ch00.py").read_bytes()
+    checks_before = checks.read_bytes()
     rows = _grade(subs, tmp_path)
     assert all(r["status"] == "passed" for r in rows["zzz"].values()), rows["zzz"]
-    assert victim.read_bytes() == before
-    assert (Path(helpers.__file__).parent / "grading" / "ch00.py").read_bytes() == checks
+    assert victim.read_bytes() == before and checks.read_bytes() == checks_before
+
+
+def test_the_documented_command_with_relative_paths_grades(tmp_path, monkeypatch):
+    """`grade SUBMISSIONS --out grades.csv --reference notebooks`, as typed from the folder that
+    holds them: the sandbox mounts absolute paths, not ones relative to the kernel's folder."""
+    (tmp_path / "SUBMISSIONS" / "alice").mkdir(parents=True)
+    (tmp_path / "SUBMISSIONS" / "alice" / FIXTURE.name).write_bytes(FIXTURE.read_bytes())
+    shutil.copytree(FIXTURE.parent, tmp_path / "notebooks")
+    monkeypatch.chdir(tmp_path)
+    args = ["grade", "SUBMISSIONS", "--out", "grades.csv", "--reference", "notebooks"]
+    assert grading.main([*args, "--timeout", "60"]) == 0
+    rows = list(csv.DictReader((tmp_path / "grades.csv").open()))
+    assert rows and all(r["status"] == "passed" for r in rows), rows
+
+
+def test_a_symlink_planted_at_the_out_file_is_replaced_not_written_through(tmp_path):
+    """A submission swaps the grades CSV for a symlink to a file of the teacher's: the grader
+    writes its CSV in place of the link, and the teacher's file is untouched."""
+    victim, out = tmp_path / "victim.txt", tmp_path / "grades.csv"
+    victim.write_text("VICTIM")
+    plant = (
+        "import os\n"
+        f"try:\n    os.remove({str(out)!r})\nexcept OSError:\n    pass\n"
+        f"try:\n    os.symlink({str(victim)!r}, {str(out)!r})\nexcept OSError as e:\n    print(e)"
+    )
+    (tmp_path / "subs" / "mallory").mkdir(parents=True)
+    nbformat.write(_solution_cell_with(plant), tmp_path / "subs" / "mallory" / FIXTURE.name)
+    _grade(tmp_path / "subs", tmp_path)
+    assert victim.read_text() == "VICTIM" and not out.is_symlink()
 
 
 def test_every_submission_is_read_before_any_runs(tmp_path, monkeypatch):

@@ -399,6 +399,26 @@ def test_ladder_refuses_a_folder_for_out_or_plot_before_running(tmp_path, capsys
     assert "--out" in err and "--plot" in err and "is a folder" in err and ran == []
 
 
+def test_ladder_never_replaces_a_file_that_is_not_its_output_without_force(
+    tmp_path, capsys, monkeypatch
+):
+    ran = []
+    monkeypatch.setattr(ladder, "run_ladder", lambda *a, **k: ran.append(1))
+    readme, figure = tmp_path / "README.md", tmp_path / "figure.png"
+    readme.write_text("docs")
+    figure.write_bytes(b"png")
+    for flag, path in (
+        ("--out", readme),
+        ("--out", tmp_path / "solution.ipynb"),
+        ("--out", tmp_path / "x.png"),  # JSON is not written into a .png
+        ("--plot", figure),
+    ):
+        assert ladder.main(["--device", "cpu", flag, str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error: ") == 4 and "pass --force" in err and ran == []
+    assert readme.read_text() == "docs" and figure.read_bytes() == b"png"
+
+
 def test_ladder_plot_without_a_suffix_is_written_and_reported_as_png(tmp_path, capsys):
     plot = tmp_path / "ladder"
     assert (

@@ -44,6 +44,21 @@ def test_readme_test_command_is_exactly_what_ci_runs():
     assert "bash .ci/run" in readme and "python -m helpers.ladder" in readme
 
 
+def test_no_cpu_install_command_can_fall_back_to_a_cuda_build():
+    """README's online CPU command and .ci/run's fallback ask PyTorch's CPU index alone for
+    torch==2.13.0+cpu: no CUDA build matches that pin, and no PyPI index is added for torch.
+    .ci/run's offline branch (the local wheel) is the plain pin."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    ci = (ROOT / ".ci" / "run").read_text()
+    cpu_index = "--index-url https://download.pytorch.org/whl/cpu"
+    assert f"pip install torch==2.13.0+cpu {cpu_index}" in readme
+    fallback = ci[ci.index("else\n") : ci.index("fi\n")]
+    assert '"torch==2.13.0+cpu"' in fallback and cpu_index in fallback
+    assert "extra-index-url" not in ci and "pypi.org" not in ci
+    offline = ci[ci.index("then\n") : ci.index("else\n")]
+    assert "--disable-pip-version-check torch==2.13.0\n" in offline
+
+
 def test_dockerfile_runs_only_commands_that_ci_or_tests_run():
     docker = (ROOT / "Dockerfile").read_text()
     floor = next(r for r in _pyproject()["dependencies"] if r.startswith("torch>="))[7:]

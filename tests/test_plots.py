@@ -71,3 +71,27 @@ def test_grad_scale_marks_skipped_steps_at_the_scale_that_overflowed():
     assert marks.get_offsets().tolist() == [[1, 30], [2, 29]]
     lo, hi = ax.get_ylim()
     assert lo < 16 and hi > 30
+
+
+def test_a_course_png_is_replaced_without_force_and_any_other_file_is_not(tmp_path):
+    """Re-running README's main command (--plot ladder.png) replaces the figure it wrote before;
+    a PNG from elsewhere, or any other file, needs --force."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from helpers.measure import plots
+    from helpers.tools import cli
+
+    ours, theirs = tmp_path / "ours.png", tmp_path / "theirs.png"
+    fig = plt.figure()
+    plots.save_png(fig, ours)
+    fig.savefig(theirs)  # a PNG, but not one a course tool wrote
+    plt.close(fig)
+    assert plots.is_course_png(ours) and not plots.is_course_png(theirs)
+    assert not plots.is_course_png(tmp_path / "missing.png")
+    assert cli.out_path(ours, "--plot", suffix=".png") == ours
+    with pytest.raises(ValueError, match="pass --force"):
+        cli.out_path(theirs, "--plot", suffix=".png")
+    assert cli.out_path(theirs, "--plot", suffix=".png", force=True) == theirs

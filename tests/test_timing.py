@@ -54,6 +54,40 @@ def test_mfu_refuses_a_throughput_that_is_not_positive_and_finite(tokens_per_s):
     assert value is None and "FLOPs per token" in reason
 
 
+@pytest.mark.parametrize(
+    "flops_per_token,tokens_per_s,peak",
+    [
+        (855e6, 467_000, float("nan")),
+        (855e6, 467_000, float("inf")),  # would be "0 % MFU", reported as measured
+        (855e6, 467_000, -1.0),
+        (855e6, 467_000, 0),
+        (855e6, 467_000, "989.4e12"),  # a string: a reason, not a TypeError
+        (855e6, True, 989.4e12),  # a bool is not 1 token/s
+        (True, 467_000, 989.4e12),
+        (855e6, 467_000, torch.tensor(float("nan"))),
+        (855e6, torch.ones(2), 989.4e12),
+        (855e6, [467_000], 989.4e12),
+        (855e6, torch.tensor(True), 989.4e12),
+    ],
+)
+def test_mfu_refuses_any_argument_that_is_not_a_positive_finite_real(
+    flops_per_token, tokens_per_s, peak
+):
+    value, reason = timing.mfu(flops_per_token, tokens_per_s, peak)
+    assert value is None and "must be a positive finite number" in reason, reason
+
+
+def test_mfu_accepts_numpy_scalars_and_0d_tensors_and_returns_a_float():
+    np = pytest.importorskip("numpy")
+    expected = 855e6 * 467_000 / 989.4e12
+    for tokens in (np.float32(467_000), np.int64(467_000), torch.tensor(467_000.0)):
+        value, reason = timing.mfu(np.float64(855e6), tokens, torch.tensor(989.4e12))
+        assert reason == "ok" and type(value) is float
+        assert value == pytest.approx(expected, rel=1e-6)
+    value, reason = timing.mfu(1e200, 1e200, 989.4e12)  # overflows to inf: refused
+    assert value is None and "exceeds the peak" in reason
+
+
 def test_cpu_has_no_peak_flops():
     peak, reason = timing.peak_flops(torch.device("cpu"))
     assert peak is None and "cpu" in reason

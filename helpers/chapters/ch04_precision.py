@@ -470,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--out", type=Path, default=None, help="write the results as JSON to this file")
     c.add_argument("--plot", type=Path, default=None, help="save the loss curves to this PNG file")
     c.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    cli.add_force(c, "--out/--plot")
     args = p.parse_args(argv)
     device = cli.device(args.device)
     for name in ("steps", "iters", "batch_size", "seq_len"):
@@ -477,8 +478,8 @@ def main(argv: list[str] | None = None) -> int:
     cli.at_least("warmup", args.warmup, 0)
     if args.precisions is not None and len(args.precisions) == 0:
         raise ValueError("--precisions needs at least one of fp32, tf32, bf16, fp16")
-    cli.out_path(args.out)
-    cli.out_path(args.plot, "--plot", suffix=".png")
+    cli.result_out(args.out, force=args.force)
+    cli.out_path(args.plot, "--plot", suffix=".png", force=args.force)
     cfg, B, T = train.default_shapes(device)
     B = B if args.batch_size is None else args.batch_size
     T = T if args.seq_len is None else args.seq_len
@@ -537,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
         title = f"Same model, seed and batches in each precision, on {name}"
         fig = plots.loss_differences(losses, "fp32", title)
         args.plot.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(args.plot, dpi=120)
+        plots.save_png(fig, args.plot)
         print(f"wrote {args.plot}")
     return 0
 

@@ -557,11 +557,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--iters", type=int, default=5, help="timed steps per setting (median reported)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    cli.add_force(p)
     args = p.parse_args(argv)
     if args.iters < 1:
         p.error("--iters must be >= 1")
     device = cli.device(args.device)
-    cli.out_path(args.out)  # checked before the run, not after it
+    cli.result_out(args.out, force=args.force)  # checked before the run, not after it
     out = run_benchmark(args.kind, device, iters=args.iters)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out} ({out['device']}, {len(out['rows'])} rows)")

@@ -386,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         "table", help="profile the ladder's last rung and write a profile table (JSON)"
     )
     t.add_argument("--out", required=True, type=Path)
+    cli.add_force(t)
     t.add_argument(
         "--batch-size", type=int, nargs="+", default=None, help="default: 16 64 on CUDA, 4 on a CPU"
     )
@@ -421,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     f.add_argument("perf_json", type=Path)
     f.add_argument("--out", required=True, type=Path)
+    cli.add_force(f)
     f.add_argument(
         "--date", required=True, help="the date the perf.py run was measured, YYYY-MM-DD"
     )
@@ -435,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes_asked = getattr(args, "batch_size", None)
     for b in sizes_asked if isinstance(sizes_asked, list) else [sizes_asked]:
         cli.at_least("batch_size", b)
-    cli.out_path(getattr(args, "out", None))
+    cli.result_out(getattr(args, "out", None), force=getattr(args, "force", False))
     if args.command == "from-perf":
         try:
             datetime.date.fromisoformat(args.date)

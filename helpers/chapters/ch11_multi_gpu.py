@@ -37,6 +37,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
 import torch
@@ -212,6 +213,7 @@ def _train_parser(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--checkpoint", default=None, help="rank 0 writes model + optimizer state here")
     p.add_argument("--json", default=None, help="rank 0 writes the summary here")
+    cli.add_force(p, "--checkpoint/--json")
 
 
 def parse_train_args(argv: list[str]) -> argparse.Namespace:
@@ -551,6 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         "--nproc", type=int, nargs="+", default=None, help="world sizes (default 1 .. visible GPUs)"
     )
     s.add_argument("--modes", nargs="+", choices=("ddp", "fsdp"), default=["ddp"])
+    cli.add_force(s)
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] not in ("train", "fsdp-traffic", "scaling", "-h", "--help"):
         # `python -m helpers.chapters.ch11_multi_gpu --steps 20` means the train command
@@ -565,15 +568,17 @@ def main(argv: list[str] | None = None) -> int:
         cli.at_least("seq_len", args.seq_len)
         if args.device is not None:
             cli.device(args.device)
-        for path in (args.checkpoint, args.json):  # checked before training, not after it
-            cli.out_path(path)
+        # checked before training, not after it
+        ckpt = {"force": args.force, "same_kind": zipfile.is_zipfile}  # torch.save's format
+        cli.out_path(args.checkpoint, "--checkpoint", **ckpt)
+        cli.result_out(args.json, "--json", force=args.force)
         if args.command == "fsdp-traffic":
             args.argv = argv[1:]  # written into the result
             return main_train(args, traffic_run, group_of_one=True)
         return main_train(args)
     for n in args.nproc or []:
         cli.at_least("nproc", n)
-    cli.out_path(args.out)
+    cli.result_out(args.out, force=args.force, keys=("what", "rows"))  # scaling's own keys
     nprocs = args.nproc or list(range(1, max(1, torch.cuda.device_count()) + 1))
     command = "python -m helpers.chapters.ch11_multi_gpu " + " ".join(argv)
     result = scaling(nprocs, args.modes, rest, command=command)

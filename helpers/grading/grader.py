@@ -12,14 +12,16 @@ import argparse
 import csv
 import os
 import sys
-from collections.abc import Callable, Iterable
+import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import helpers
+from helpers.grading import kernel
 from helpers.grading.kernel import CellRun, NotebookRun, execute_notebook, first_line
-from helpers.grading.sandbox import sandbox_available, sandbox_prefix
+from helpers.grading.sandbox import SCRATCH, sandbox_available, sandbox_prefix
 from helpers.grading.student import (
     _notebooks_in,
     check_cells,
@@ -27,6 +29,7 @@ from helpers.grading.student import (
     make_student,
     nbgrader_metadata,
 )
+from helpers.tools import cli
 
 # Prepended to every check cell when grading: re-executes the checks' modules (common, then each
 # chapter, then the package that lists them) in the kernel, so that checks a submission replaced are
@@ -101,14 +104,16 @@ def grade_notebook(
     student: str,
     timeout: int,
     text: str | None = None,
-    sandbox: tuple[str, ...] = (),
+    sandbox: dict[str, list[Path]] | None = None,
 ) -> list[dict[str, Any]]:
     """Execute one submission and return one CSV row per graded cell of its reference.
 
     The check cells' code is restored from the reference before running (as ``nbgrader autograde``
     does), so an edited check cannot pass; points always come from the reference. ``text`` is the
     submission as read before any submission ran (default: read ``path`` now). The kernel runs in a
-    fresh temporary folder, under ``sandbox`` (:func:`sandbox_prefix`) when one is given.
+    fresh temporary folder that holds its working folder, home and temporary files, under the OS
+    sandbox when ``sandbox`` gives :func:`sandbox_prefix`'s ``read_only`` and ``hidden`` paths
+    (that folder is then the only place it can write).
     """
     import tempfile
 
@@ -135,7 +140,17 @@ def grade_notebook(
             cell.source = FRESH_CHECKS_PRELUDE + ref.sources[gid]
             where[gid] = index
     with tempfile.TemporaryDirectory(prefix="grading-") as folder:
-        run = execute_notebook(nb, cwd=Path(folder), timeout=timeout, sandbox=sandbox)
+        own = Path(folder)
+        (own / "work").mkdir()
+        prefix = sandbox_prefix(**sandbox, writable=[own]) if sandbox else ()
+        run = execute_notebook(
+            nb,
+            cwd=own / "work",
+            timeout=timeout,
+            sandbox=prefix,
+            private=own,
+            guarded=frozenset(where.values()),  # restored before each check: helpers.grading.guard
+        )
 
     out = []
     for gid, pts in ref.points.items():
@@ -237,19 +252,75 @@ def hidden_repo_folders() -> list[Path]:
     return hidden
 
 
-def grade(submissions: Path, reference: Path, timeout: int = 600) -> list[dict[str, Any]]:
+def needed_paths() -> list[Path]:
+    """What a submission's kernel must be able to read: the checkout, this Python environment
+    and its base installation, the site-packages folders, ``$PYTHONPATH``, ``$COURSE_DATA_DIR``
+    and the Hugging Face cache."""
+    import site
+
+    paths = [REPO_ROOT, Path(sys.prefix), Path(sys.base_prefix), kernel.hf_home()]
+    paths += [Path(p) for p in [*site.getsitepackages(), site.getusersitepackages()]]
+    paths += [Path(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    data = os.environ.get("COURSE_DATA_DIR", "").strip()
+    if data:
+        paths.append(Path(data))
+    return [p.resolve() for p in paths if p.is_dir()]
+
+
+def git_stores() -> list[Path]:
+    """The git object stores of the checkout when it is a worktree or a submodule (its ``.git``
+    is a file naming them): they hold every committed solution."""
+    dot_git = REPO_ROOT / ".git"
+    if not dot_git.is_file():
+        return []  # a plain checkout: .git is a top-level folder, hidden_repo_folders has it
+    text = dot_git.read_text(errors="replace").strip()
+    if not text.startswith("gitdir:"):
+        return []
+    gitdir = (REPO_ROOT / text.split(":", 1)[1].strip()).resolve()
+    common = gitdir / "commondir"
+    stores = [gitdir]
+    if common.is_file():
+        stores.append((gitdir / common.read_text().strip()).resolve())
+    return [s for s in stores if s.is_dir()]
+
+
+def sandbox_paths(submissions: Path, reference: Path, out: Path | None) -> dict[str, list[Path]]:
+    """:func:`sandbox_prefix`'s ``read_only``, ``hidden`` and ``scratch`` paths for grading:
+    read-only, what the kernel needs (:func:`needed_paths`); hidden, the reference and
+    submissions folders, the checkout's other folders (:func:`hidden_repo_folders`) and git
+    stores, the teacher's home and the folder of ``out`` (read-only instead when it holds
+    something the kernel needs); private and empty, ``/tmp``, ``/var/tmp``, ``/dev/shm`` and
+    this process's temporary folder."""
+    needed = needed_paths()
+    home = Path.home().resolve()
+    hidden = [reference, submissions, *hidden_repo_folders(), *git_stores()]
+    hidden += [home] if len(home.parts) > 1 else []  # never "/" (HOME=/ in some containers)
+    read_only = list(needed)
+    if out is not None:
+        folder = out.parent.resolve()
+        holds_needed = any(folder == n or folder in n.parents for n in needed)
+        (read_only if holds_needed else hidden).append(folder)
+    scratch = [*SCRATCH, Path(tempfile.gettempdir())]  # the kernel's own folder is kept in it
+    return {"read_only": read_only, "hidden": hidden, "scratch": scratch}
+
+
+def grade(
+    submissions: Path, reference: Path, timeout: int = 600, out: Path | None = None
+) -> list[dict[str, Any]]:
     """Grade every student folder in ``submissions``; return the CSV rows (see ``COLUMNS``).
 
     Layout: ``submissions/<student id>/<notebook>.ipynb`` (sub-folders below the student's are
     searched too, so nbgrader's ``submitted/<student>/<assignment>/`` works). A notebook is graded
     against the reference notebook of the same file name, or, when renamed, the one sharing most
     grade ids. A notebook that some students submitted and others did not gives the others
-    ``missing`` rows. Nothing a submission does stops the grading of the others.
+    ``missing`` rows. Nothing a submission does stops the grading of the others. ``out`` (the
+    grades CSV to be written) is hidden from the submissions too.
 
     Raises:
         FileNotFoundError: when ``submissions`` has no student folder,
             or ``reference`` no graded notebook.
     """
+    submissions, reference = Path(submissions).resolve(), Path(reference).resolve()
     refs = load_references(reference)
     if not submissions.is_dir():
         raise FileNotFoundError(f"{submissions} is not a folder of student folders.")
@@ -302,14 +373,10 @@ def grade(submissions: Path, reference: Path, timeout: int = 600) -> list[dict[s
                 texts[path] = path.read_text()
             except (OSError, UnicodeDecodeError):
                 texts[path] = None  # grade_notebook reports it unreadable
-    sandbox: tuple[str, ...] = ()
+    sandbox: dict[str, list[Path]] | None = None
     ok, why = sandbox_available()
     if ok:
-        # the repository and the environment read-only; solutions, answers and submissions hidden
-        sandbox = sandbox_prefix(
-            read_only=[REPO_ROOT, Path(sys.prefix)],
-            hidden=[reference, submissions, *hidden_repo_folders()],
-        )
+        sandbox = sandbox_paths(submissions, reference, out)
     else:
         print(
             f"warning: no OS sandbox ({why}): submissions run with this account's rights and can "
@@ -354,32 +421,6 @@ def _prefer(new: Path, old: Path, ref: Reference) -> bool:
     return new.stat().st_mtime > old.stat().st_mtime
 
 
-def out_file_problem(
-    path: Path,
-    flag: str,
-    suffix: str,
-    folders: dict[Path, str],
-    may_replace: Callable[[Path], bool] | None = None,
-    what: str = "",
-) -> str | None:
-    """Why the output file of option ``flag`` must not be written (None if it may): a notebook's
-    name, a path inside one of ``folders`` ({folder: what it holds}), a folder, or an existing file
-    that ``may_replace`` does not accept (none when it is None; ``what`` says what the file is not).
-    Only the last one is lifted by ``--force``: the message then ends "pass --force to replace it".
-    """
-    if path.suffix.lower() == ".ipynb":
-        return f"{flag} {path} is a notebook's name: give a {suffix} file"
-    where = path.resolve()
-    for folder, holds in folders.items():
-        if folder.resolve() == where or folder.resolve() in where.parents:
-            return f"{flag} {path} lies in the {holds} folder {folder}: write it elsewhere"
-    if path.is_dir():
-        return f"{flag} {path} is a folder: give a file name, e.g. {path / ('out' + suffix)}"
-    if path.exists() and not (may_replace is not None and may_replace(path)):
-        return f"{flag} {path} exists{what}: pass --force to replace it"
-    return None
-
-
 def _is_grades_csv(path: Path) -> bool:
     try:
         with open(path, newline="") as f:
@@ -388,22 +429,38 @@ def _is_grades_csv(path: Path) -> bool:
         return False
 
 
-def csv_out_problem(path: Path, submissions: Path, reference: Path) -> str | None:
-    """Why ``grade --out path`` must not be written (None if it may): a notebook's name, a path in
-    the submissions or reference folder, a folder, or an existing file that is not a grades CSV
-    (its first line is not :data:`COLUMNS`)."""
+def check_csv_out(path: Path, submissions: Path, reference: Path, force: bool = False) -> Path:
+    """``grade --out path``, checked before any grading (:func:`helpers.tools.cli.out_path`): not
+    a notebook's name, not in the submissions or reference folder, not a folder, writable, and an
+    existing file only when it is a grades CSV (its first line is :data:`COLUMNS`) or with
+    ``force``.
+
+    Raises:
+        ValueError: with the one-line reason.
+    """
     folders = {submissions: "submissions", reference: "reference notebooks"}
-    return out_file_problem(
-        path, "--out", ".csv", folders, _is_grades_csv, " and is not a grades CSV"
+    return cli.out_path(
+        path,
+        "--out",
+        ".csv",
+        force=force,
+        same_kind=_is_grades_csv,
+        what=" and is not a grades CSV",
+        folders=folders,
     )
 
 
 def write_csv(rows: Iterable[dict[str, Any]], path: Path) -> None:
-    """Write grading rows with the columns ``COLUMNS``."""
-    with open(path, "w", newline="") as f:
+    """Write grading rows with the columns ``COLUMNS``, atomically
+    (:func:`helpers.tools.cli.replace_file`: a symlink planted at ``path`` is replaced, never
+    followed)."""
+
+    def write(f) -> None:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
+
+    cli.replace_file(path, write)
 
 
 def totals_table(rows: list[dict[str, Any]]) -> str:
@@ -484,15 +541,15 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(f"{len(written)} student notebook(s) in {args.out}/")
         else:
+            # Absolute paths before anything runs: the sandbox mounts them from the kernel's own
+            # temporary folder, where a relative path would name nothing.
             out, submissions, reference = (
-                Path(args.out),
-                Path(args.submissions),
-                Path(args.reference),
+                Path(args.out).absolute(),
+                Path(args.submissions).resolve(),
+                Path(args.reference).resolve(),
             )
-            problem = csv_out_problem(out, submissions, reference)
-            if problem and not (args.force and "--force" in problem):
-                raise ValueError(problem)
-            rows = grade(submissions, reference, timeout=args.timeout)
+            check_csv_out(out, submissions, reference, args.force)  # before hours of grading
+            rows = grade(submissions, reference, timeout=args.timeout, out=out)
             write_csv(rows, out)
             print(totals_table(rows))
             print(f"wrote {args.out} ({len(rows)} rows)")

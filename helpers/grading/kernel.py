@@ -8,6 +8,7 @@ started under a command (the OS sandbox of :mod:`helpers.grading.sandbox`).
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +40,9 @@ class NotebookRun:
     startup_error: str | None = None  # the kernel never started
 
 
-def _kernel_manager_class(prefix: tuple[str, ...] = ()) -> type:
+def _kernel_manager_class(
+    prefix: tuple[str, ...] = (), connection_file: Path | None = None
+) -> type:
     """An AsyncKernelManager that always launches ipykernel with *this* Python interpreter, after
     ``prefix`` (the sandbox's command, :func:`helpers.grading.sandbox.sandbox_prefix`) when one is
     given.
@@ -53,6 +56,11 @@ def _kernel_manager_class(prefix: tuple[str, ...] = ()) -> type:
     argv = [*prefix, sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
 
     class CurrentPythonKernelManager(AsyncKernelManager):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            if connection_file is not None:  # where the sandboxed kernel can read it
+                self.connection_file = str(connection_file)
+
         @property
         def kernel_spec(self) -> KernelSpec:  # type: ignore[override]
             if self._kernel_spec is None:
@@ -69,19 +77,53 @@ def _kernel_manager_class(prefix: tuple[str, ...] = ()) -> type:
     return CurrentPythonKernelManager
 
 
-def kernel_env() -> dict[str, str]:
-    """The kernel's environment: ours, with the repository root first on PYTHONPATH.
+def kernel_env(private: Path | None = None) -> dict[str, str]:
+    """The kernel's environment: ours, with the repository root first on PYTHONPATH (so
+    ``import helpers`` works in the kernel whether or not the course is pip-installed).
 
-    So ``import helpers`` works in the kernel whether or not the course is pip-installed.
+    With ``private`` (a folder of this kernel's own), its home and temporary folder are
+    ``private/home`` and ``private/tmp`` (made here): ``HOME``, ``TMPDIR``, ``IPYTHONDIR``, the
+    XDG folders and matplotlib's, no user site-packages. So nothing in the teacher's home (IPython
+    startup files, ``.pth`` files in ``~/.local``) runs in it, and what one kernel leaves there
+    is gone for the next. The Hugging Face cache stays the teacher's (``HF_HOME``).
     """
     env = dict(os.environ)
     parts = [str(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(parts)
+    if private is not None:
+        home, tmp = private / "home", private / "tmp"
+        for folder in (home, tmp):
+            folder.mkdir(exist_ok=True)
+        env.setdefault("HF_HOME", str(hf_home()))
+        env.update(
+            HOME=str(home),
+            TMPDIR=str(tmp),
+            IPYTHONDIR=str(home / ".ipython"),
+            XDG_CONFIG_HOME=str(home / ".config"),
+            XDG_CACHE_HOME=str(home / ".cache"),
+            XDG_DATA_HOME=str(home / ".local" / "share"),
+            MPLCONFIGDIR=str(home / ".config" / "matplotlib"),
+            PYTHONNOUSERSITE="1",
+        )
+        for name in ("PYTHONSTARTUP", "JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR"):
+            env.pop(name, None)
     return env
 
 
+def hf_home() -> Path:
+    """The Hugging Face cache folder of this process: ``$HF_HOME``, else ``~/.cache/huggingface``
+    (chapter 13's GPT-2 weights)."""
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "huggingface"
+    return Path(os.environ.get("HF_HOME", default))
+
+
 def execute_notebook(
-    nb: Any, cwd: Path, timeout: int = 600, sandbox: tuple[str, ...] = ()
+    nb: Any,
+    cwd: Path,
+    timeout: int = 600,
+    sandbox: tuple[str, ...] = (),
+    private: Path | None = None,
+    guarded: frozenset[int] = frozenset(),
 ) -> NotebookRun:
     """Run every code cell of ``nb`` (in place) in a fresh kernel;
     never raises for the notebook's faults.
@@ -97,6 +139,12 @@ def execute_notebook(
         timeout: seconds per cell.
         sandbox: a command the kernel starts under
             (:func:`helpers.grading.sandbox.sandbox_prefix`); () = none.
+        private: a folder of this kernel's own for its home, temporary files and connection
+            file (:func:`kernel_env`); None = the grader's.
+        guarded: indices of cells (the check cells) before which the kernel's import machinery,
+            builtins and IPython's cell machinery are restored as they were at its start
+            (:mod:`helpers.grading.guard`); when that fails, the cell is not run and is recorded
+            as an error ``GraderGuardError``.
     """
     from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
@@ -112,7 +160,9 @@ def execute_notebook(
         nb,
         timeout=timeout,
         kernel_name="python3",
-        kernel_manager_class=_kernel_manager_class(sandbox),
+        kernel_manager_class=_kernel_manager_class(
+            sandbox, None if private is None else private / "kernel.json"
+        ),
         allow_errors=True,
         interrupt_on_timeout=True,
         error_on_timeout={
@@ -128,8 +178,15 @@ def execute_notebook(
     for i in code_cells:
         run.cells[i] = CellRun(i, "not run")
     try:
-        with client.setup_kernel(env=kernel_env()):
+        with client.setup_kernel(env=kernel_env(private)):
+            nonce = secrets.token_hex(8)
+            guard_problem = _guard(client, "snapshot", nonce) if guarded else None
             for i in code_cells:
+                if i in guarded:
+                    problem = guard_problem or _guard(client, "restore", nonce)
+                    if problem:
+                        run.cells[i] = CellRun(i, "error", GUARD_ENAME, problem)
+                        continue
                 try:
                     client.execute_cell(nb.cells[i], i)
                 except DeadKernelError:
@@ -159,6 +216,36 @@ def execute_notebook(
         elif run.kernel_died_in is None:
             run.kernel_died_in = -1
     return run
+
+
+GUARD_ENAME = "GraderGuardError"
+
+
+def _guard(client: Any, what: str, nonce: str, timeout: int = 60) -> str | None:
+    """Call :mod:`helpers.grading.guard`'s ``what`` ("snapshot" or "restore") in the kernel through
+    an ``execute_request``'s ``user_expressions`` (evaluated by ``eval``, never seen by input
+    transformers); None when it answered ``"<what>d <nonce>"``, else why not."""
+    expr = f"__import__('helpers.grading.guard', fromlist=['guard']).{what}({nonce!r})"
+    saved = client.timeout
+    client.timeout = timeout
+    try:
+        msg_id = client.kc.execute(
+            "", silent=True, store_history=False, user_expressions={"guard": expr}
+        )
+        reply = client.wait_for_reply(msg_id) or {}
+    except Exception as exc:  # a dead or stuck kernel: the cell is not run
+        return f"the grader's {what} did not answer ({type(exc).__name__})"
+    finally:
+        client.timeout = saved
+    answer = reply.get("content", {}).get("user_expressions", {}).get("guard", {})
+    text = answer.get("data", {}).get("text/plain", "")
+    expected = repr(f"{ {'snapshot': 'snapshot', 'restore': 'restored'}[what] } {nonce}")
+    if text != expected:
+        return (
+            f"the grader could not {what} the kernel's state before this check "
+            "(the submission changed how the kernel runs code)"
+        )
+    return None
 
 
 def _kernel_answers(client: Any, timeout: int) -> bool:

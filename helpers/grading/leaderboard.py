@@ -27,9 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from helpers.core.model import GPTConfig, flops_per_token
-from helpers.grading.grader import out_file_problem
 from helpers.grading.kernel import first_line
-from helpers.measure import gpus
+from helpers.measure import gpus, plots
 from helpers.tools import cli
 
 SUBMISSION_FILE = "capstone-ladder.json"  # what the capstone writes and the leaderboard reads
@@ -417,7 +416,7 @@ def plot(rows: list[dict[str, Any]], path: str | Path | None = None):
     fig.text(0.01, 0.01, foot, fontsize=8, va="bottom")
     fig.tight_layout(rect=(0, 0.04 + 0.02 * foot.count("\n"), 1, 1))
     if path is not None:
-        fig.savefig(path, dpi=120)
+        plots.save_png(fig, path)
         plt.close(fig)
     return fig
 
@@ -439,16 +438,11 @@ def command(args: argparse.Namespace) -> None:
         FileNotFoundError: no submissions folder, or no student folder in it.
     """
     submissions, out_csv, out_png = Path(args.submissions), Path(args.csv), Path(args.png)
-    for path, flag, suffix in ((out_csv, "--csv", ".csv"), (out_png, "--png", ".png")):
-        problem = out_file_problem(path, flag, suffix, {submissions: "submissions"})
-        if problem and not (args.force and "--force" in problem):
-            raise ValueError(problem)
-    if out_png.suffix.lower() != ".png":
-        raise ValueError(f"--png {out_png} does not end in .png: give a .png file")
     if out_csv.resolve() == out_png.resolve():
         raise ValueError(f"--csv and --png both name {out_csv}: give two files")
-    cli.out_path(out_csv, "--csv")  # makes the folders; refuses unwritable ones
-    cli.out_path(out_png, "--png")
+    for path, flag, suffix in ((out_csv, "--csv", ".csv"), (out_png, "--png", ".png")):
+        # makes the folders; refuses unwritable ones and existing files without --force
+        cli.out_path(path, flag, suffix, force=args.force, folders={submissions: "submissions"})
     rows = rank(collect(submissions))
     write_csv(rows, out_csv)
     plot(rows, out_png)

@@ -1,53 +1,123 @@
-"""The grader's OS sandbox: a private mount namespace (``unshare``) in which some paths are
-read-only and others look empty. The grader starts each submission's kernel in it with the
-repository and the Python environment read-only and the solutions, the right answers and the
-submissions hidden (:func:`helpers.grading.grader.grade`). Linux only: :func:`sandbox_available`
-says whether this machine allows it, and why not.
+"""The grader's OS sandbox: a private mount namespace and PID namespace (``unshare``) in which
+some paths are read-only, some look empty, and some are fresh private scratch space.
+
+The grader starts each submission's kernel in it (:func:`helpers.grading.grader.grade`): the
+repository and the Python environment read-only; the solutions, the right answers, the
+submissions, the teacher's home and the folder of the grades CSV hidden; ``/tmp``, ``/var/tmp``
+and ``/dev/shm`` empty and private; only the kernel's own temporary folder writable where it
+was. The kernel is PID 1 of a new PID namespace with its own ``/proc``, so the grader's
+processes (their ``/proc/<pid>/root``, ``cwd``, ``mem``, ``environ``) are invisible and no
+signal can reach them; every process the submission starts dies with the kernel. Before the
+kernel starts, every capability is dropped, so a submission cannot undo a mount. Linux only:
+:func:`sandbox_available` says whether this machine allows it, and why not.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
 from helpers.grading.kernel import first_line
 
-# Run inside a new mount namespace (unshare): bind each path before "--hide" read-only, cover each
-# path after it with an empty tmpfs, then exec the kernel. Nothing outside the namespace changes.
-_SANDBOX_SCRIPT = """mode=ro
-for a in "$@"; do
-  shift
-  case "$a" in
-    --hide) mode=hide ;;
-    --) exec "$@" ;;
-    *) if [ "$mode" = ro ]; then mount --bind "$a" "$a" && mount -o remount,bind,ro "$a" || exit 97
-       else mount -t tmpfs -o size=1m grader-hidden "$a" || exit 97; fi ;;
-  esac
-done
-exit 98"""
+# Run by this Python (-I -S: no site, no environment) inside the new namespaces, as their PID 1:
+# argv = [mode, path, mode, path, ..., "--", command...] with mode ro (bind read-only), rw (bind as
+# is), hide (an empty 1 MiB tmpfs) or scratch (an empty private tmpfs, mode 1777). Every ro/rw path
+# is opened first, so it can be bound from its descriptor even once a hidden folder above it is
+# covered; mounts are made from the shallowest path down, binds before covers at the same depth.
+# Then every capability is dropped (bounding set, inheritable, ambient; no new privileges), the
+# grader's pid is replaced in the environment, and the command is executed. Exit 97: a mount
+# failed; nothing outside the namespace changes either way.
+_SETUP = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
+args = sys.argv[1:]
+cut = args.index("--")
+ops, command = list(zip(args[:cut:2], args[1:cut:2])), args[cut + 1:]
+def mount(src, target, fstype, flags, data):
+    b = lambda s: None if s is None else os.fsencode(s)
+    if libc.mount(b(src), b(target), b(fstype), flags, b(data)) != 0:
+        err = ctypes.get_errno()
+        sys.stderr.write(f"sandbox: cannot mount {target}: {os.strerror(err)}\n")
+        os._exit(97)
+fds = {p: os.open(p, os.O_PATH) for m, p in ops if m in ("ro", "rw")}
+order = {"ro": 0, "rw": 0, "hide": 1, "scratch": 1}
+BIND, REMOUNT, RDONLY = 4096, 32, 1
+KEEP = {2: 2, 4: 4, 8: 8, 1024: 1024, 2048: 2048, 4096: 2097152}  # statvfs flag -> mount flag
+for mode, path in sorted(ops, key=lambda op: (op[1].rstrip("/").count("/"), order[op[0]])):
+    os.makedirs(path, exist_ok=True)  # its folder may be covered by now
+    if mode in ("hide", "scratch"):
+        data = "size=1m,mode=755" if mode == "hide" else "mode=1777"
+        mount("grader-" + mode, path, "tmpfs", 2 | 4, data)  # nosuid, nodev
+        continue
+    mount(f"/proc/self/fd/{fds[path]}", path, None, BIND, None)
+    if mode == "ro":
+        st = os.statvfs(path).f_flag
+        keep = sum(m for s, m in KEEP.items() if st & s)  # a user namespace must keep them
+        mount(None, path, None, REMOUNT | BIND | RDONLY | keep, None)
+for fd in fds.values():
+    os.close(fd)
+last = 0
+while libc.prctl(24, last, 0, 0, 0) == 0:  # PR_CAPBSET_DROP, until EINVAL past the last one
+    last += 1
+libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
+header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+if libc.capset(header, (ctypes.c_uint32 * 6)()) != 0 or libc.prctl(38, 1, 0, 0, 0) != 0:
+    sys.stderr.write("sandbox: cannot drop capabilities\n")
+    os._exit(97)
+os.environ["JPY_PARENT_PID"] = "1"  # not the grader's pid; ipykernel then polls no parent
+os.execvp(command[0], command)
+"""
+
+# Shared scratch folders a submission could otherwise leave files in for later kernels.
+SCRATCH = (Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"))
 
 
-def sandbox_prefix(read_only: Iterable[Path], hidden: Iterable[Path]) -> tuple[str, ...]:
-    """The command that starts a kernel in an OS sandbox: a private mount namespace (``unshare``,
-    util-linux; as an unprivileged user also a user namespace) in which ``read_only`` paths cannot
-    be written and ``hidden`` paths look empty. Paths that do not exist are left out."""
+def sandbox_prefix(
+    read_only: Iterable[Path],
+    hidden: Iterable[Path],
+    writable: Iterable[Path] = (),
+    scratch: Iterable[Path] = SCRATCH,
+) -> tuple[str, ...]:
+    """The command that starts a kernel in an OS sandbox: private mount and PID namespaces
+    (``unshare``, util-linux; as an unprivileged user also a user namespace) with a fresh
+    ``/proc``, in which ``read_only`` folders cannot be written, ``hidden`` folders look empty,
+    ``scratch`` folders are empty private tmpfs, ``writable`` folders stay as they are (even
+    inside a hidden or scratch folder), and the command runs without capabilities.
+
+    Paths are made absolute here (the kernel starts in another folder); those that do not exist
+    are left out. A path both hidden and kept (read-only or writable) is hidden; a kept path inside
+    a hidden folder stays visible.
+    """
     user = () if os.geteuid() == 0 else ("--user", "--map-root-user")
-    ro = [str(p) for p in read_only if p.exists()]
-    hide = [str(p) for p in hidden if p.is_dir()]
+    ops: list[str] = []
+    for mode, paths, exists in (
+        ("ro", read_only, Path.is_dir),
+        ("rw", writable, Path.is_dir),
+        ("hide", hidden, Path.is_dir),
+        ("scratch", scratch, Path.is_dir),
+    ):
+        for p in paths:
+            if exists(Path(p)):
+                ops += [mode, str(Path(p).resolve())]
     return (
         "unshare",
         "--mount",
         "--propagation",
         "private",
+        "--pid",
+        "--fork",
+        "--kill-child",
+        "--mount-proc",
         *user,
-        "sh",
+        sys.executable,
+        "-I",
+        "-S",
         "-c",
-        _SANDBOX_SCRIPT,
-        "sh",
-        *ro,
-        "--hide",
-        *hide,
+        _SETUP,
+        *ops,
         "--",
     )
 
@@ -58,8 +128,10 @@ _sandbox_checked: tuple[bool, str] | None = None
 def sandbox_available() -> tuple[bool, str]:
     """Whether :func:`sandbox_prefix` works on this machine (tried once per process), and why not.
 
-    It needs ``unshare`` and the right to make mount namespaces: root, or user namespaces enabled
-    for unprivileged users (most Linux distributions). Not on macOS or Windows.
+    It needs ``unshare`` and the right to make mount and PID namespaces: root, or user namespaces
+    enabled for unprivileged users (most Linux distributions). Not on macOS or Windows. The trial
+    checks that a hidden file is invisible, that a read-only folder refuses writes, that the
+    process is PID 1 of its own namespace, and that it cannot mount.
     """
     global _sandbox_checked
     if _sandbox_checked is None:
@@ -71,19 +143,39 @@ def sandbox_available() -> tuple[bool, str]:
             _sandbox_checked = (False, "the unshare command (util-linux) is not installed")
         else:
             with tempfile.TemporaryDirectory() as tmp:
-                (Path(tmp) / "secret").write_text("x")
+                (Path(tmp) / "ro").mkdir()
+                (Path(tmp) / "secret").mkdir()
+                (Path(tmp) / "secret" / "x").write_text("x")
+                probe = (
+                    "import ctypes, os, sys\n"
+                    "t = sys.argv[1]\n"
+                    "assert not os.listdir(t + '/secret'), 'a hidden folder is visible'\n"
+                    "try:\n"
+                    "    open(t + '/ro/f', 'w')\n"
+                    "    raise SystemExit('a read-only folder is writable')\n"
+                    "except OSError:\n"
+                    "    pass\n"
+                    "assert os.getpid() == 1, 'no PID namespace'\n"
+                    "umount = ctypes.CDLL(None).umount2\n"
+                    "assert umount((t + '/secret').encode(), 2) != 0, 'the sandbox can be undone'\n"
+                )
                 cmd = [
-                    *sandbox_prefix([Path(tmp)], [Path(tmp)]),
-                    "sh",
+                    *sandbox_prefix([Path(tmp) / "ro"], [Path(tmp) / "secret"], scratch=()),
+                    sys.executable,
                     "-c",
-                    "test ! -e $0/secret",
+                    probe,
                     tmp,
                 ]
                 try:
                     done = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
                     ok = done.returncode == 0
-                    why = "" if ok else first_line(done.stderr or f"exit status {done.returncode}")
+                    why = "" if ok else _last_line(done.stderr or f"exit status {done.returncode}")
                 except (OSError, subprocess.TimeoutExpired) as exc:
                     ok, why = False, first_line(str(exc))
             _sandbox_checked = (ok, why)
     return _sandbox_checked
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return first_line(lines[-1] if lines else text)

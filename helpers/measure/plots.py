@@ -4,6 +4,27 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# Every PNG the course's tools write carries this in its "Software" text chunk, so a tool can
+# recognise (and replace without --force) a figure it wrote before.
+PNG_SOFTWARE = "fast-gpt2-course"
+
+
+def save_png(fig, path: str | Path, dpi: int = 120) -> None:
+    """Save ``fig`` as a PNG at ``path``, marked as the course's (:data:`PNG_SOFTWARE`)."""
+    fig.savefig(path, dpi=dpi, format="png", metadata={"Software": PNG_SOFTWARE})
+
+
+def is_course_png(path: str | Path) -> bool:
+    """Whether ``path`` is a PNG that :func:`save_png` wrote (its "Software" text chunk); False
+    for any other file, including one that cannot be read."""
+    try:
+        from PIL import Image  # matplotlib depends on Pillow
+
+        with Image.open(path) as im:
+            return im.format == "PNG" and im.info.get("Software") == PNG_SOFTWARE
+    except (OSError, ValueError):
+        return False
+
 
 def ladder_bars(results: dict, path: str | Path | None = None):
     """Bar chart of ms/step per ladder rung (skipped/failed rungs drawn as empty, labelled).
@@ -39,7 +60,7 @@ def ladder_bars(results: dict, path: str | Path | None = None):
     ax.set_title(_ladder_title(results), fontsize=9)
     fig.tight_layout()
     if path is not None:
-        fig.savefig(path, dpi=120)
+        save_png(fig, path)
         plt.close(fig)
     return fig
 

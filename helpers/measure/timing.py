@@ -9,6 +9,7 @@ synchronise; on the CPU a monotonic host clock is exact. The first steps pay one
 from __future__ import annotations
 
 import math
+import numbers
 import statistics
 import time
 from collections.abc import Callable
@@ -120,28 +121,49 @@ def peak_flops(device: torch.device | str) -> tuple[float | None, str]:
     return prof.peak_tensor_tflops * 1e12, f"{prof.name} dense 16-bit tensor peak, {prof.source}"
 
 
+def _real(value: object) -> float | None:
+    """``value`` as a float when it is one real number: an int or float, a NumPy scalar, or a
+    one-element 0-d tensor; None for anything else (a bool, a string, a list, a bigger tensor)."""
+    if type(value).__name__ in ("bool", "bool_"):  # Python's and NumPy's booleans
+        return None
+    if isinstance(value, torch.Tensor):
+        ok = value.ndim == 0 and not value.is_complex() and value.dtype != torch.bool
+        return float(value) if ok else None
+    return float(value) if isinstance(value, numbers.Real) else None  # np.float32, np.int64...
+
+
 def mfu(
     flops_per_token: float, tokens_per_s: float, peak_flops_per_s: float | None
 ) -> tuple[float | None, str]:
     """Model FLOPs utilisation = achieved FLOP/s / peak FLOP/s
     (PaLM, Chowdhery et al. 2022, App. B).
 
-    Returns (None, reason) when the peak is unknown, when the FLOPs per token or the throughput is
-    not a positive finite number (a NaN, an infinite or a negative timing), or when the achieved
-    rate would exceed the peak (a wrong timing or peak: never reported as MFU > 1).
+    Each argument is one real number: a Python int or float, a NumPy scalar or a 0-d tensor
+    (never a bool). Returns (value as a float, "ok"), or (None, reason) when the peak is None
+    (unknown for this device), when any argument is not a positive finite real number (a NaN, an
+    infinite or negative timing or peak, a string, True), or when the achieved rate would exceed
+    the peak (a wrong timing or peak: never reported as MFU > 1).
     """
-    if peak_flops_per_s is None or peak_flops_per_s <= 0:
+    if peak_flops_per_s is None:
         return None, "peak FLOP/s unknown for this device"
-    for what, value in (("tokens/s", tokens_per_s), ("FLOPs per token", flops_per_token)):
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-            return None, f"{what} must be a positive finite number, got {value!r}: check the timing"
-    achieved = flops_per_token * tokens_per_s
-    value = achieved / peak_flops_per_s
-    if value > 1.0:
+    checked = []
+    for what, value in (
+        ("tokens/s", tokens_per_s),
+        ("FLOPs per token", flops_per_token),
+        ("peak FLOP/s", peak_flops_per_s),
+    ):
+        x = _real(value)
+        if x is None or not math.isfinite(x) or x <= 0:
+            return None, f"{what} must be a positive finite number, got {value!r}: check it"
+        checked.append(x)
+    tokens, per_token, peak = checked
+    achieved = per_token * tokens
+    value = achieved / peak
+    if not math.isfinite(value) or value > 1.0:
         return (
             None,
             f"achieved {achieved / 1e12:.1f} TFLOP/s exceeds the peak "
-            f"{peak_flops_per_s / 1e12:.1f}: timing or peak is wrong",
+            f"{peak / 1e12:.1f}: timing or peak is wrong",
         )
     return value, "ok"
 

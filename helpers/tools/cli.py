@@ -8,12 +8,14 @@ before any long run starts, never in a traceback after it.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 import torch
 
@@ -48,22 +50,57 @@ def device(value: str | torch.device | None) -> torch.device:
 
 
 def out_path(
-    path: str | Path | None, flag: str = "--out", suffix: str | None = None
+    path: str | Path | None,
+    flag: str = "--out",
+    suffix: str | None = None,
+    *,
+    force: bool = False,
+    same_kind: Callable[[Path], bool] | None = None,
+    what: str = "",
+    folders: dict[Path, str] | None = None,
 ) -> Path | None:
-    """An output file path, checked before the run: its folder is created; a folder is refused;
-    a new file is created and removed again, so a place that refuses new files fails now; with
-    ``suffix`` (e.g. ".png") the name must end in it.
+    """An output file path, checked before the run by the one rule every tool that writes files
+    follows (the ladder, the chapter tools, ``grade``, ``leaderboard``):
+
+    - never a notebook's name (``.ipynb``), a path inside one of ``folders`` ({folder: what it
+      holds}, e.g. the submissions), or an existing folder;
+    - with ``suffix`` (e.g. ".png") the name must end in it;
+    - an existing file is replaced only when ``same_kind(path)`` recognises it as an earlier
+      output of the same kind (:func:`is_course_result`, a grades CSV, for ".png" a figure
+      :func:`helpers.measure.plots.save_png` wrote), or with ``force``: the
+      message then ends "pass --force to replace it" (``what`` says what the file is not);
+    - its folder is created, and a new file is created and removed again, so a place that refuses
+      new files fails now, not after the run.
 
     Raises:
-        ValueError: ``path`` is an existing folder, its folder cannot be made (a file is in the
-            way), that folder or the file is not writable, or its name lacks ``suffix``.
+        ValueError: any of the above, with a one-line reason.
     """
     if path is None:
         return None
     path = Path(path)
+    if path.suffix.lower() == ".ipynb":
+        raise ValueError(f"{flag} {path} is a notebook's name: give a {suffix or '.json'} file")
+    where = path.resolve()
+    for folder, holds in (folders or {}).items():
+        if folder.resolve() == where or folder.resolve() in where.parents:
+            raise ValueError(
+                f"{flag} {path} lies in the {holds} folder {folder}: write it elsewhere"
+            )
     if path.is_dir():
         example = path / ("results.json" if flag == "--out" else "ladder.png")
         raise ValueError(f"{flag} {path} is a folder: give a file name, e.g. {example}")
+    if suffix is not None and path.suffix.lower() != suffix:
+        raise ValueError(
+            f"{flag} {path}: the file is written as {suffix[1:].upper()}, so its name "
+            f"must end in {suffix} (e.g. {path.with_suffix(suffix).name})"
+        )
+    if same_kind is None and suffix == ".png":
+        from helpers.measure import plots
+
+        same_kind, what = plots.is_course_png, what or " and is not a figure a course tool wrote"
+    if (path.exists() or path.is_symlink()) and not force:
+        if not (same_kind is not None and path.is_file() and same_kind(path)):
+            raise ValueError(f"{flag} {path} exists{what}: pass --force to replace it")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -73,11 +110,6 @@ def out_path(
         ) from None
     if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise ValueError(f"{flag} {path} is not writable here: choose a path in a writable folder")
-    if suffix is not None and path.suffix.lower() != suffix:
-        raise ValueError(
-            f"{flag} {path}: the file is written as {suffix[1:].upper()}, so its name "
-            f"must end in {suffix} (e.g. {path.with_suffix(suffix).name})"
-        )
     if not path.exists():  # try it now, not after the run: some folders refuse new files
         try:
             path.open("x").close()
@@ -88,6 +120,73 @@ def out_path(
                 "choose a path in a writable folder"
             ) from None
     return path
+
+
+def json_with_keys(*keys: str) -> Callable[[Path], bool]:
+    """A ``same_kind`` test for :func:`out_path`: is the file a JSON object (at most 64 MiB)
+    holding all of ``keys``?"""
+
+    def test(path: Path) -> bool:
+        try:
+            if path.stat().st_size > 64 << 20:
+                return False
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            return False
+        return isinstance(data, dict) and all(k in data for k in keys)
+
+    return test
+
+
+# A JSON result a course tool wrote: it starts with helpers.measure.results.provenance's keys.
+is_course_result = json_with_keys("device", "torch", "date")
+
+
+def result_out(
+    path: str | Path | None,
+    flag: str = "--out",
+    force: bool = False,
+    keys: tuple[str, ...] = ("device", "torch", "date"),
+) -> Path | None:
+    """:func:`out_path` for a JSON result: the name ends in .json, and an existing file is
+    replaced only when it is a JSON object holding ``keys`` (default: a course result's
+    provenance, :data:`is_course_result`) or with ``force``."""
+    return out_path(
+        path,
+        flag,
+        ".json",
+        force=force,
+        same_kind=json_with_keys(*keys),
+        what=" and is not a result JSON of this tool",
+    )
+
+
+def add_force(parser: argparse.ArgumentParser, what: str = "--out") -> None:
+    """The ``--force`` option of a tool whose outputs :func:`out_path` checks."""
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help=f"replace an existing {what} file that is not an earlier output of this kind",
+    )
+
+
+def replace_file(path: Path, write: Callable[[IO[str]], None]) -> None:
+    """Write a text file atomically: ``write(f)`` fills a new file that this process creates next
+    to ``path`` (O_EXCL, so never an existing file or a planted symlink), which then replaces
+    ``path`` (``os.replace``: a symlink at ``path`` is replaced, never followed)."""
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            write(f)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # as open() would have made it
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def at_least(name: str, value: int | None, minimum: int = 1) -> None:

@@ -1,0 +1,107 @@
+"""What the grader restores in a submission's kernel before each check cell (cheap defences, not a
+sandbox): the import machinery, the builtins, IPython's input and AST transformers, its event
+callbacks and exception handler, and the methods of the shell and the kernel that run a cell, as
+they were when the kernel started, before any of the submission's code ran.
+
+The grader calls :func:`snapshot` first thing in the kernel and :func:`restore` before each check
+cell, both through an ``execute_request``'s ``user_expressions`` (evaluated by ``eval``, not by
+``run_cell``, so no input transformer or patched ``run_cell`` sees them). A submission runs in the
+same interpreter as its checks, so a determined one can still defeat this (replace this module in
+``sys.modules``, patch the libraries a check uses): docs/grading.md, "What the grader guarantees".
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib
+import sys
+from typing import Any
+
+_saved: dict[str, Any] = {}
+
+# Attributes of the shell (IPython's InteractiveShell) and the kernel whose replacement changes
+# what a cell does: lists are restored in place, callables by deleting an instance's override.
+_SHELL_LISTS = ("input_transformers_cleanup", "input_transformers_post", "ast_transformers")
+_RUNNERS = (
+    "run_cell",
+    "run_cell_async",
+    "_run_cell",
+    "run_ast_nodes",
+    "run_code",
+    "transform_cell",
+    "transform_ast",
+    "should_run_async",
+    "showtraceback",
+    "user_expressions",
+    "do_execute",
+    "execute_request",
+)
+
+
+def _class_dicts(obj: Any) -> list[tuple[type, dict[str, Any]]]:
+    return [(cls, dict(vars(cls))) for cls in type(obj).__mro__ if cls is not object]
+
+
+def snapshot(nonce: str = "") -> str:
+    """Save what :func:`restore` puts back; call it before any submission code runs. Returns
+    ``"snapshot " + nonce``."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    kernel = getattr(shell, "kernel", None)
+    _saved.update(
+        meta_path=list(sys.meta_path),
+        path_hooks=list(sys.path_hooks),
+        builtins=dict(vars(builtins)),
+        importlib={k: getattr(importlib, k) for k in ("reload", "import_module")},
+        shell=shell,
+        lists={name: list(getattr(shell, name)) for name in _SHELL_LISTS},
+        callbacks={k: list(v) for k, v in shell.events.callbacks.items()},
+        classes=_class_dicts(shell) + (_class_dicts(kernel) if kernel is not None else []),
+        kernel=kernel,
+        custom_exceptions=shell.custom_exceptions,
+        custom_tb=getattr(shell, "CustomTB", None),
+        trace=(sys.gettrace(), sys.getprofile()),
+    )
+    return "snapshot " + nonce
+
+
+def restore(nonce: str = "") -> str:
+    """Put back what :func:`snapshot` saved, forget cached importers, and drop every imported
+    ``helpers.grading`` module but this one, so the check cell imports the checks afresh from
+    disk. Returns ``"restored " + nonce``.
+
+    Raises:
+        RuntimeError: when :func:`snapshot` never ran in this interpreter.
+    """
+    if not _saved:
+        raise RuntimeError("the grader's snapshot is missing")
+    s = _saved
+    sys.settrace(s["trace"][0])
+    sys.setprofile(s["trace"][1])
+    sys.meta_path[:] = s["meta_path"]
+    sys.path_hooks[:] = s["path_hooks"]
+    sys.path_importer_cache.clear()
+    vars(builtins).update(s["builtins"])
+    for name, fn in s["importlib"].items():
+        setattr(importlib, name, fn)
+    shell, kernel = s["shell"], s["kernel"]
+    for name, items in s["lists"].items():
+        getattr(shell, name)[:] = items
+    shell.events.callbacks.clear()
+    shell.events.callbacks.update({k: list(v) for k, v in s["callbacks"].items()})
+    shell.custom_exceptions = s["custom_exceptions"]
+    if s["custom_tb"] is not None:
+        shell.CustomTB = s["custom_tb"]
+    for obj in (shell, kernel):
+        for name in _RUNNERS:
+            if obj is not None and name in getattr(obj, "__dict__", {}):
+                del obj.__dict__[name]  # an instance's override of a class's method
+    for cls, attrs in s["classes"]:
+        for name, value in attrs.items():
+            if name in _RUNNERS and vars(cls).get(name) is not value:
+                setattr(cls, name, value)
+    for name in [m for m in sys.modules if m.startswith("helpers.grading")]:
+        if name != __name__:
+            del sys.modules[name]
+    return "restored " + nonce
