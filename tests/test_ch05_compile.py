@@ -209,3 +209,24 @@ def test_rows_markdown_has_the_text_tables_cells():
         assert (
             text_row.split() == " ".join(md_row.strip("| ").split(" | ")).replace("`", "").split()
         )
+
+
+def test_watch_markdown_shows_the_failed_guard_as_code_and_can_leave_it_out():
+    rows = [
+        {
+            "label": "x (8, 512): new shape",
+            "new_graphs": 1,
+            "ran": "compiled new graph",
+            "reason": "tensor 'x' size mismatch at index 1",
+        },
+        {"label": "same shape", "new_graphs": 0, "ran": "reused a graph", "reason": ""},
+    ]
+    md = compilation.watch_markdown(rows).splitlines()
+    assert md[0] == "| call | new graphs | ran | guard that failed |"
+    assert md[2] == (
+        "| x (8, 512): new shape | 1 | compiled new graph | `tensor 'x' size mismatch at index 1` |"
+    )
+    assert md[3] == "| same shape | 0 | reused a graph |  |"
+    assert compilation.watch_markdown(rows, reasons=False).splitlines()[0] == (
+        "| call | new graphs | ran |"
+    )

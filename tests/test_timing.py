@@ -104,6 +104,37 @@ def test_matmul_benchmark_measures_fp32_and_skips_tf32_on_cpu():
         timing.benchmark_matmul(256, "fp8", "cpu")
 
 
+def test_matmul_markdown_gives_the_peaks_unit_and_a_skipped_modes_reason():
+    rows = [
+        {
+            "mode": "bf16",
+            "status": "measured",
+            "ms": 0.171,
+            "tflops": 803.25,
+            "peak_tflops": 989.4,
+            "reason": "ok",
+        },
+        timing.benchmark_matmul(256, "tf32", "cpu"),
+    ]
+    md = timing.matmul_markdown(rows).splitlines()
+    assert md[0] == "| mode | ms | TFLOP/s | peak (TFLOP/s) | % of peak | note |"
+    assert md[2] == "| bf16 | 0.171 | 803.25 | 989.4 | 81% |  |"
+    assert md[3].startswith("| tf32 | - | - | - | - | skipped: TF32")
+
+
+def test_roofline_markdown_has_one_row_per_point_with_units():
+    point = {
+        "op": "gelu (tanh)",
+        "dtype": "bfloat16",
+        "intensity": 2.25,
+        "flops_per_s": 7.598e12,
+        "ms": 0.06,
+    }
+    md = timing.roofline_markdown([point]).splitlines()
+    assert md[0] == "| op | dtype | intensity (FLOP/B) | TFLOP/s | ms |"
+    assert md[2] == "| gelu (tanh) | bfloat16 | 2.25 | 7.598 | 0.060 |"
+
+
 def test_host_timers_and_bandwidth_on_cpu():
     assert timing.host_time_without_sync(lambda: time.sleep(0.002), iters=3) >= 2
     assert timing.host_time_with_sync(lambda: time.sleep(0.002), "cpu", iters=3) >= 2

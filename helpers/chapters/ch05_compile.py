@@ -451,3 +451,17 @@ def watch_compiles(calls: list[tuple[str, Callable[[], object]]]) -> list[dict]:
             ran = "reused a graph"
         rows.append({"label": label, "new_graphs": new, "reason": reason, "ran": ran})
     return rows
+
+
+def watch_markdown(rows: list[dict], reasons: bool = True) -> str:
+    """A Markdown table of :func:`watch_compiles` rows, for ``IPython.display.Markdown``: the call,
+    the new graphs it compiled, what ran, and (``reasons``) the guard that failed ("" if none)."""
+    from helpers.measure.results import markdown_table
+
+    heads = ["call", "new graphs", "ran"] + (["guard that failed"] if reasons else [])
+    cells = [
+        [r["label"], r["new_graphs"], r["ran"]]
+        + ([f"`{r['reason']}`" if r["reason"] else ""] if reasons else [])
+        for r in rows
+    ]
+    return markdown_table(heads, cells, "lrl" + ("l" if reasons else ""))

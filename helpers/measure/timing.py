@@ -228,6 +228,24 @@ def benchmark_matmul(
     return row
 
 
+def matmul_markdown(rows: list[dict]) -> str:
+    """A Markdown table of :func:`benchmark_matmul` rows, for ``IPython.display.Markdown``: mode,
+    ms, TFLOP/s, the datasheet peak in TFLOP/s ("-" where none is known), % of peak, and a note
+    that gives the reason of a skipped mode."""
+    from helpers.measure.results import markdown_table
+
+    cells = []
+    for r in rows:
+        if r["status"] != "measured":
+            cells.append([r["mode"], None, None, None, None, f"skipped: {r['reason']}"])
+            continue
+        peak = r["peak_tflops"]
+        pct = f"{100 * r['tflops'] / peak:.0f}%" if peak else None
+        cells.append([r["mode"], f"{r['ms']:.3f}", f"{r['tflops']:.2f}", peak, pct, ""])
+    heads = ["mode", "ms", "TFLOP/s", "peak (TFLOP/s)", "% of peak", "note"]
+    return markdown_table(heads, cells, "lrrrrl")
+
+
 # --------------------------------------------------------------------------------------------
 # Chapter 02: the wrong and the right way to time, and a roofline
 # --------------------------------------------------------------------------------------------
@@ -320,3 +338,22 @@ def roofline_points(device: torch.device | str, dtype: torch.dtype | None = None
                 }
             )
     return out
+
+
+def roofline_markdown(points: list[dict]) -> str:
+    """A Markdown table of :func:`roofline_points`, for ``IPython.display.Markdown``: op, dtype,
+    arithmetic intensity in FLOP/B, achieved TFLOP/s and the time in ms."""
+    from helpers.measure.results import markdown_table
+
+    cells = [
+        [
+            p["op"],
+            p["dtype"],
+            f"{p['intensity']:.2f}",
+            f"{p['flops_per_s'] / 1e12:.3f}",
+            f"{p['ms']:.3f}",
+        ]
+        for p in points
+    ]
+    heads = ["op", "dtype", "intensity (FLOP/B)", "TFLOP/s", "ms"]
+    return markdown_table(heads, cells, "llrrr")
