@@ -124,6 +124,12 @@ def test_compare_precisions_on_cpu_measures_fp32_bf16_and_skips_tf32_fp16(tiny_c
     assert torch.get_float32_matmul_precision() == before
     text = precision.format_comparison(rows)
     assert "skipped" in text and "fp32" in text
+    table = precision.comparison_markdown(rows).splitlines()
+    assert table[0].startswith("| precision | ms/step | spread (%) | tokens/s | peak memory |")
+    assert len(table) == 2 + len(rows)
+    fp32 = next(line for line in table if line.startswith("| fp32 |"))
+    assert f"| {by['fp32']['ms_per_step']:.1f} |" in fp32 and "| 0.0000 |" in fp32
+    assert any("| skipped |" in line for line in table)
 
 
 def test_compare_precisions_fp16_on_cpu_records_the_grad_scale(tiny_config):

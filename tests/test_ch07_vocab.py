@@ -94,8 +94,8 @@ def _padding_profile(before, after):
 def test_conclusion_names_the_family_that_saved_most():
     p = _padding_profile(BEFORE, AFTER)
     assert p.conclusion() == (
-        "eager, 50257 -> 50304 rows: the family that saved most is matmul, 10.00 -> 4.00 ms per "
-        "step (-6.00 ms) of -6.00 ms in all kernels"
+        "eager, 50257 -> 50304 rows: the family that saved most is matmul,\n  10.00 -> 4.00 ms "
+        "per step (-6.00 ms) of -6.00 ms in all kernels"
     )
     table = p.family_markdown().splitlines()
     assert table[0] == "| family | ms at 50257 | ms at 50304 | difference (ms) |"

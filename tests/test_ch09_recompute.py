@@ -35,6 +35,7 @@ def test_conclusion_is_computed_from_the_rows():
     line = recompute_chapter.conclusion(ROWS)
     assert "memory held after forward 7.00 GiB against 10.00 GiB" in line
     assert "50% of the 6.00 GiB" in line and "+4%" in line and "+20%" in line
+    assert len(line.splitlines()) == 3 and max(len(part) for part in line.splitlines()) <= 100
     peak_rows = [dict(r, peak_bytes=r["held_bytes"] + 2**30) for r in ROWS]
     assert "peak memory 8.00 GiB" in recompute_chapter.conclusion(peak_rows)
     with pytest.raises(ValueError, match="every block, selective"):

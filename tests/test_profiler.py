@@ -299,3 +299,33 @@ def test_summarize_events_refuses_an_empty_profile():
         profiler.summarize_events([_evt("forward", "CPU", 0, 1, annotation=True)], 1, "cuda")
     with pytest.raises(ValueError, match="steps"):
         profiler.summarize_events([], 0, "cpu")
+
+
+@pytest.mark.parametrize("wait,warmup", [(1, 1), (0, 2), (2, 0)])
+def test_profile_steps_synchronizes_before_the_recording_starts(monkeypatch, wait, warmup):
+    """The GPU runs behind the host: a kernel of the last unrecorded step still running when
+    ``prof.step()`` starts the recording lands in the first recorded step (chapter 10's H200
+    profile counted 14 attention backwards per step for 12 blocks). So the device must be
+    synchronized after that step and before the ``prof.step()`` whose new action records, and not
+    again until the last recorded step is done (the recorded steps keep their host/GPU overlap)."""
+    from torch.profiler import ProfilerAction, profile
+
+    log = []
+    monkeypatch.setattr(profiler, "synchronize", lambda device: log.append("sync"))
+    real_step = profile.step
+
+    def logged_step(self):
+        real_step(self)
+        log.append(f"prof.step -> {self.current_action.name}")
+
+    monkeypatch.setattr(profile, "step", logged_step)
+    run = train.RunConfig(batch_size=2, seq_len=16)
+    trainer = train.build(run, TINY, "cpu")
+    loader = data.BatchLoader(data.load_tokens()[:20_000], 2, 16)
+    profiler.profile_steps(trainer, loader, wait=wait, warmup=warmup, active=2, pre_steps=0)
+    record = (ProfilerAction.RECORD.name, ProfilerAction.RECORD_AND_SAVE.name)
+    first = next(i for i, e in enumerate(log) if e.split(" -> ")[-1] in record)
+    assert log[first - 1] == "sync", log
+    # between the start of the recording and the end of the last recorded step: no sync
+    last_recorded = max(i for i, e in enumerate(log) if e.split(" -> ")[-1] in record)
+    assert "sync" not in log[first : last_recorded + 1], log

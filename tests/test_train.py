@@ -195,3 +195,6 @@ def test_train_progress_bar_redraws_at_most_twice_a_second(monkeypatch):
     run = train.RunConfig(batch_size=2, seq_len=16)
     train.train(run, 3, train.small_model_config(), "cpu")
     assert seen["mininterval"] >= 0.5 and seen["refresh"] == [False, False, False]
+    assert seen["leave"] is True  # the bar stays by default
+    train.train(run, 1, train.small_model_config(), "cpu", leave=False)
+    assert seen["leave"] is False  # closed and hidden when the run ends

@@ -331,7 +331,8 @@ def compare_precisions(
     ``seq_len`` default to :func:`helpers.core.train.default_shapes`. A precision this device cannot
     run is returned as ``"skipped"`` with the reason (:func:`skip_reason`), never run in another
     mode; so are fp16 on a CPU (unless ``cpu_fp16``) and bf16 on a CPU without fast bf16 (unless
-    ``cpu_bf16``).
+    ``cpu_bf16``). The progress bar (``progress``) closes and disappears when the last precision is
+    done (``leave=False``), so only the table stays in the cell.
 
     Returns one dict per name: {"name", "status" ("measured"/"skipped"), "reason",
     "matmul_precision", "autocast", "losses" (nats per step), "final_loss", "max_loss_gap_vs_fp32"
@@ -361,7 +362,7 @@ def compare_precisions(
     old = torch.get_float32_matmul_precision()
     rows = []
     try:
-        for run in tqdm(runs, desc="precisions", disable=not progress):
+        for run in tqdm(runs, desc="precisions", disable=not progress, leave=False):
             row = {
                 **dict.fromkeys(_MEASURED),
                 **dict.fromkeys(("final_loss", "max_loss_gap_vs_fp32")),
@@ -401,34 +402,68 @@ def compare_precisions(
     return rows
 
 
-def format_comparison(rows: list[dict]) -> str:
-    """The rows of :func:`compare_precisions` as a fixed-width text table."""
+def _comparison_cells(r: dict) -> list[str | None]:
+    """One row of :func:`compare_precisions` as the tables' cells: name, ms/step, spread (%),
+    tokens/s, peak memory, final loss and largest gap vs fp32 (nats), note; a skipped row has
+    None in the measured cells and its reason as the note."""
     from helpers.measure import memory
 
+    if r["status"] != "measured":
+        return [r["name"], "skipped", None, None, None, None, None, r["reason"]]
+    gap = None if r["max_loss_gap_vs_fp32"] is None else f"{r['max_loss_gap_vs_fp32']:.4f}"
+    note = (
+        f"GradScaler: scale {r['grad_scale'][0]:g} -> {r['grad_scale'][-1]:g}, "
+        f"{len(r['skipped_steps'])} skipped step(s)"
+        if r["grad_scale"]
+        else ""
+    )
+    return [
+        r["name"],
+        f"{r['ms_per_step']:.1f}",
+        f"{r['spread_pct']:.0f}",
+        f"{r['tokens_per_s']:,.0f}",
+        memory.format_bytes(r["peak_mem_bytes"]),
+        f"{r['final_loss']:.4f}",
+        gap,
+        note,
+    ]
+
+
+def format_comparison(rows: list[dict]) -> str:
+    """The rows of :func:`compare_precisions` as a fixed-width text table (the command line's)."""
     head = (
         f"{'precision':<10} {'ms/step':>9} {'spread':>7} {'tokens/s':>10} {'peak mem':>10} "
         f"{'final loss':>10} {'max |gap| vs fp32':>17}  note"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
+        c = _comparison_cells(r)
         if r["status"] != "measured":
-            lines.append(f"{r['name']:<10} {'skipped':>9}  {r['reason']}")
+            lines.append(f"{c[0]:<10} {c[1]:>9}  {c[7]}")
             continue
-        gap = "-" if r["max_loss_gap_vs_fp32"] is None else f"{r['max_loss_gap_vs_fp32']:.4f} nats"
-        note = (
-            (
-                f"GradScaler: scale {r['grad_scale'][0]:g} -> {r['grad_scale'][-1]:g}, "
-                f"{len(r['skipped_steps'])} skipped step(s)"
-            )
-            if r["grad_scale"]
-            else ""
-        )
+        gap = "-" if c[6] is None else f"{c[6]} nats"
         lines.append(
-            f"{r['name']:<10} {r['ms_per_step']:>9.1f} {r['spread_pct']:>6.0f}% "
-            f"{r['tokens_per_s']:>10,.0f} {memory.format_bytes(r['peak_mem_bytes']):>10} "
-            f"{r['final_loss']:>10.4f} {gap:>17}  {note}"
+            f"{c[0]:<10} {c[1]:>9} {c[2]:>6}% {c[3]:>10} {c[4]:>10} {c[5]:>10} {gap:>17}  {c[7]}"
         )
     return "\n".join(lines)
+
+
+def comparison_markdown(rows: list[dict]) -> str:
+    """:func:`format_comparison` as a Markdown table (``results.markdown_table``) for
+    ``IPython.display.Markdown``: the same rows and numbers, units in the headers."""
+    from helpers.measure import results
+
+    header = [
+        "precision",
+        "ms/step",
+        "spread (%)",
+        "tokens/s",
+        "peak memory",
+        "final loss (nats)",
+        "max abs gap vs fp32 (nats)",
+        "note",
+    ]
+    return results.markdown_table(header, [_comparison_cells(r) for r in rows], "lrrrrrrl")
 
 
 @cli.guarded

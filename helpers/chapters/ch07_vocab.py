@@ -175,8 +175,8 @@ class PaddingProfile:
         return markdown_table(head, rows, "llrrr")
 
     def conclusion(self) -> str:
-        """One line computed from the tables: the family that saved most (or, if none got faster,
-        the one that changed most) and the total change."""
+        """Two lines computed from the tables: the family that saved most (or, if none got faster,
+        the one that changed most), then its ms per step at both sizes and the total change."""
         a, b = self.sizes
         total = sum(f["diff_ms"] for f in self.families)
         best = min(self.families, key=lambda f: f["diff_ms"])
@@ -186,7 +186,7 @@ class PaddingProfile:
             best = max(self.families, key=lambda f: abs(f["diff_ms"]))
             lead = f"no family got faster; the largest change is {best['family']}"
         return (
-            f"{self.mode}, {a} -> {b} rows: {lead}, {best['before_ms']:.2f} -> "
+            f"{self.mode}, {a} -> {b} rows: {lead},\n  {best['before_ms']:.2f} -> "
             f"{best['after_ms']:.2f} ms per step ({best['diff_ms']:+.2f} ms) of {total:+.2f} ms "
             f"in all {self.what}"
         )

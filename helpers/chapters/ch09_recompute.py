@@ -52,8 +52,9 @@ def table(rows: list[dict]) -> str:
 
 
 def conclusion(rows: list[dict]) -> str:
-    """One sentence computed from sweep rows holding "off", "every block" and "every block,
-    selective": what the selective policy saves and costs next to whole-block recomputation.
+    """One sentence, on three lines, computed from sweep rows holding "off", "every block" and
+    "every block, selective": what the selective policy saves and costs next to whole-block
+    recomputation.
 
     Memory is the measured peak on CUDA and the held bytes elsewhere (the sentence says which);
     time is the median step. Raises ValueError if one of the three rows is missing.
@@ -68,9 +69,9 @@ def conclusion(rows: list[dict]) -> str:
     saved_sel = _memory(off) - _memory(sel)
     share = f"{100 * saved_sel / saved_full:.0f}%" if saved_full > 0 else "-"
     return (
-        f"Selective recomputation of every block: {what} "
-        f"{memory.format_bytes(_memory(sel))} against {memory.format_bytes(_memory(off))} off "
-        f"({share} of the {memory.format_bytes(saved_full)} that recomputing whole blocks saves), "
+        f"Selective recomputation, every block: {what} "
+        f"{memory.format_bytes(_memory(sel))} against {memory.format_bytes(_memory(off))} off,\n"
+        f"{share} of the {memory.format_bytes(saved_full)} that recomputing whole blocks saves;\n"
         f"step {100 * (sel['ms'] / off['ms'] - 1):+.0f}% against off "
         f"(whole blocks: {100 * (full['ms'] / off['ms'] - 1):+.0f}%)."
     )

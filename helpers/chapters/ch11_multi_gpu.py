@@ -420,10 +420,8 @@ def traffic_conclusions(summary: dict) -> list[str]:
     w = summary["world_size"]
     out = []
     if all(not r["collectives"].get("all_gather") for r in fsdp_rows):
-        out.append(
-            f"world size {w}: FSDP issued no all-gather or reduce-scatter (a rank that holds "
-            "every row copies instead of communicating)"
-        )
+        out.append(f"world size {w}: FSDP issued no all-gather or reduce-scatter.")
+        out.append("A rank that holds every row copies instead of communicating.")
     else:
         ok = [
             r["variant"] for r in fsdp_rows if collectives.matches(r["collectives"], r["expected"])

@@ -449,11 +449,13 @@ def train(
     loader=None,
     progress: bool = True,
     compile_fallback: bool = True,
+    leave: bool = True,
 ) -> TrainResult:
     """A short real training run on Tiny Shakespeare; returns the loss of every step.
 
     ``loader`` defaults to a :class:`helpers.core.data.BatchLoader` over the whole text with the
-    run's B and T. A tqdm.auto progress bar shows the loss (disable with ``progress=False``). A
+    run's B and T. A tqdm.auto progress bar shows the loss (disable with ``progress=False``;
+    ``leave=False`` closes and hides it when the run ends, for a cell that prints the result). A
     failing torch.compile falls back to eager, and says so in ``trainer.notes`` and on the bar.
     """
     from tqdm.auto import tqdm
@@ -467,7 +469,7 @@ def train(
     # At most 2 redraws a second (refresh=False: set_postfix would redraw every step, thousands of
     # widget messages in a minutes-long run). A redraw per step makes nbval time out waiting for
     # the end of chapter 12's 100 s training cell on the H200.
-    bar = tqdm(range(steps), desc=run.name, disable=not progress, mininterval=0.5)
+    bar = tqdm(range(steps), desc=run.name, disable=not progress, mininterval=0.5, leave=leave)
     for _ in bar:
         losses.append(trainer.step(loader).item())
         bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)

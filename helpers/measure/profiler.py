@@ -430,8 +430,12 @@ def profile_steps(
     First ``pre_steps`` plain steps outside the profiler (torch.compile compiles here, CUDA and
     cuBLAS start up), then the profiler's schedule: ``wait`` steps ignored, ``warmup`` steps traced
     but discarded (the profiler's own start-up), ``active`` steps recorded. Each step is
-    :func:`step_with_ranges`. Activities: CPU, plus CUDA on a GPU. If ``trace_path`` is given, the
-    recorded steps are written there as a Chrome trace (JSON; open it in https://ui.perfetto.dev).
+    :func:`step_with_ranges`. The device is synchronized once, before the ``prof.step()`` that
+    starts the recording (the schedule changes its action at ``prof.step()``), so no kernel of an
+    unrecorded step runs inside the recorded window; the recorded steps themselves run as in
+    training, the host ahead of the GPU. Activities: CPU, plus CUDA on a GPU. If ``trace_path`` is
+    given, the recorded steps are written there as a Chrome trace (JSON; open it in
+    https://ui.perfetto.dev).
 
     Raises:
         ValueError: if ``active`` < 1.
@@ -457,8 +461,12 @@ def profile_steps(
             schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
             on_trace_ready=on_ready,
         ) as prof:
-            for _ in range(wait + warmup + active):
+            for i in range(wait + warmup + active):
                 step_with_ranges(trainer, loader)
+                if i == wait + warmup - 1:
+                    # This prof.step() starts the recording: let the discarded steps' kernels
+                    # finish first, or the GPU's backlog lands in the first recorded step.
+                    synchronize(device)
                 prof.step()
             synchronize(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
