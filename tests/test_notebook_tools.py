@@ -78,3 +78,52 @@ def test_run_time_rewrite_follows_the_table_and_refuses_a_chapter_without_a_row(
     with pytest.raises(ValueError, match="no row"):
         run_times.rewrite([bad])
     assert "not yet timed" in run_times.sentence(10, None)
+
+
+def _progress_notebook(value: float, total: float):
+    """A notebook with one tqdm-style widget output whose saved state is ``value``/``total``."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    out = nbformat.v4.new_output(
+        "display_data",
+        data={
+            notebooks.WIDGET_VIEW: {"model_id": "box", "version_major": 2, "version_minor": 0},
+            "text/plain": "fp32:   0%|          | 0/40 [00:00<?, ?it/s]",
+        },
+    )
+    nb.cells.append(nbformat.v4.new_code_cell("train()", outputs=[out]))
+
+    def m(name, **state):
+        return {"model_name": name, "state": {"_model_name": name, **state}}
+
+    nb.metadata["widgets"] = {
+        notebooks.WIDGET_STATE: {
+            "state": {
+                "box": m("HBoxModel", children=["IPY_MODEL_l", "IPY_MODEL_b", "IPY_MODEL_r"]),
+                "l": m("HTMLModel", value="fp32:\u2007100%"),
+                "b": m("FloatProgressModel", value=value, max=total),
+                "r": m("HTMLModel", value="\u200740/40\u2007[00:14&lt;00:00]"),
+            }
+        }
+    }
+    return nb
+
+
+def test_final_progress_text_replaces_the_first_bar_text_with_the_saved_final_state():
+    nb = _progress_notebook(40.0, 40.0)
+    assert notebooks.final_progress_text(nb) == 1
+    assert nb.cells[0].outputs[0]["data"]["text/plain"] == (
+        "fp32: 100%|" + "\u2588" * 10 + "| 40/40 [00:14<00:00]"
+    )
+    assert notebooks.final_progress_text(nb) == 0  # already final: nothing to change
+    half = _progress_notebook(20.0, 40.0)
+    notebooks.final_progress_text(half)
+    assert "|" + "\u2588" * 5 + " " * 5 + "|" in half.cells[0].outputs[0]["data"]["text/plain"]
+
+
+def test_final_progress_text_leaves_outputs_without_saved_state_alone():
+    nb = _progress_notebook(40.0, 40.0)
+    nb.metadata["widgets"] = {}
+    assert notebooks.final_progress_text(nb) == 0
+    assert "0/40" in nb.cells[0].outputs[0]["data"]["text/plain"]

@@ -54,10 +54,52 @@ def record(path: str | Path, timeout_s: int = 1800) -> None:
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
     _execute(nb, path, timeout_s)
+    final_progress_text(nb)
     nbformat.write(nb, path)
 
 
 IGNORE_TAG = "nbval-ignore-output"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+def final_progress_text(nb) -> int:
+    """Give every tqdm progress bar in ``nb`` the plain text of its final state.
+
+    ``tqdm.auto`` in a notebook shows a widget (an HBox of HTML, FloatProgress, HTML); the output
+    keeps the widget's state in the notebook's metadata, but its ``text/plain`` fallback, which
+    GitHub, nbconvert without widgets and a terminal show, is the bar's first text (``0/40``). This
+    rewrites that fallback from the saved final state (``fp32: 100%|##########| 40/40 [...]``).
+    Returns the number of outputs changed; outputs whose widget state is missing are left as
+    they are."""
+    import html
+
+    state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+
+    def model(ref: str) -> dict:
+        return state.get(ref.removeprefix("IPY_MODEL_"), {}).get("state", {})
+
+    changed = 0
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            view = out.get("data", {}).get(WIDGET_VIEW)
+            if not view:
+                continue
+            box = model(view.get("model_id", ""))
+            parts = [model(ref) for ref in box.get("children", [])]
+            names = [m.get("_model_name") for m in parts]
+            if names != ["HTMLModel", "FloatProgressModel", "HTMLModel"]:
+                continue
+            left, bar, right = parts
+            total, value = bar.get("max") or 0, bar.get("value") or 0
+            filled = int(10 * value / total) if total else 0
+            text = html.unescape(left.get("value", "")) + "|" + "\u2588" * filled
+            text += " " * (10 - filled) + "|" + html.unescape(right.get("value", ""))
+            text = text.replace("\u2007", " ").replace("\u200b", "")
+            if out["data"].get("text/plain") != text:
+                out["data"]["text/plain"] = text
+                changed += 1
+    return changed
 
 
 def refresh(path: str | Path, timeout_s: int = 1800) -> list[int]:
