@@ -232,3 +232,32 @@ def test_ratio_rows_split_backward_over_forward_by_family():
         ["attention", "1.00", "0.00", "0.00"],
         ["all kernels", "3.00", "5.00", "1.67"],
     ]
+
+
+def test_cli_trace_path_is_checked_before_the_run(tmp_path, capsys):
+    """--trace obeys the course's output rule: a file that is not a trace (a README, a notebook)
+    is refused with one line before anything is measured, and left as it was."""
+    readme = tmp_path / "README.md"
+    readme.write_text("# keep me\n")
+    table = [
+        "table",
+        "--out",
+        str(tmp_path / "t.json"),
+        "--eager",
+        "--batch-size",
+        "1",
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--iters",
+        "1",
+    ]
+    for bad in (readme, tmp_path / "solution.ipynb", tmp_path / "trace.txt"):
+        assert profiling.main([*table, "--trace", str(bad)]) == 2
+        assert "--trace" in capsys.readouterr().err
+    assert readme.read_text() == "# keep me\n"
+    assert not (tmp_path / "t.json").exists()  # refused before the run
+    trace = tmp_path / "trace.json"
+    trace.write_text('{\n  "schemaVersion": 1, "traceEvents": []}')
+    assert profiling._is_chrome_trace(trace) and not profiling._is_chrome_trace(readme)

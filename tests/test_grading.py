@@ -1054,3 +1054,52 @@ def test_every_folder_of_the_checkout_but_the_package_results_and_environment_is
     monkeypatch.setenv("COURSE_DATA_DIR", str(tmp_path / "data"))
     hidden = {p.name for p in grader.hidden_repo_folders()}
     assert hidden == {"notebooks", "tests", "backup-of-2025"}
+
+
+def test_links_fifos_and_huge_files_are_refused_before_any_kernel_runs(tmp_path, monkeypatch):
+    """A submission that is a link to the reference notebook (or sits in a linked student
+    folder), a FIFO (reading it would block the grader) or a file over the size limit is graded
+    as unreadable, with its reason, and the grading of the others goes on."""
+    import os
+
+    from helpers.grading import intake
+
+    subs = tmp_path / "subs"
+    for who in ("eve", "mallory", "oscar", "trudy"):
+        (subs / who).mkdir(parents=True)
+    (subs / "eve" / FIXTURE.name).symlink_to(FIXTURE)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / FIXTURE.name).write_bytes(FIXTURE.read_bytes())
+    (subs / "mallory").rmdir()
+    (subs / "mallory").symlink_to(elsewhere, target_is_directory=True)
+    os.mkfifo(subs / "oscar" / FIXTURE.name)
+    monkeypatch.setattr(intake, "MAX_SUBMISSION_BYTES", 1000)
+    (subs / "trudy" / FIXTURE.name).write_bytes(FIXTURE.read_bytes())  # over 1000 bytes
+    rows = grading.grade(subs, FIXTURE.parent, timeout=5)
+    reasons = {r["student"]: r["reason"] for r in rows}
+    assert all(r["status"] == "error" and r["points"] == "0" for r in rows)  # CSV text
+    assert (
+        reasons["eve"] == "notebook unreadable: the notebook is a link, not a file in the "
+        "student's folder"
+    )
+    assert "is a link, not a folder" in reasons["mallory"]
+    assert reasons["oscar"] == "notebook unreadable: the notebook is not a regular file"
+    assert "over the 0 MiB limit" in reasons["trudy"]
+
+
+def test_csv_cells_never_start_a_spreadsheet_formula(tmp_path):
+    from helpers.grading import intake
+
+    assert intake.csv_cell('=HYPERLINK("http://evil.example","x")').startswith("'=")
+    assert [intake.csv_cell(v) for v in ("+1", "-1", "@SUM(A1)", "\tx")] == [
+        "'+1",
+        "'-1",
+        "'@SUM(A1)",
+        "'\tx",
+    ]
+    assert intake.csv_cell(-1.5) == -1.5 and intake.csv_cell("passed") == "passed"
+    out = tmp_path / "grades.csv"
+    row = grading.grader._row("s", "nb", "g", 0, 1, "error", "=1+1")
+    grading.grader.write_csv([row], out)
+    assert next(csv.DictReader(out.open()))["reason"] == "'=1+1"

@@ -371,6 +371,18 @@ def describe(run) -> str:
     return f"{run.name}: " + ", ".join(f"{k}={getattr(run, k)}" for k in keys)
 
 
+def _is_chrome_trace(path: Path) -> bool:
+    """Whether ``path`` starts like a trace torch.profiler's ``export_chrome_trace`` wrote (a JSON
+    object whose first kilobyte names "traceEvents" or "schemaVersion")."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1024)
+    except OSError:
+        return False
+    named = b'"traceEvents"' in head or b'"schemaVersion"' in head
+    return head.lstrip().startswith(b"{") and named
+
+
 @cli.guarded
 def main(argv: list[str] | None = None) -> int:
     from helpers import bench
@@ -438,6 +450,15 @@ def main(argv: list[str] | None = None) -> int:
     for b in sizes_asked if isinstance(sizes_asked, list) else [sizes_asked]:
         cli.at_least("batch_size", b)
     cli.result_out(getattr(args, "out", None), force=getattr(args, "force", False))
+    # the trace is written at the end of the run: its path is checked by the same rule now
+    cli.out_path(
+        getattr(args, "trace", None),
+        "--trace",
+        ".json",
+        force=getattr(args, "force", False),
+        same_kind=_is_chrome_trace,
+        what=" and is not a profiler trace",
+    )
     if args.command == "from-perf":
         try:
             datetime.date.fromisoformat(args.date)

@@ -20,6 +20,7 @@ from typing import Any
 
 import helpers
 from helpers.grading import kernel
+from helpers.grading.intake import csv_cell, read_submission
 from helpers.grading.kernel import CellRun, NotebookRun, execute_notebook, first_line
 from helpers.grading.sandbox import SCRATCH, sandbox_available, sandbox_prefix
 from helpers.grading.student import (
@@ -211,13 +212,14 @@ def _verdict(
 
 def _match_reference(path: Path, refs: dict[str, Reference]) -> Reference | None:
     """The reference with the same file name, else the one sharing most grade ids
-    (renamed files)."""
+    (renamed files; read by :func:`read_submission`'s rules, so a FIFO or a link is not)."""
     if path.name in refs:
         return refs[path.name]
     try:
         import nbformat
 
-        ids = set(check_cells(nbformat.read(path, as_version=4)))
+        text = read_submission(path, path.parent)
+        ids = set(check_cells(nbformat.reads(text, as_version=4)))
     except Exception:
         return None
     best = max(refs.values(), key=lambda r: len(ids & set(r.points)))
@@ -367,12 +369,14 @@ def grade(
     # Every submission is read before any of them runs,
     # so one cannot change what another is graded on.
     texts: dict[Path, str | None] = {}
-    for per_student in chosen.values():
+    unreadable: dict[Path, str] = {}
+    for student, per_student in chosen.items():
         for path in per_student.values():
             try:
-                texts[path] = path.read_text()
-            except (OSError, UnicodeDecodeError):
-                texts[path] = None  # grade_notebook reports it unreadable
+                texts[path] = read_submission(path, submissions / student)
+            except (OSError, UnicodeDecodeError, ValueError) as e:
+                texts[path] = None  # graded as an error with this reason
+                unreadable[path] = str(e) if isinstance(e, ValueError) else "cannot read the file"
     sandbox: dict[str, list[Path]] | None = None
     ok, why = sandbox_available()
     if ok:
@@ -405,7 +409,7 @@ def grade(
                         0,
                         p,
                         "error",
-                        "notebook unreadable: cannot read the file",
+                        f"notebook unreadable: {unreadable.get(path, 'cannot read the file')}",
                     )
                     for g, p in ref.points.items()
                 )
@@ -458,7 +462,7 @@ def write_csv(rows: Iterable[dict[str, Any]], path: Path) -> None:
     def write(f) -> None:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({k: csv_cell(v) for k, v in r.items()} for r in rows)
 
     cli.replace_file(path, write)
 
