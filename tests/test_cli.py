@@ -150,3 +150,22 @@ def test_every_tool_that_writes_files_checks_them_with_the_one_rule():
         text = p.read_text()
         assert any(f in text for f in ("cli.out_path(", "cli.result_out(", "check_csv_out(")), p
         assert "out_file_problem" not in text, p
+
+
+def test_a_committed_result_is_replaced_only_with_force(tmp_path, monkeypatch):
+    """A CPU run pointed at results/h200-*.json must not wipe the committed H200 measurement,
+    although that file is a course result of the same kind."""
+    import helpers
+
+    root = tmp_path / "checkout"
+    (root / "results").mkdir(parents=True)
+    committed = root / "results" / "h200-ladder-b16.json"
+    committed.write_text(json.dumps({"device": "NVIDIA H200", "torch": "2.11", "date": "x"}))
+    monkeypatch.setattr(helpers, "REPO_ROOT", root)
+    with pytest.raises(ValueError, match="committed result .*pass --force"):
+        cli.result_out(committed)
+    assert cli.result_out(committed, force=True) == committed
+    assert cli.result_out(root / "results" / "new.json") is not None  # a new file is fine
+    elsewhere = tmp_path / "ladder.json"
+    elsewhere.write_text(committed.read_text())
+    assert cli.result_out(elsewhere) == elsewhere  # an earlier output outside results/

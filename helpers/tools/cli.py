@@ -65,6 +65,8 @@ def out_path(
     - never a notebook's name (``.ipynb``), a path inside one of ``folders`` ({folder: what it
       holds}, e.g. the submissions), or an existing folder;
     - with ``suffix`` (e.g. ".png") the name must end in it;
+    - an existing file in the checkout's ``results/`` (a committed measurement, e.g. of the H200)
+      is replaced only with ``force``;
     - an existing file is replaced only when ``same_kind(path)`` recognises it as an earlier
       output of the same kind (:func:`is_course_result`, a grades CSV, for ".png" a figure
       :func:`helpers.measure.plots.save_png` wrote), or with ``force``: the
@@ -99,6 +101,13 @@ def out_path(
 
         same_kind, what = plots.is_course_png, what or " and is not a figure a course tool wrote"
     if (path.exists() or path.is_symlink()) and not force:
+        import helpers
+
+        if (helpers.REPO_ROOT / "results").resolve() in where.parents:
+            raise ValueError(
+                f"{flag} {path} is a committed result (results/): a new run would replace its "
+                "measurement; write elsewhere, or pass --force to replace it"
+            )
         if not (same_kind is not None and path.is_file() and same_kind(path)):
             raise ValueError(f"{flag} {path} exists{what}: pass --force to replace it")
     try:
