@@ -861,8 +861,8 @@ def test_one_submission_cannot_change_how_later_ones_are_graded(tmp_path):
             f.unlink(missing_ok=True)
 
 
-# Five in-kernel tricks that let a blank notebook score full marks when the grader ran its check
-# cells through whatever the submission left in place.
+# In-kernel tricks that let a blank notebook score full marks when the grader ran its check cells
+# through whatever the submission left in place.
 IN_KERNEL_CHEATS = {
     "reload": (
         "import importlib, helpers.grading as g\n"
@@ -912,6 +912,32 @@ IN_KERNEL_CHEATS = {
     ),
     # blinds the grader's restore itself: the checks are then not run at all
     "user_expressions": "get_ipython().user_expressions = lambda expressions: {}\n",
+    # a folder put first on helpers.__path__: the fresh import of the checks would load its fake
+    "helpers_path": (
+        "import helpers, os, tempfile\n"
+        "_d = tempfile.mkdtemp()\n"
+        "os.makedirs(_d + '/grading')\n"
+        "open(_d + '/grading/__init__.py', 'w').write(\n"
+        "    'CHAPTERS = ()\\ndef __getattr__(n):\\n    return lambda *a, **k: None\\n')\n"
+        "helpers.__path__.insert(0, _d)\n"
+    ),
+    # every cell "succeeds": the reply the grader reads would say ok
+    "execution_result": (
+        "from IPython.core.interactiveshell import ExecutionResult\n"
+        "ExecutionResult.success = property(lambda self: True)\n"
+    ),
+    # the kernel's replies rewritten on their way out: an error reply is sent as ok
+    "session_send": (
+        "_s = get_ipython().kernel.session\n"
+        "_send = _s.send\n"
+        "def _ok(stream, msg_or_type, content=None, *a, **k):\n"
+        "    if msg_or_type == 'execute_reply' and isinstance(content, dict) \\\n"
+        "            and content.get('status') == 'error':\n"
+        "        content = {'status': 'ok', 'execution_count': content.get('execution_count'),\n"
+        "                   'user_expressions': {}, 'payload': []}\n"
+        "    return _send(stream, msg_or_type, content, *a, **k)\n"
+        "_s.send = _ok\n"
+    ),
 }
 
 

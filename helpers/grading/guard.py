@@ -1,7 +1,8 @@
 """What the grader restores in a submission's kernel before each check cell (cheap defences, not a
-sandbox): the import machinery, the builtins, IPython's input and AST transformers, its event
-callbacks and exception handler, and the methods of the shell and the kernel that run a cell, as
-they were when the kernel started, before any of the submission's code ran.
+sandbox): the import machinery and the ``helpers`` package's path, the builtins, IPython's input
+and AST transformers, its event callbacks and exception handler, the methods of the shell and the
+kernel that run a cell, and what makes a cell's reply (``ExecutionResult``, the kernel's
+``Session``), as they were when the kernel started, before any of the submission's code ran.
 
 The grader calls :func:`snapshot` first thing in the kernel and :func:`restore` before each check
 cell, both through an ``execute_request``'s ``user_expressions`` (evaluated by ``eval``, not by
@@ -37,6 +38,19 @@ _RUNNERS = (
     "execute_request",
 )
 
+# The methods of jupyter_client's Session that build and send a cell's reply to the grader.
+_SESSION_METHODS = (
+    "send",
+    "serialize",
+    "sign",
+    "msg",
+    "msg_header",
+    "send_raw",
+    "deserialize",
+    "feed_identities",
+    "recv",
+)
+
 
 def _class_dicts(obj: Any) -> list[tuple[type, dict[str, Any]]]:
     return [(cls, dict(vars(cls))) for cls in type(obj).__mro__ if cls is not object]
@@ -46,10 +60,19 @@ def snapshot(nonce: str = "") -> str:
     """Save what :func:`restore` puts back; call it before any submission code runs. Returns
     ``"snapshot " + nonce``."""
     from IPython import get_ipython
+    from IPython.core.interactiveshell import ExecutionResult
+
+    import helpers
 
     shell = get_ipython()
     kernel = getattr(shell, "kernel", None)
+    session = getattr(kernel, "session", None)
     _saved.update(
+        helpers=(helpers, list(helpers.__path__)),
+        # what a cell's reply says: ExecutionResult.success, and the Session that sends the reply
+        result_class=(ExecutionResult, dict(vars(ExecutionResult))),
+        session_classes=_class_dicts(session) if session is not None else [],
+        session=session,
         meta_path=list(sys.meta_path),
         path_hooks=list(sys.path_hooks),
         builtins=dict(vars(builtins)),
@@ -101,6 +124,23 @@ def restore(nonce: str = "") -> str:
         for name, value in attrs.items():
             if name in _RUNNERS and vars(cls).get(name) is not value:
                 setattr(cls, name, value)
+    package, package_path = s["helpers"]
+    sys.modules["helpers"] = package
+    package.__path__[:] = package_path  # a folder put first would shadow helpers.grading
+    cls, attrs = s["result_class"]  # a plain class: every attribute as it was
+    for name in set(vars(cls)) - set(attrs):
+        delattr(cls, name)
+    for name, value in attrs.items():
+        if vars(cls).get(name) is not value and name not in ("__dict__", "__weakref__"):
+            setattr(cls, name, value)
+    session = s["session"]
+    if session is not None:
+        for name in _SESSION_METHODS:
+            vars(session).pop(name, None)  # an instance's override of a Session method
+        for cls, attrs in s["session_classes"]:
+            for name, value in attrs.items():
+                if name in _SESSION_METHODS and vars(cls).get(name) is not value:
+                    setattr(cls, name, value)
     for name in [m for m in sys.modules if m.startswith("helpers.grading")]:
         if name != __name__:
             del sys.modules[name]
