@@ -158,27 +158,15 @@ def test_suggest_chapter_on_the_h200_tables_points_to_a_larger_batch():
         assert profiling.suggest_chapter(table["kernels"], table["step_ms"], True) == "ch03"
 
 
+def _table_args(out: Path) -> list[str]:
+    """The smallest ``table`` run on a CPU: B=1, one eager step, no warm-up."""
+    return ["table", "--out", str(out), "--eager", "--batch-size", "1", "--steps", "1",
+            "--warmup", "0", "--iters", "1"]  # fmt: skip
+
+
 def test_cli_table_and_run_on_cpu(tmp_path, capsys):
     out = tmp_path / "table.json"
-    assert (
-        profiling.main(
-            [
-                "table",
-                "--out",
-                str(out),
-                "--eager",
-                "--batch-size",
-                "1",
-                "--steps",
-                "1",
-                "--warmup",
-                "0",
-                "--iters",
-                "1",
-            ]
-        )
-        == 0
-    )
+    assert profiling.main(_table_args(out)) == 0
     table = json.loads(out.read_text())
     assert table["device"] == "CPU" and table["torch"] == torch.__version__ and table["date"]
     (entry,) = table["tables"]
@@ -239,20 +227,7 @@ def test_cli_trace_path_is_checked_before_the_run(tmp_path, capsys):
     is refused with one line before anything is measured, and left as it was."""
     readme = tmp_path / "README.md"
     readme.write_text("# keep me\n")
-    table = [
-        "table",
-        "--out",
-        str(tmp_path / "t.json"),
-        "--eager",
-        "--batch-size",
-        "1",
-        "--steps",
-        "1",
-        "--warmup",
-        "0",
-        "--iters",
-        "1",
-    ]
+    table = _table_args(tmp_path / "t.json")
     for bad in (readme, tmp_path / "solution.ipynb", tmp_path / "trace.txt"):
         assert profiling.main([*table, "--trace", str(bad)]) == 2
         assert "--trace" in capsys.readouterr().err
@@ -260,4 +235,4 @@ def test_cli_trace_path_is_checked_before_the_run(tmp_path, capsys):
     assert not (tmp_path / "t.json").exists()  # refused before the run
     trace = tmp_path / "trace.json"
     trace.write_text('{\n  "schemaVersion": 1, "traceEvents": []}')
-    assert profiling._is_chrome_trace(trace) and not profiling._is_chrome_trace(readme)
+    assert profiling.TRACE_KIND(trace) and not profiling.TRACE_KIND(readme)

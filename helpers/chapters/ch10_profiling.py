@@ -371,16 +371,8 @@ def describe(run) -> str:
     return f"{run.name}: " + ", ".join(f"{k}={getattr(run, k)}" for k in keys)
 
 
-def _is_chrome_trace(path: Path) -> bool:
-    """Whether ``path`` starts like a trace torch.profiler's ``export_chrome_trace`` wrote (a JSON
-    object whose first kilobyte names "traceEvents" or "schemaVersion")."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(1024)
-    except OSError:
-        return False
-    named = b'"traceEvents"' in head or b'"schemaVersion"' in head
-    return head.lstrip().startswith(b"{") and named
+# A trace torch.profiler's export_chrome_trace wrote: a JSON object with "traceEvents".
+TRACE_KIND = cli.json_with_keys("traceEvents")
 
 
 @cli.guarded
@@ -456,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
         "--trace",
         ".json",
         force=getattr(args, "force", False),
-        same_kind=_is_chrome_trace,
+        same_kind=TRACE_KIND,
         what=" and is not a profiler trace",
     )
     if args.command == "from-perf":
