@@ -169,3 +169,36 @@ def test_a_committed_result_is_replaced_only_with_force(tmp_path, monkeypatch):
     elsewhere = tmp_path / "ladder.json"
     elsewhere.write_text(committed.read_text())
     assert cli.result_out(elsewhere) == elsewhere  # an earlier output outside results/
+
+
+def test_out_path_checked_by_two_processes_at_once_passes_in_both(tmp_path, monkeypatch):
+    # The other process made its probe file between this one's exists() and open("x"): the
+    # folder takes new files, so that is no reason to refuse the path.
+    target = tmp_path / "ddp.pt"
+    real_open = Path.open
+
+    def open_after_the_other_process(self, mode="r", *a, **k):
+        if self == target and mode == "x":
+            real_open(self, "x").close()  # the other rank's probe
+            try:
+                return real_open(self, "x", *a, **k)
+            finally:
+                self.unlink()  # ... which it removes again
+        return real_open(self, mode, *a, **k)
+
+    monkeypatch.setattr(Path, "open", open_after_the_other_process)
+    assert cli.out_path(target, "--checkpoint") == target and not target.exists()
+
+
+def test_ch11_checks_its_output_paths_on_rank_0_only(tmp_path, monkeypatch):
+    from helpers.chapters import ch11_multi_gpu
+
+    checked = []
+    monkeypatch.setattr(cli, "out_path", lambda path, flag, **k: checked.append(flag))
+    monkeypatch.setattr(cli, "result_out", lambda path, flag, **k: checked.append(flag))
+    monkeypatch.setattr(ch11_multi_gpu, "main_train", lambda args, *a, **k: 0)
+    argv = ["train", "--checkpoint", str(tmp_path / "c.pt"), "--json", str(tmp_path / "s.json")]
+    for rank, expected in (("1", []), ("0", ["--checkpoint", "--json"])):
+        checked.clear()
+        monkeypatch.setenv("RANK", rank)
+        assert ch11_multi_gpu.main(argv) == 0 and checked == expected

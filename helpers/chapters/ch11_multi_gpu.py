@@ -572,10 +572,12 @@ def main(argv: list[str] | None = None) -> int:
         cli.at_least("seq_len", args.seq_len)
         if args.device is not None:
             cli.device(args.device)
-        # checked before training, not after it
-        ckpt = {"force": args.force, "same_kind": zipfile.is_zipfile}  # torch.save's format
-        cli.out_path(args.checkpoint, "--checkpoint", **ckpt)
-        cli.result_out(args.json, "--json", force=args.force)
+        # checked before training, not after it, and by rank 0 only: it alone writes them, and
+        # two ranks probing one path at once would see each other's probe file
+        if os.environ.get("RANK", "0") == "0":
+            ckpt = {"force": args.force, "same_kind": zipfile.is_zipfile}  # torch.save's format
+            cli.out_path(args.checkpoint, "--checkpoint", **ckpt)
+            cli.result_out(args.json, "--json", force=args.force)
         if args.command == "fsdp-traffic":
             args.argv = argv[1:]  # written into the result
             return main_train(args, traffic_run, group_of_one=True)

@@ -122,7 +122,9 @@ def out_path(
     if not path.exists():  # try it now, not after the run: some folders refuse new files
         try:
             path.open("x").close()
-            path.unlink()
+            path.unlink(missing_ok=True)
+        except FileExistsError:
+            pass  # another process made it meanwhile: the folder takes new files
         except OSError as e:
             raise ValueError(
                 f"{flag} {path}: cannot create a file there ({e.strerror or e}): "
