@@ -764,6 +764,53 @@ def test_a_submission_cannot_read_the_reference_solutions(tmp_path):
     assert all(r["points"] == "0" for r in rows["mallory"].values()), rows["mallory"]
 
 
+@needs_sandbox
+def test_a_submission_cannot_read_the_solutions_of_the_checkout_the_environment_points_at(
+    tmp_path, monkeypatch
+):
+    """The environment was installed (editable) from another clone, whose path a submission
+    reads in site-packages: mallory (blank) execs that clone's solution cells and scores 0."""
+    import os
+    import uuid
+    from importlib import metadata
+
+    # outside /tmp (empty in the sandbox anyway) and outside the checkout (hidden anyway)
+    writable = [
+        p
+        for p in (grading.grader.REPO_ROOT.parent, Path("/srv"), Path("/opt"))
+        if p.is_dir() and os.access(p, os.W_OK)
+    ]
+    if not writable:
+        pytest.skip("no writable folder outside /tmp and the checkout for a second clone")
+    other = writable[0] / f"grading-test-clone-{uuid.uuid4().hex[:8]}"
+    (other / "notebooks").mkdir(parents=True)
+    shutil.copy(FIXTURE, other / "notebooks" / FIXTURE.name)
+
+    class Dist:
+        def read_text(self, name):
+            return json.dumps({"url": other.as_uri(), "dir_info": {"editable": True}})
+
+    monkeypatch.setattr(metadata, "distribution", lambda name: Dist())
+    steal = (
+        "import json, pathlib\n"
+        f"for p in pathlib.Path({str(other)!r}).rglob('*.ipynb'):\n"
+        "    for c in json.loads(p.read_text())['cells']:\n"
+        "        if c.get('metadata', {}).get('nbgrader', {}).get('solution'):\n"
+        "            exec(''.join(c['source']), globals())\n"
+    )
+    mallory = _blank_version()
+    for cell in mallory.cells:
+        if grading.is_solution_cell(cell):
+            cell.source += "\n" + steal
+    (tmp_path / "subs" / "mallory").mkdir(parents=True)
+    nbformat.write(mallory, tmp_path / "subs" / "mallory" / FIXTURE.name)
+    try:
+        rows = _grade(tmp_path / "subs", tmp_path)
+    finally:
+        shutil.rmtree(other)
+    assert all(r["points"] == "0" for r in rows["mallory"].values()), rows["mallory"]
+
+
 def _blank_version() -> "nbformat.NotebookNode":
     """The fixture's student version: every solution stubbed."""
     blank = nbformat.read(FIXTURE, as_version=4)
@@ -1080,6 +1127,49 @@ def test_every_folder_of_the_checkout_but_the_package_results_and_environment_is
     monkeypatch.setenv("COURSE_DATA_DIR", str(tmp_path / "data"))
     hidden = {p.name for p in grader.hidden_repo_folders()}
     assert hidden == {"notebooks", "tests", "backup-of-2025"}
+
+
+def test_another_checkout_the_environment_was_installed_from_is_hidden_too(tmp_path, monkeypatch):
+    """Grading from checkout A with an environment installed (editable) from checkout B: B's
+    path is in the environment's site-packages, so B's solutions are hidden like A's."""
+    from importlib import metadata
+
+    from helpers.grading import grader
+
+    other = tmp_path / "other clone"
+    for name in ("notebooks", "tests", "helpers", "results"):
+        (other / name).mkdir(parents=True)
+
+    class Dist:
+        def read_text(self, name):
+            assert name == "direct_url.json"
+            url = (other.as_uri(), {"editable": True})
+            return json.dumps({"url": url[0], "dir_info": url[1]})
+
+    monkeypatch.setattr(metadata, "distribution", lambda name: Dist())
+    assert grader.installed_checkouts() == [other.resolve()]
+    subs, ref = tmp_path / "subs", tmp_path / "ref"
+    hidden = set(grader.sandbox_paths(subs, ref, None)["hidden"])
+    assert {other / "notebooks", other / "tests"} <= hidden
+    assert not {other / "helpers", other / "results"} & hidden
+    # the checkout grading is not listed twice, and no record means nothing more to hide
+    monkeypatch.setattr(grader, "REPO_ROOT", other.resolve())
+    assert grader.installed_checkouts() == []
+    monkeypatch.setattr(
+        metadata,
+        "distribution",
+        lambda name: (_ for _ in ()).throw(metadata.PackageNotFoundError(name)),
+    )
+    assert grader.installed_checkouts() == []
+
+
+def test_the_distribution_name_the_grader_looks_up_is_pyprojects():
+    import tomllib
+
+    from helpers.grading import grader
+
+    project = tomllib.loads((grader.REPO_ROOT / "pyproject.toml").read_text())["project"]
+    assert grader.DIST_NAME == project["name"]
 
 
 def test_links_fifos_and_huge_files_are_refused_before_any_kernel_runs(tmp_path, monkeypatch):

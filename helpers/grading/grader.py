@@ -234,24 +234,49 @@ def _submitted_notebooks(folder: Path) -> list[Path]:
     )
 
 
-def hidden_repo_folders() -> list[Path]:
-    """The checkout's folders a submission's kernel must not see: every top-level folder except
-    ``helpers`` (the package it imports), ``results`` (committed measurements the notebooks show)
-    package metadata (``*.egg-info``) and any folder holding this Python environment or
-    ``$COURSE_DATA_DIR``. So the solution
+def hidden_repo_folders(root: Path | None = None) -> list[Path]:
+    """The folders of a course checkout ``root`` (default: the one grading) a submission's kernel
+    must not see: every top-level folder except ``helpers`` (the package it imports),
+    ``results`` (committed measurements the notebooks show), package metadata (``*.egg-info``)
+    and any folder holding this Python environment or ``$COURSE_DATA_DIR``. So the solution
     notebooks, the right answers in tests/, and any other copy of them in the checkout (an old
     checkout, a backup) look empty, whatever their names."""
-    keep = {REPO_ROOT / "helpers", REPO_ROOT / "results"}
+    root = REPO_ROOT if root is None else root
+    keep = {root / "helpers", root / "results"}
     needed = [Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()]
     data = os.environ.get("COURSE_DATA_DIR", "").strip()
     if data:
         needed.append(Path(data).resolve())
     hidden = []
-    for folder in sorted(p for p in REPO_ROOT.iterdir() if p.is_dir()):
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
         inside = [n for n in needed if n == folder.resolve() or folder.resolve() in n.parents]
         if folder not in keep and not inside and not folder.name.endswith(".egg-info"):
             hidden.append(folder)
     return hidden
+
+
+DIST_NAME = "fast-gpt2-course"  # pyproject.toml's [project] name
+
+
+def installed_checkouts() -> list[Path]:
+    """The course checkouts this Python environment was installed from, other than the one
+    grading: the source folder pip records in the distribution's ``direct_url.json`` (PEP 610,
+    written by ``pip install -e DIR`` and ``pip install DIR``). An editable install's checkout is
+    named in the environment's ``site-packages`` (the editable finder's mapping), so a
+    submission can find it and read its solutions unless it is hidden as well."""
+    import json
+    from importlib import metadata
+    from urllib.parse import unquote, urlparse
+
+    try:
+        text = metadata.distribution(DIST_NAME).read_text("direct_url.json")
+        url = urlparse(json.loads(text or "{}").get("url", ""))
+    except (metadata.PackageNotFoundError, ValueError, AttributeError):
+        return []
+    if url.scheme != "file":
+        return []
+    folder = Path(unquote(url.path)).resolve()
+    return [folder] if folder.is_dir() and folder != REPO_ROOT.resolve() else []
 
 
 def needed_paths() -> list[Path]:
@@ -269,16 +294,18 @@ def needed_paths() -> list[Path]:
     return [p.resolve() for p in paths if p.is_dir()]
 
 
-def git_stores() -> list[Path]:
-    """The git object stores of the checkout when it is a worktree or a submodule (its ``.git``
-    is a file naming them): they hold every committed solution."""
-    dot_git = REPO_ROOT / ".git"
+def git_stores(root: Path | None = None) -> list[Path]:
+    """The git object stores of a checkout ``root`` (default: the one grading) when it is a
+    worktree or a submodule (its ``.git`` is a file naming them): they hold every committed
+    solution."""
+    root = REPO_ROOT if root is None else root
+    dot_git = root / ".git"
     if not dot_git.is_file():
         return []  # a plain checkout: .git is a top-level folder, hidden_repo_folders has it
     text = dot_git.read_text(errors="replace").strip()
     if not text.startswith("gitdir:"):
         return []
-    gitdir = (REPO_ROOT / text.split(":", 1)[1].strip()).resolve()
+    gitdir = (root / text.split(":", 1)[1].strip()).resolve()
     common = gitdir / "commondir"
     stores = [gitdir]
     if common.is_file():
@@ -289,13 +316,16 @@ def git_stores() -> list[Path]:
 def sandbox_paths(submissions: Path, reference: Path, out: Path | None) -> dict[str, list[Path]]:
     """:func:`sandbox_prefix`'s ``read_only``, ``hidden`` and ``scratch`` paths for grading:
     read-only, what the kernel needs (:func:`needed_paths`); hidden, the reference and
-    submissions folders, the checkout's other folders (:func:`hidden_repo_folders`) and git
-    stores, the teacher's home and the folder of ``out`` (read-only instead when it holds
-    something the kernel needs); private and empty, ``/tmp``, ``/var/tmp``, ``/dev/shm`` and
-    this process's temporary folder."""
+    submissions folders, the other folders (:func:`hidden_repo_folders`) and git stores of the
+    checkout and of any other checkout the environment was installed from
+    (:func:`installed_checkouts`), the teacher's home and the folder of ``out`` (read-only
+    instead when it holds something the kernel needs); private and empty, ``/tmp``,
+    ``/var/tmp``, ``/dev/shm`` and this process's temporary folder."""
     needed = needed_paths()
     home = Path.home().resolve()
-    hidden = [reference, submissions, *hidden_repo_folders(), *git_stores()]
+    hidden = [reference, submissions]
+    for root in (REPO_ROOT, *installed_checkouts()):
+        hidden += [*hidden_repo_folders(root), *git_stores(root)]
     hidden += [home] if len(home.parts) > 1 else []  # never "/" (HOME=/ in some containers)
     read_only = list(needed)
     if out is not None:
