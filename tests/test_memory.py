@@ -144,52 +144,18 @@ def _committed(name):
     return found
 
 
-def _eager_peaks():
-    """(what, estimate kwargs, measured peak bytes) of every committed eager H200 step."""
-    gpt2, padded = GPTConfig(), GPTConfig(vocab_multiple=64)
-    rows = []
-    probe = _committed("h200-batch-probe.json")
-    for row, kw in zip(
-        probe["rows"], [dict(autocast=False), dict(autocast=True, attention="sdpa")], strict=True
-    ):
-        for i, (B, ok, peak) in enumerate(row["tried"]):
-            if ok:  # the probe's first try is its trainer's first step: no AdamW state yet
-                rows.append((f"{row['config']} B={B}", gpt2, B, dict(kw, first_step=i == 0), peak))
-    for r in _committed("h200-precision.json")["precisions"]:
-        kw = dict(autocast=r["autocast"] is not None)
-        rows.append((r["name"], gpt2, 16, kw, r["peak_mem_bytes"]))
-    ckpt = _committed("h200-checkpointing.json")
-    for r in ckpt["rows"] + ckpt["max_batch"]:
-        if r["checkpoint_policy"] == "block":  # peak_bytes counts from the memory held before
-            B = r.get("max_batch_size", 16)
-            kw = dict(autocast=True, attention="sdpa", checkpoint_every=r["checkpoint_every"])
-            rows.append(
-                (
-                    f"checkpoint_every={kw['checkpoint_every']} B={B}",
-                    padded,
-                    B,
-                    kw,
-                    r["peak_bytes"] + r["baseline_bytes"],
-                )
-            )
-    for r in _committed("h200-accumulation.json")["rows"]:
-        kw = dict(autocast=True, attention="sdpa", grads_kept=r["grad_accum_steps"] > 1)
-        rows.append((f"{r['grad_accum_steps']} micro-steps", padded, 16, kw, r["peak_bytes"]))
-    for r in _committed("h200-ladder-b16.json")["rungs"]:
-        s = r["switches"]
-        if s["compile"] is None:
-            cfg = GPTConfig(vocab_multiple=s["vocab_multiple"])
-            kw = dict(autocast=s["autocast"] is not None, attention=s["attention"])
-            rows.append((r["name"], cfg, 16, kw, r["peak_mem_bytes"]))
-    return rows
-
-
 def test_peak_estimate_is_within_4_percent_of_every_committed_eager_h200_peak():
-    rows = _eager_peaks()
+    """The batch probe (fp32 and bf16 + SDPA, B=1 to 138), the precision comparison, chapter 09's
+    checkpointing and accumulation runs and the ladder's eager rungs."""
+    from helpers.chapters import ch14_estimate
+
+    rows = ch14_estimate.committed_eager_peaks()
+    if not rows:
+        pytest.skip("no committed H200 results in this checkout")
     assert len(rows) >= 30
-    for what, cfg, B, kw, measured in rows:
-        est = memory.peak_estimate(cfg, B, 1024, **kw)["total"]
-        assert abs(est / measured - 1) < 0.04, (what, est, measured)
+    for r in rows:
+        est = memory.peak_estimate(r["config"], r["B"], 1024, **r["kw"])["total"]
+        assert abs(est / r["measured"] - 1) < 0.04, (r["what"], est, r["measured"])
 
 
 def test_chapter_03_estimate_is_the_loose_one_that_chapter_14_tightens():

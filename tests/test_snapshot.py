@@ -136,6 +136,26 @@ def test_attribute_takes_the_first_rule_and_falls_back_to_the_phase():
     assert list(parts)[0] == "other (allocated in forward)"  # largest first
 
 
+def test_in_place_updates_are_not_allocations_in_the_cpu_trace():
+    a, b = 0x1000, 0x2000
+    trace = [
+        {"action": "alloc", "addr": a, "size": 64},
+        {"action": "free_requested", "addr": a, "size": 64},
+        {"action": "free_completed", "addr": a, "size": 64},
+        {"action": "alloc", "addr": a, "size": 64},  # a new version of the same tensor
+        {"action": "free_requested", "addr": a, "size": 64},
+        {"action": "free_completed", "addr": a, "size": 64},
+        {"action": "alloc", "addr": b, "size": 64},  # a real new tensor
+    ]
+    kept = sn._drop_version_bumps(trace)
+    assert [(e["action"], e["addr"]) for e in kept] == [
+        ("alloc", a),
+        ("free_requested", a),
+        ("free_completed", a),
+        ("alloc", b),
+    ]
+
+
 def test_where_reads_cuda_and_cpu_frames_and_skips_the_measuring_harness():
     cuda = [
         {"filename": "/x/torch/nn/functional.py", "line": 3, "name": "linear"},

@@ -149,10 +149,32 @@ def record(
         if markers is not None:
             markers.mark("after")
     snap = _memory_viz._profile_to_snapshot(prof)
+    snap["device_traces"] = [_drop_version_bumps(t) for t in snap["device_traces"]]
     # the CPU's trace is the last one (index torch.cuda.device_count(), 0 without a GPU)
     return Capture(
         snap, len(snap["device_traces"]) - 1, dict(sizes), result, "torch.profiler (CPU)"
     )
+
+
+def _drop_version_bumps(trace: list[dict]) -> list[dict]:
+    """The CPU trace without its in-place updates: PyTorch's memory profiler gives a tensor a new
+    version at every in-place op (``exp_avg.lerp_``, ``param.addcdiv_``), which
+    ``_profile_to_snapshot`` writes as a free and an allocation of the same bytes at the same
+    address; no memory moves, so the three entries are dropped."""
+    out: list[dict] = []
+    for e in trace:
+        if (
+            e["action"] == ALLOC
+            and len(out) >= 2
+            and out[-1]["action"] == "free_completed"
+            and out[-2]["action"] == FREE
+            and out[-1]["addr"] == out[-2]["addr"] == e["addr"]
+            and out[-1]["size"] == out[-2]["size"] == e["size"]
+        ):
+            del out[-2:]
+            continue
+        out.append(e)
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -368,14 +390,14 @@ def attribute(
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-def where(frames: list[dict]) -> str:
-    """The innermost frame of ``frames`` in the course's own code outside the measuring harness
-    (``helpers/`` but not ``helpers/measure/``), as "model.py:138 forward"; "" if none. Reads
-    both CUDA frames ({"filename", "line", "name"}) and the CPU trace's ({"name":
-    "helpers/core/model.py(138): forward"})."""
+def where(frames: list[dict], within: str = "helpers/core/") -> str:
+    """The innermost frame of ``frames`` in files whose path contains ``within`` (default: the
+    course's model and training step, not the code that measures them), as
+    "model.py:138 forward"; "" if none. Reads both CUDA frames ({"filename", "line", "name"}) and
+    the CPU trace's ({"name": "helpers/core/model.py(138): forward"})."""
     for f in frames:
         text = f"{f.get('filename', '')}:{f.get('line', 0)} {f.get('name', '')}"
-        if "helpers/" in text and "helpers/measure/" not in text:
+        if within in text:
             if f.get("filename", "none") != "none":
                 return f"{Path(f['filename']).name}:{f['line']} {f['name']}"
             path, _, func = f["name"].partition(": ")
