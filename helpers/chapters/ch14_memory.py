@@ -126,7 +126,8 @@ def record_steps(
 
 def _phase_rows(tl: snapshot.Timeline, measured: list[dict]) -> list[dict]:
     """One row per recorded phase: the allocator's numbers where it counted them (CUDA), else
-    the trace's; "trace_peak" is the snapshot's own peak of the phase (requested bytes)."""
+    the trace's; "trace_peak" is the snapshot's own peak of the phase and "requested_peak" the
+    allocator's peak of requested bytes in it (CUDA; the two count the same bytes)."""
     by_name = {r["phase"]: r for r in measured}
     rows = []
     for name, p in tl.phase_peaks().items():
@@ -142,6 +143,7 @@ def _phase_rows(tl: snapshot.Timeline, measured: list[dict]) -> list[dict]:
                 "peak": m["peak"] if m else p["peak"],
                 "end": m["allocated_end"] if m else p["end"],
                 "reserved": m["reserved_end"] if m else None,
+                "requested_peak": m["requested_peak"] if m else None,
                 "trace_peak": p["peak"],
             }
         )
@@ -155,6 +157,22 @@ def phase_table(rows: list[dict], unit: str = "GiB") -> tuple[list[str], list[li
     keys = ("start", "peak", "end", "reserved")
     cells = [[r["step"], r["phase"], *(size(r[k], unit) for k in keys)] for r in rows]
     return header, cells
+
+
+def cache_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of :func:`helpers.measure.allocator.empty_cache_effect` in GiB."""
+    header = ["moment", "allocated (GiB)", "reserved (GiB)", "segments"]
+    return header, [
+        [r["when"], gib(r["allocated"]), gib(r["reserved"]), r["segments"]] for r in rows
+    ]
+
+
+def parts_table(
+    parts: dict[str, int], total: int, unit: str = "GiB"
+) -> tuple[list[str], list[list[str]]]:
+    """(header, rows): category | bytes in ``unit`` | share of the peak."""
+    rows = [[name, size(b, unit), f"{100 * b / total:.1f}%"] for name, b in parts.items()]
+    return ["alive at the peak", unit, "share"], rows
 
 
 def first_step_findings(steps: Steps, unit: str = "GiB") -> list[str]:
@@ -289,14 +307,19 @@ VARIANT_SWITCHES = ("autocast", "attention", "loss_kernel", "checkpoint_every")
 
 
 def measure_variants(
-    run: train.RunConfig, cfg: GPTConfig, device: torch.device | str, n_blocks: int = 3
+    run: train.RunConfig,
+    cfg: GPTConfig,
+    device: torch.device | str,
+    n_blocks: int = 3,
+    first: Steps | None = None,
 ) -> list[dict]:
     """``run``, then each of :func:`variants` added to the last one that ran: one step after a
     warm-up step, recorded. Rows {"name", "status" ("measured" or "skipped"), "reason",
     "switches", "peak" (the snapshot's, bytes), "max_allocated" (CUDA), "phase", "estimate"
     (``memory.peak_estimate``; None where not modelled), "categories", "largest" (the
     ``n_blocks`` largest blocks at the peak)}. A switch the device cannot run (or runs far too
-    slowly: ``train.slow_reason``) is skipped with the reason and left out of the later rows."""
+    slowly: ``train.slow_reason``) is skipped with the reason and left out of the later rows.
+    ``first``: :func:`record_steps` of ``run`` already taken (its step 2 is the first row)."""
     device = torch.device(device)
     rows, base = [], None
     for name, change in [(f"{run.name}, manual attention", {}), *variants(device)]:
@@ -307,7 +330,10 @@ def measure_variants(
             rows.append({**row, "status": "skipped", "reason": why})
             continue
         base = candidate
-        steps = record_steps(candidate, cfg, device, plan=((2, True),), warmup=1)
+        if first is not None and not change:
+            steps = first
+        else:
+            steps = record_steps(candidate, cfg, device, plan=((2, True),), warmup=1)
         peak = steps.step_peak(2)
         parts, blocks = peak_blocks(steps, 2)
         est = estimate.run_estimate(candidate, steps.model_config)
@@ -325,7 +351,8 @@ def measure_variants(
                 "largest": [{k: b[k] for k in keep} for b in blocks[:n_blocks]],
             }
         )
-        steps.release()
+        if steps is not first:
+            steps.release()
         memory.reset_peak(device)
     return rows
 
@@ -428,13 +455,15 @@ def step_plot(points, phases, title: str, marks: dict | None = None):
 
 def snapshot_summary(steps: Steps, step: int = 2) -> dict:
     """The JSON-sized summary of step ``step``'s snapshot: its peak (bytes, phase), the
-    allocator's peak and the requested-bytes peak of the same phases, their agreement, the
+    allocator's peak (``max_allocated``, block sizes) and requested-bytes peak of the same phases,
+    the snapshot's difference to the first (``agreement_pct``), the
     categories and the ten largest blocks at the peak, at most ~400 timeline points, the phases,
     and the two estimates."""
     peak = steps.step_peak(step)
     parts, blocks = peak_blocks(steps, step)
     start, stop = steps.step_window(step)
-    requested = [r["trace_peak"] for r in steps.phases if r["step"] == step]
+    mine = [r for r in steps.phases if r["step"] == step]
+    requested = [r["requested_peak"] for r in mine if r["requested_peak"] is not None]
     m = peak["max_allocated"]
     run, cfg = steps.run, steps.model_config
     return {
@@ -443,7 +472,7 @@ def snapshot_summary(steps: Steps, step: int = 2) -> dict:
         "peak_phase": peak["phase"],
         "max_allocated": m,
         "agreement_pct": None if not m else 100 * (peak["bytes"] / m - 1),
-        "trace_phase_peak": max(requested),
+        "requested_peak": max(requested) if requested else None,
         "consistent": steps.timeline.consistent,
         "categories": parts,
         "largest": [{k: b[k] for k in ("size", "category", "phase", "where")} for b in blocks[:10]],
@@ -472,9 +501,9 @@ def run_all(device: torch.device | str) -> dict:
         "snapshot": snapshot_summary(steps),
     }
     out["empty_cache"] = allocator.empty_cache_effect(device, steps.release)
-    del steps
     memory.reset_peak(device)
-    out["variants"] = measure_variants(run, cfg, device)
+    out["variants"] = measure_variants(run, cfg, device, first=steps)
+    del steps
     memory.reset_peak(device)
     out["fragmentation"] = {
         "this GPU": fragmentation_runs(),
