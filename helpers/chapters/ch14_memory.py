@@ -64,7 +64,7 @@ class Steps:
 
     def step_window(self, step: int) -> tuple[int, int]:
         """The events of step ``step``: from its first phase to the next step's (or the end)."""
-        return self.timeline.window(f"{step}:", f"{step + 1}:" if step < 9 else "after")
+        return self.timeline.window(f"{step}:", (f"{step + 1}:", "after"))
 
     def step_peak(self, step: int) -> dict:
         """{"index", "bytes", "phase"} of the snapshot's peak in step ``step``, and

@@ -241,10 +241,10 @@ class Timeline:
             out[key] = {"start": before, "peak": max(inside), "end": inside[-1]}
         return out
 
-    def window(self, first: str, stop: str | None = None) -> tuple[int, int]:
+    def window(self, first: str, stop: str | tuple[str, ...] | None = None) -> tuple[int, int]:
         """(start, stop) event indices from the first phase named ``first`` (or starting with it,
         e.g. "2:" for every phase of step 2) up to the first later phase starting with ``stop``
-        (default: the end).
+        (a prefix or a tuple of them; default: the end).
 
         Raises:
             KeyError: no phase starts with ``first``.
