@@ -689,3 +689,18 @@ def test_profiles_markdown_is_the_profile_table_as_a_real_table():
     for text_row, md_row in zip(text[2 : 2 + n], md[2 : 2 + n], strict=True):
         assert text_row.split() == " ".join(md_row.strip("| ").split(" | ")).split()
     assert "- T4: NVIDIA T4 Tensor Core GPU datasheet (2019)" in md
+
+
+def test_compare_markdown_keeps_the_rungs_only_one_ladder_ran():
+    from helpers.chapters import ch08_t4_colab as t4_colab
+
+    def row(name, ms):
+        return {"name": name, "status": "measured", "ms_per_step": ms, "peak_mem_bytes": 2**30}
+
+    left = [row("fp32", 100.0), row("+ fp8 LM head", 30.0)]
+    right = [row("fp32", 120.0)]
+    table = t4_colab.compare_markdown(left, right, ("H200", "emulated T4")).splitlines()
+    assert len(table) == 4  # header, rule, two rungs
+    assert table[3] == "| + fp8 LM head | 30.0 ms, peak 1.00 GiB | - | not in this run |"
+    swapped = t4_colab.compare_markdown(right, left, ("emulated T4", "H200")).splitlines()
+    assert swapped[3] == "| - | not in this run | + fp8 LM head | 30.0 ms, peak 1.00 GiB |"

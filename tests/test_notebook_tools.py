@@ -127,3 +127,12 @@ def test_final_progress_text_leaves_outputs_without_saved_state_alone():
     nb.metadata["widgets"] = {}
     assert notebooks.final_progress_text(nb) == 0
     assert "0/40" in nb.cells[0].outputs[0]["data"]["text/plain"]
+
+
+def test_final_progress_text_takes_the_count_from_the_saved_value():
+    # the bar's last redraw said 37/40, its saved value is 40 of 40
+    nb = _progress_notebook(40.0, 40.0)
+    state = nb.metadata["widgets"][notebooks.WIDGET_STATE]["state"]
+    state["r"]["state"]["value"] = "\u200737/40\u2007[00:14&lt;00:00]"
+    notebooks.final_progress_text(nb)
+    assert nb.cells[0].outputs[0]["data"]["text/plain"].endswith("| 40/40 [00:14<00:00]")

@@ -181,10 +181,16 @@ def row_text(row: dict) -> str:
 def compare_markdown(left: list[dict], right: list[dict], heads: tuple[str, str]) -> str:
     """Two ladders' rows side by side as a Markdown table, rung by rung: each side's rung name
     (they differ where a rung changes, e.g. the autocast rung on a T4) and :func:`row_text`.
-    ``heads``: the two sides' names, e.g. ("H200", "emulated T4")."""
+    ``heads``: the two sides' names, e.g. ("H200", "emulated T4"). A rung only one side ran
+    (the other ladder is shorter) gets "not in this run" on the other side."""
+    import itertools
+
+    def cells(row: dict | None) -> list[str]:
+        return ["-", "not in this run"] if row is None else [row["name"], row_text(row)]
+
     return markdown_table(
         ["rung", heads[0], "rung", heads[1]],
-        [[a["name"], row_text(a), b["name"], row_text(b)] for a, b in zip(left, right)],
+        [cells(a) + cells(b) for a, b in itertools.zip_longest(left, right)],
     )
 
 

@@ -73,6 +73,7 @@ def final_progress_text(nb) -> int:
     Returns the number of outputs changed; outputs whose widget state is missing are left as
     they are."""
     import html
+    import re
 
     state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
 
@@ -93,8 +94,14 @@ def final_progress_text(nb) -> int:
             left, bar, right = parts
             total, value = bar.get("max") or 0, bar.get("value") or 0
             filled = int(10 * value / total) if total else 0
+            # the right-hand text is from the last redraw, which can precede the last update
+            # (tqdm redraws at most every mininterval): its count is set from the saved value
+            count = f"{int(value)}/{int(total)}" if total else None
+            right_text = html.unescape(right.get("value", ""))
+            if count:
+                right_text = re.sub(r"\d+/\d+", count, right_text, count=1)
             text = html.unescape(left.get("value", "")) + "|" + "\u2588" * filled
-            text += " " * (10 - filled) + "|" + html.unescape(right.get("value", ""))
+            text += " " * (10 - filled) + "|" + right_text
             text = text.replace("\u2007", " ").replace("\u200b", "")
             if out["data"].get("text/plain") != text:
                 out["data"]["text/plain"] = text
