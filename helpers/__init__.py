@@ -13,7 +13,7 @@ Layers, each a folder; a layer imports only the layers above it in this list:
 - ``helpers.ladder``: the speed-up ladder, the course's main job (``python -m helpers.ladder``).
 - ``helpers.chapters``: one module per chapter that needs its own code, named by the chapter's
   number (``ch04_precision`` for ``notebooks/04_mixed_precision.ipynb``).
-- ``helpers.grading``: the graded checks (``ch00`` ... ``ch13``), the student versions, the grader.
+- ``helpers.grading``: the graded checks (``ch00`` ... ``ch14``), the student versions, the grader.
 - ``helpers.tools``: the command-line checks, the notebook recorder and the course's addresses
   (``links.repo_url()``, the Colab badges).
 

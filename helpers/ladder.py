@@ -327,7 +327,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--batch-size",
         type=int,
         default=None,
-        help="B, sequences per step (default: train.default_shapes: 16 on an 80 GB-class GPU, "
+        help="B, sequences per step (default: train.default_shapes: 16 on a 40 GB or larger GPU, "
         "less where the fp32 rung would not fit, e.g. 4 on a T4; 4 on a CPU)",
     )
     p.add_argument(

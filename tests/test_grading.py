@@ -110,6 +110,17 @@ def test_block_params_check_measures_the_real_block():
         ("ch06_sdpa_attention", grading.ch06._block_heads_not_transposed, "transpose(1, 2)"),
         ("ch06_sdpa_attention", grading.ch06._block_no_output_projection, "attn.c_proj"),
         ("ch06_sdpa_attention", grading.ch06._block_mask_tensor, "(..., T, T)"),
+        ("ch14_trace_peak", grading.ch14._peak_double_free, "subtract it once"),
+        ("ch14_trace_peak", grading.ch14._peak_counts_segments, "(reserved memory)"),
+        ("ch14_trace_peak", grading.ch14._peak_without_baseline, "(baseline)"),
+        ("ch14_trace_peak", grading.ch14._peak_at_free_completed, "even while a stream"),
+        ("ch14_trace_peak", grading.ch14._peak_final_value, "after the last event"),
+        ("ch14_trace_peak", grading.ch14._peak_phase_of_the_next_start, "the phase of event i"),
+        ("ch14_fragmentation", grading.ch14._frag_counts_pending, "active_pending_free"),
+        ("ch14_fragmentation", grading.ch14._frag_requested_sizes, "requested_size is"),
+        ("ch14_fragmentation", grading.ch14._frag_largest_segment, "largest single free block"),
+        ("ch14_fragmentation", grading.ch14._frag_inverted, "1 - largest_free / free"),
+        ("ch14_fragmentation", grading.ch14._frag_divides_by_zero, "divided by zero"),
     ],
 )
 def test_hint_names_the_mistake(grade_id, wrong, words):

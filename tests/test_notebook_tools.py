@@ -56,7 +56,7 @@ def test_every_chapter_states_its_measured_run_time_from_the_committed_table():
 
     rows = run_times.read_table()
     chapters = sorted((REPO_ROOT / "notebooks").glob("[01][0-9]_*.ipynb"))
-    assert len(chapters) == 14 and set(rows) == {p.name[:2] for p in chapters}
+    assert len(chapters) == 15 and set(rows) == {p.name[:2] for p in chapters}
     for path in chapters:
         opening = nbformat.read(path, as_version=4).cells[0].source
         assert run_times.sentence(*rows[path.name[:2]]) in opening, path.name

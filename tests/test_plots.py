@@ -95,3 +95,15 @@ def test_a_course_png_is_replaced_without_force_and_any_other_file_is_not(tmp_pa
     with pytest.raises(ValueError, match="pass --force"):
         cli.out_path(theirs, "--plot", suffix=".png")
     assert cli.out_path(theirs, "--plot", suffix=".png", force=True) == theirs
+
+
+def test_memory_timeline_marks_the_peak_and_names_the_phases():
+    gib = 2**30
+    points = [[0, 1 * gib], [10, 3 * gib], [20, 5 * gib], [30, 2 * gib], [40, 1 * gib]]
+    phases = [(0, "forward"), (15, "backward"), (35, "optimizer")]
+    fig = plots.memory_timeline(points, phases, "t", marks={"max_memory_allocated": 5 * gib})
+    ax = fig.axes[0]
+    assert {t.get_text() for t in ax.texts} == {"forward", "backward", "optimizer"}
+    labels = ax.get_legend_handles_labels()[1]
+    assert "peak 5.00 GiB" in labels and "max_memory_allocated 5.00 GiB" in labels
+    assert ax.get_xlabel().startswith("allocator events") and "GiB" in ax.get_ylabel()

@@ -74,11 +74,11 @@ def test_default_shapes_use_the_real_model_on_cuda_and_small_on_cpu():
 
 
 @pytest.mark.parametrize(
-    "gb, expected_b", [(150, 16), (80, 16), (40, 8), (24, 8), (16, 4), (15, 4), (8, 2), (3, 1)]
+    "gb, expected_b", [(150, 16), (80, 16), (40, 16), (24, 8), (16, 4), (15, 4), (8, 2), (3, 1)]
 )
 def test_default_batch_size_on_a_gpu_fits_its_memory(monkeypatch, gb, expected_b):
-    """B=16 where the fp32 baseline fits (H200, A100 80GB), smaller on a T4 (15 GB): chapter 01 must
-    not run out of memory on Colab."""
+    """B=16 where the fp32 baseline fits (H200, A100 80GB and 40GB: chapter 14's estimate), smaller
+    on a T4 (15 GB): chapter 01 must not run out of memory on Colab."""
     monkeypatch.setattr(hardware, "usable_memory_bytes", lambda device: gb * 10**9)
     cfg, B, T = train.default_shapes(torch.device("cuda"))
     assert (cfg.n_layer, cfg.n_embd, B, T) == (12, 768, expected_b, 1024)

@@ -495,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
         "--batch-size",
         type=int,
         default=None,
-        help="B (default: train.default_shapes: 16 on an 80 GB-class GPU, 4 on a T4 or a CPU)",
+        help="B (default: train.default_shapes: 16 on a 40 GB or larger GPU, 4 on a T4 or a CPU)",
     )
     c.add_argument(
         "--seq-len", type=int, default=None, help="T (default: 1024 on a GPU, 128 on a CPU)"

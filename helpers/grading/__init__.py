@@ -1,6 +1,6 @@
 """Graded exercises: the checks learners call, and the teacher's tools around them.
 
-- **Checks**: one module per chapter (``ch00`` ... ``ch13``, all the same shape: ``SECTIONS``, the
+- **Checks**: one module per chapter (``ch00`` ... ``ch14``, all the same shape: ``SECTIONS``, the
   ``check_*`` functions, ``CHECKS``, ``WRONG_ANSWERS``), listed in :data:`CHAPTERS`. A check runs
   the learner's function on small CPU inputs and prints one ``PASS ...`` line, or raises
   ``AssertionError`` whose first line says what is wrong and which section to reread. Notebooks call
@@ -36,6 +36,7 @@ from helpers.grading import (
     ch11,
     ch12,
     ch13,
+    ch14,
     common,
     grader,
     kernel,
@@ -57,6 +58,7 @@ from helpers.grading.ch10 import check_dominant_family, check_which_chapter
 from helpers.grading.ch11 import check_allreduce_mean, check_shard_batches
 from helpers.grading.ch12 import check_steps_in_budget
 from helpers.grading.ch13 import check_kv_attention
+from helpers.grading.ch14 import check_fragmentation, check_trace_peak
 from helpers.grading.grader import (
     COLUMNS,
     FRESH_CHECKS_PRELUDE,
@@ -81,8 +83,8 @@ from helpers.grading.student import (
     student_version,
 )
 
-# The registry: every chapter with graded checks, in reading order. A new chapter's checks module
-# is added here and nowhere else.
+# The registry: every chapter with graded checks, in the order of their numbers. A new chapter's
+# checks module is added here and nowhere else.
 CHAPTERS: tuple[ModuleType, ...] = (
     ch00,
     ch01,
@@ -98,6 +100,7 @@ CHAPTERS: tuple[ModuleType, ...] = (
     ch11,
     ch12,
     ch13,
+    ch14,
 )
 
 
@@ -137,6 +140,7 @@ __all__ = [
     "ch11",
     "ch12",
     "ch13",
+    "ch14",
     "common",
     "grader",
     "kernel",
@@ -169,6 +173,8 @@ __all__ = [
     "check_shard_batches",
     "check_steps_in_budget",
     "check_kv_attention",
+    "check_trace_peak",
+    "check_fragmentation",
     "COLUMNS",
     "FRESH_CHECKS_PRELUDE",
     "CellRun",

@@ -131,6 +131,131 @@ def training_step_estimate(
 
 
 # --------------------------------------------------------------------------------------------
+# What is alive at the peak (chapter 14)
+# --------------------------------------------------------------------------------------------
+
+
+def block_saved_tensors(
+    n_embd: int, autocast: bool, residual_bf16: bool = False
+) -> list[tuple[str, int]]:
+    """The tensors one transformer block keeps for backward in an eager step, as
+    ``(what, bytes per token)``, counted from what each operator's backward needs (PyTorch's
+    ``tools/autograd/derivatives.yaml``): a Linear keeps its input, GELU its input, LayerNorm its
+    input and its mean and rstd, an add nothing. ``n_embd`` is C. Under autocast the matmuls read
+    16-bit copies of their inputs (2 bytes), LayerNorm runs in fp32; the residual stream is fp32
+    (4 bytes) unless ``residual_bf16``. The same list holds for manual attention (``q @ k^T`` and
+    ``att @ v`` keep contiguous copies of q, k, v, and the attention output is copied by
+    ``transpose().contiguous()``) and for SDPA (the kernel keeps the c_attn output its q, k, v
+    views point into, and its output is already laid out as (B, T, nh, hs), so ``contiguous()``
+    copies nothing); the (T, T) scores of manual attention are counted apart
+    (:func:`peak_estimate`). Sum: fp32 64·C + 16 (16 numbers of C per token, Korthikanti et al.
+    2022 without dropout), autocast 36·C + 16.
+    """
+    C, a, r = n_embd, (2 if autocast else 4), (2 if residual_bf16 else 4)
+    return [
+        ("ln_1 input (the residual stream)", r * C),
+        ("ln_1 output, c_attn's input", a * C),
+        ("q, k, v", 3 * a * C),
+        ("attention output, the projection's input", a * C),
+        ("ln_2 input (the residual stream)", r * C),
+        ("ln_2 output, c_fc's input", a * C),
+        ("c_fc output, GELU's input", 4 * a * C),
+        ("GELU output, the MLP projection's input", 4 * a * C),
+        ("LayerNorm mean and rstd (two LayerNorms, fp32)", 16),
+    ]
+
+
+def peak_estimate(
+    config,
+    B: int,
+    T: int,
+    autocast: bool,
+    attention: str = "manual",
+    residual_bf16: bool = False,
+    checkpoint_every: int = 0,
+    grads_kept: bool = False,
+    first_step: bool = False,
+    loss_kernel: str = "pytorch",
+    optimizer: str = "foreach",
+) -> dict[str, int]:
+    """Bytes alive at the peak of one eager training step of ``config`` (a GPTConfig) at batch B,
+    length T: chapter 14's estimate, built from what a memory snapshot shows holds the peak.
+
+    Two moments compete. **The loss's backward**, before any parameter has a gradient: every
+    activation the forward saved is alive, and so are the logits (in the compute dtype; the step's
+    ``_, loss = forward(x, y)`` keeps them), the fp32 log-softmax output and, being made, the fp32
+    gradients of the log-softmax's output and input: 16 bytes per logit in fp32, 14 under autocast.
+    **The optimizer step**: parameters, gradients, AdamW state and the optimizer's temporaries.
+    The returned parts are those of the larger moment (the optimizer's has no activations, scores
+    or logits; the backward's no optimizer temporaries). Parts (bytes):
+
+    - ``parameters``: 4 per parameter; ``adamw_state``: 8 per parameter (in the backward 0 with
+      ``first_step``: AdamW creates its state in the first ``step()``, after the backward);
+    - ``gradients``: in the backward 0 (``zero_grad(set_to_none=True)`` freed them), 4 per
+      parameter with ``grads_kept`` (``zero_grad(set_to_none=False)`` zeroes them in place; every
+      micro-step after the first of gradient accumulation adds to them); 4 per parameter in the
+      optimizer step;
+    - ``optimizer_temporaries``: foreach AdamW's ``_foreach_sqrt(exp_avg_sq)``, one fp32 number per
+      parameter; the for-loop AdamW's largest such tensor (the V x C embedding); none for fused;
+    - ``weight_copies``: under autocast, the 16-bit copy of every matmul weight that the Linear
+      layers keep for backward (2 bytes each; none for a checkpointed block);
+    - ``activations``: per block :func:`block_saved_tensors`; a checkpointed block
+      (``checkpoint_every``: every k-th block, block policy) keeps only its input; plus ln_f's
+      input and output;
+    - ``attention_scores``: manual attention keeps the softmax output, (B, nh, T, T) in fp32
+      (autocast runs softmax in fp32), and under autocast also its 16-bit copy for ``att @ v``;
+    - ``logits``: B·T·V_padded · (compute-dtype bytes + 12).
+
+    Checked against the committed H200 peaks of the eager steps (fp32, TF32, bf16 and fp16 with
+    manual attention, bf16 + SDPA from B=1 to 138, checkpointing, gradient accumulation):
+    tests/test_memory.py. Not counted: library workspaces and the allocator's rounding (the
+    measured peaks are 0.1 GB above the estimate there), and what torch.compile changes.
+
+    Raises:
+        ValueError: a loss kernel other than "pytorch" (the Triton and fused losses keep other
+            tensors: measure them), an unknown attention or optimizer.
+    """
+    if loss_kernel != "pytorch":
+        raise ValueError(
+            "peak_estimate models the PyTorch cross-entropy only, not "
+            f"loss_kernel={loss_kernel!r}: measure that step's peak (chapter 14, section 5)"
+        )
+    if attention not in ("manual", "sdpa"):
+        raise ValueError(f"attention must be 'manual' or 'sdpa', got {attention!r}")
+    if optimizer not in ("foreach", "for-loop", "fused"):
+        raise ValueError(f"optimizer must be 'foreach', 'for-loop' or 'fused', got {optimizer!r}")
+    n_params = _param_count(config)
+    C, L, V = config.n_embd, config.n_layer, config.padded_vocab_size
+    tokens = B * T
+    r = 2 if residual_bf16 else 4
+    kept = [not (checkpoint_every and i % checkpoint_every == 0) for i in range(L)]
+    per_block = sum(b for _, b in block_saved_tensors(C, autocast, residual_bf16))
+    scores = config.n_head * T * T * B * ((4 + 2) if autocast else 4)
+    parts = {
+        "parameters": 4 * n_params,
+        "gradients": 4 * n_params if grads_kept else 0,
+        "adamw_state": 0 if first_step else 8 * n_params,
+        "weight_copies": 2 * (12 * C * C * sum(kept) + V * C) if autocast else 0,
+        "activations": tokens * (sum(per_block if k else r * C for k in kept) + r * C)
+        + tokens * ((2 if autocast else 4) * C + 8),  # ln_f's output and its mean and rstd
+        "attention_scores": scores * sum(kept) if attention == "manual" else 0,
+        "logits": tokens * V * ((2 if autocast else 4) + 12),
+        "optimizer_temporaries": 0,
+    }
+    temporaries = {"foreach": 4 * n_params, "for-loop": 4 * V * C, "fused": 0}[optimizer]
+    step = dict.fromkeys(parts, 0)
+    step.update(
+        parameters=4 * n_params,
+        gradients=4 * n_params,
+        adamw_state=8 * n_params,
+        optimizer_temporaries=temporaries,
+    )
+    chosen = max(parts, step, key=lambda moment: sum(moment.values()))
+    chosen["total"] = sum(chosen.values())
+    return chosen
+
+
+# --------------------------------------------------------------------------------------------
 # Finding the largest batch that fits (chapter 03)
 # --------------------------------------------------------------------------------------------
 

@@ -387,3 +387,40 @@ def _ladder_title(results: dict) -> str:
         f"Speed-up ladder on {results['device']}, B={cfg['batch_size']}, T={cfg['seq_len']} "
         f"(torch {results['torch']}, {results['date']})"
     )
+
+
+def memory_timeline(points, phases, title: str, marks=None):
+    """Allocated memory (GiB) through a recorded step, against the allocator's events in order:
+    ``points`` [[event index, bytes], ...] (e.g. ``snapshot.Timeline.points``), ``phases``
+    [(first event index, name), ...] shaded in turn and named at the top, ``marks`` {label:
+    bytes} drawn as dashed lines (the measured ``max_memory_allocated``, an estimate). The peak
+    point is marked. Returns the Figure."""
+    import matplotlib.pyplot as plt
+
+    gib = 2**30
+    xs, ys = [p[0] for p in points], [p[1] / gib for p in points]
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    ax.plot(xs, ys, color="tab:blue", lw=1.2, label="allocated (snapshot trace)")
+    top = max(ys + [v / gib for v in (marks or {}).values()])
+    ends = [start for start, _ in phases[1:]] + [xs[-1] if xs else 0]
+    for k, ((start, name), end) in enumerate(zip(phases, ends)):
+        if k % 2 == 0:
+            ax.axvspan(start, end, color="0.93", lw=0)
+        if end - start > 0.04 * (xs[-1] - xs[0] if xs else 1):  # room for the name
+            ax.text((start + end) / 2, top * 1.08, name, ha="center", va="bottom", fontsize=7)
+    peak = max(range(len(ys)), key=ys.__getitem__) if ys else None
+    if peak is not None:
+        ax.scatter(
+            [xs[peak]], [ys[peak]], color="tab:red", zorder=3, label=f"peak {ys[peak]:.2f} GiB"
+        )
+    for (label, value), style in zip((marks or {}).items(), ("--", ":", "-.")):
+        ax.axhline(
+            value / gib, ls=style, color="grey", lw=1, label=f"{label} {value / gib:.2f} GiB"
+        )
+    ax.set_ylim(0, top * 1.2)
+    ax.set_xlabel("allocator events (allocations and frees, in order)")
+    ax.set_ylabel("allocated (GiB)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig
