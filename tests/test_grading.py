@@ -791,8 +791,13 @@ def test_a_submission_cannot_read_the_solutions_of_the_checkout_the_environment_
             return json.dumps({"url": other.as_uri(), "dir_info": {"editable": True}})
 
     monkeypatch.setattr(metadata, "distribution", lambda name: Dist())
+    (other / "helpers").mkdir()
     steal = (
         "import json, pathlib\n"
+        "try:\n"
+        f"    pathlib.Path({str(other / 'helpers' / 'planted.py')!r}).write_text('')\n"
+        "except OSError:\n"
+        "    pass\n"
         f"for p in pathlib.Path({str(other)!r}).rglob('*.ipynb'):\n"
         "    for c in json.loads(p.read_text())['cells']:\n"
         "        if c.get('metadata', {}).get('nbgrader', {}).get('solution'):\n"
@@ -806,9 +811,11 @@ def test_a_submission_cannot_read_the_solutions_of_the_checkout_the_environment_
     nbformat.write(mallory, tmp_path / "subs" / "mallory" / FIXTURE.name)
     try:
         rows = _grade(tmp_path / "subs", tmp_path)
+        planted = (other / "helpers" / "planted.py").exists()
     finally:
         shutil.rmtree(other)
     assert all(r["points"] == "0" for r in rows["mallory"].values()), rows["mallory"]
+    assert not planted, "a submission wrote into the checkout the environment points at"
 
 
 def _blank_version() -> "nbformat.NotebookNode":
@@ -1149,8 +1156,10 @@ def test_another_checkout_the_environment_was_installed_from_is_hidden_too(tmp_p
     monkeypatch.setattr(metadata, "distribution", lambda name: Dist())
     assert grader.installed_checkouts() == [other.resolve()]
     subs, ref = tmp_path / "subs", tmp_path / "ref"
-    hidden = set(grader.sandbox_paths(subs, ref, None)["hidden"])
+    paths = grader.sandbox_paths(subs, ref, None)
+    hidden = set(paths["hidden"])
     assert {other / "notebooks", other / "tests"} <= hidden
+    assert other.resolve() in paths["read_only"]  # its checks cannot be rewritten either
     assert not {other / "helpers", other / "results"} & hidden
     # the checkout grading is not listed twice, and no record means nothing more to hide
     monkeypatch.setattr(grader, "REPO_ROOT", other.resolve())

@@ -318,16 +318,18 @@ def sandbox_paths(submissions: Path, reference: Path, out: Path | None) -> dict[
     read-only, what the kernel needs (:func:`needed_paths`); hidden, the reference and
     submissions folders, the other folders (:func:`hidden_repo_folders`) and git stores of the
     checkout and of any other checkout the environment was installed from
-    (:func:`installed_checkouts`), the teacher's home and the folder of ``out`` (read-only
-    instead when it holds something the kernel needs); private and empty, ``/tmp``,
-    ``/var/tmp``, ``/dev/shm`` and this process's temporary folder."""
+    (:func:`installed_checkouts`, which is read-only as well), the teacher's home and the folder
+    of ``out`` (read-only instead when it holds something the kernel needs); private and empty,
+    ``/tmp``, ``/var/tmp``, ``/dev/shm`` and this process's temporary folder."""
     needed = needed_paths()
     home = Path.home().resolve()
     hidden = [reference, submissions]
-    for root in (REPO_ROOT, *installed_checkouts()):
+    others = installed_checkouts()
+    for root in (REPO_ROOT, *others):
         hidden += [*hidden_repo_folders(root), *git_stores(root)]
     hidden += [home] if len(home.parts) > 1 else []  # never "/" (HOME=/ in some containers)
-    read_only = list(needed)
+    # read-only too: a later grading run from that checkout imports its checks from there
+    read_only = [*needed, *others]
     if out is not None:
         folder = out.parent.resolve()
         holds_needed = any(folder == n or folder in n.parents for n in needed)
