@@ -424,6 +424,20 @@ def test_make_student_never_overwrites_work_it_did_not_write(tmp_path, capsys):
     assert "return 0  #" not in (student / FIXTURE.name).read_text()
 
 
+def test_make_student_never_writes_through_a_link_in_out(tmp_path, capsys):
+    """A link planted where a student version goes would make the write land at its target."""
+    solutions, student = tmp_path / "notebooks", tmp_path / "student"
+    solutions.mkdir()
+    student.mkdir()
+    (solutions / FIXTURE.name).write_bytes(FIXTURE.read_bytes())
+    elsewhere = tmp_path / "created-elsewhere.ipynb"
+    (student / FIXTURE.name).symlink_to(elsewhere)
+    assert _make_student(solutions, student) == 2
+    assert "is a link" in capsys.readouterr().err and not elsewhere.exists()
+    assert _make_student(solutions, student, "--force") == 0  # the link is replaced, not followed
+    assert not elsewhere.exists() and not (student / FIXTURE.name).is_symlink()
+
+
 def test_make_student_refuses_a_file_as_out_with_one_line(tmp_path, capsys):
     (tmp_path / "out.txt").write_text("not a folder")
     assert _make_student(FIXTURE.parent, tmp_path / "out.txt") == 2
@@ -1199,10 +1213,14 @@ def test_links_fifos_and_huge_files_are_refused_before_any_kernel_runs(tmp_path,
     (subs / "mallory").rmdir()
     (subs / "mallory").symlink_to(elsewhere, target_is_directory=True)
     os.mkfifo(subs / "oscar" / FIXTURE.name)
+    # peggy's file is a hard link to one elsewhere (another student's, once unpacked)
+    (subs / "peggy").mkdir()
+    os.link(elsewhere / FIXTURE.name, subs / "peggy" / FIXTURE.name)
     monkeypatch.setattr(intake, "MAX_SUBMISSION_BYTES", 1000)
     (subs / "trudy" / FIXTURE.name).write_bytes(FIXTURE.read_bytes())  # over 1000 bytes
     rows = grading.grade(subs, FIXTURE.parent, timeout=5)
     reasons = {r["student"]: r["reason"] for r in rows}
+    assert "a hard link to another file" in reasons["peggy"]
     assert all(r["status"] == "error" and r["points"] == "0" for r in rows)  # CSV text
     assert (
         reasons["eve"] == "notebook unreadable: the notebook is a link, not a file in the "
@@ -1211,6 +1229,65 @@ def test_links_fifos_and_huge_files_are_refused_before_any_kernel_runs(tmp_path,
     assert "is a link, not a folder" in reasons["mallory"]
     assert reasons["oscar"] == "notebook unreadable: the notebook is not a regular file"
     assert "over the 0 MiB limit" in reasons["trudy"]
+
+
+def test_a_tree_a_submission_hands_in_never_stops_the_grading(tmp_path, capsys):
+    """A dangling link, a loop of links and a folder nested 1000 deep beside the notebooks: the
+    walk skips what it cannot use, and grading ends with a row for every student."""
+    import os
+
+    from helpers.grading import intake
+
+    subs = tmp_path / "subs"
+    mallory = subs / "mallory"
+    (mallory / "sub").mkdir(parents=True)
+    (mallory / "sub" / FIXTURE.name).symlink_to("/nonexistent/x.ipynb")
+    (mallory / "loop.ipynb").symlink_to(mallory / "loop.ipynb")
+    (mallory / "dirloop").symlink_to(mallory, target_is_directory=True)
+    fd = os.open(mallory, os.O_RDONLY)
+    for _ in range(1000):  # deeper than a path may be spelled: made relative to each folder
+        os.mkdir("a", dir_fd=fd)
+        inner = os.open("a", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    with open(os.open(FIXTURE.name, os.O_WRONLY | os.O_CREAT, dir_fd=fd), "wb") as f:
+        f.write(FIXTURE.read_bytes())  # a real notebook, too deep to be looked for
+    os.close(fd)
+    (mallory / "sub" / "x\x1b]0;pwned\x07.ipynb").write_text("{}")
+    found = intake.submitted_notebooks(mallory)
+    assert [p.relative_to(mallory).as_posix() for p in found] == [
+        "loop.ipynb",
+        f"sub/{FIXTURE.name}",
+        "sub/x\x1b]0;pwned\x07.ipynb",
+    ]
+    (subs / "alice").mkdir()
+    try:
+        rows = grading.grade(subs, FIXTURE.parent, timeout=5)
+    finally:
+        while (mallory / "a").is_dir():  # shutil.rmtree would recurse once per level
+            for entry in (mallory / "a").iterdir():
+                entry.rename(mallory / f"up-{entry.name}")
+            (mallory / "a").rmdir()
+            for entry in mallory.glob("up-*"):
+                entry.rename(mallory / entry.name[3:])
+    assert {r["student"] for r in rows} == {"alice", "mallory"}
+    assert all(r["points"] == "0" for r in rows)
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "x\\x1b]0;pwned\\x07.ipynb" in err  # printed escaped
+
+
+def test_a_file_beats_a_link_of_the_same_name_and_a_dangling_link_has_no_time(tmp_path):
+    from helpers.grading import intake
+
+    real = tmp_path / "a" / FIXTURE.name
+    real.parent.mkdir()
+    real.write_bytes(FIXTURE.read_bytes())
+    link = tmp_path / "b" / FIXTURE.name
+    link.parent.mkdir()
+    link.symlink_to("/nonexistent/x.ipynb")  # made after the file: newer
+    ref = grading.grader.load_references(FIXTURE.parent)[FIXTURE.name]
+    assert grading.grader._prefer(real, link, ref) and not grading.grader._prefer(link, real, ref)
+    assert intake.modified(tmp_path / "missing") == 0.0
 
 
 def test_csv_cells_never_start_a_spreadsheet_formula(tmp_path):
@@ -1223,6 +1300,10 @@ def test_csv_cells_never_start_a_spreadsheet_formula(tmp_path):
         "'@SUM(A1)",
         "'\tx",
     ]
+    # a leading space or line break, and the full-width forms, are formulas to some spreadsheets
+    for v in (" =1+1", "\n=1+1", "\uff1d1+1", " \uff20SUM(A1)"):
+        assert intake.csv_cell(v) == "'" + v
+    assert intake.csv_cell("a = b") == "a = b"
     assert intake.csv_cell(-1.5) == -1.5 and intake.csv_cell("passed") == "passed"
     out = tmp_path / "grades.csv"
     row = grading.grader._row("s", "nb", "g", 0, 1, "error", "=1+1")

@@ -360,11 +360,15 @@ def _groups(rows: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
 
 
 def write_csv(rows: Iterable[dict[str, Any]], path: str | Path) -> None:
-    """Write the leaderboard rows of :func:`rank` with the columns :data:`COLUMNS`."""
+    """Write the leaderboard rows of :func:`rank` with the columns :data:`COLUMNS`; no text cell
+    a submission wrote (its device name, torch version) is a spreadsheet formula
+    (:func:`helpers.grading.intake.csv_cell`)."""
+    from helpers.grading.intake import csv_cell
+
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({k: csv_cell(v) for k, v in row.items()} for row in rows)
 
 
 def plot(rows: list[dict[str, Any]], path: str | Path | None = None):
