@@ -1006,6 +1006,75 @@ IN_KERNEL_CHEATS = {
         "    return _send(stream, msg_or_type, content, *a, **k)\n"
         "_s.send = _ok\n"
     ),
+    # the loader that runs every imported module's code: the checks are replaced once loaded
+    "loader": (
+        "from importlib.machinery import SourceFileLoader\n"
+        "_orig = SourceFileLoader.exec_module\n"
+        "def _em(self, module):\n"
+        "    _orig(self, module)\n"
+        "    if module.__name__.startswith('helpers.grading'):\n"
+        "        for k in list(vars(module)):\n"
+        "            if k.startswith('check_'):\n"
+        "                setattr(module, k, lambda *a, **kw: print('PASS'))\n"
+        "SourceFileLoader.exec_module = _em\n"
+    ),
+    # a .pyc of each rewritten check, with the source's time and size, where imports look first
+    "pycache_prefix": (
+        "import sys, os, glob, tempfile, importlib.util, importlib._bootstrap_external as be\n"
+        "import helpers\n"
+        "sys.pycache_prefix = tempfile.mkdtemp()\n"
+        "for src in glob.glob(os.path.join(helpers.__path__[0], 'grading', 'ch*.py')):\n"
+        "    st = os.stat(src)\n"
+        "    tail = ('\\nfor _k in list(globals()):\\n    if _k.startswith(\"check_\"):\\n'\n"
+        "            '        globals()[_k] = lambda *a, **k: print(\"PASS\")\\n')\n"
+        "    code = compile(open(src).read() + tail, src, 'exec')\n"
+        "    dst = importlib.util.cache_from_source(src)\n"
+        "    os.makedirs(os.path.dirname(dst), exist_ok=True)\n"
+        "    open(dst, 'wb').write(be._code_to_timestamp_pyc(code, st.st_mtime, st.st_size))\n"
+    ),
+    # a fake importlib in sys.modules, whose reload replaces the checks
+    "importlib_module": (
+        "import sys, types, importlib\n"
+        "_fake = types.ModuleType('importlib')\n"
+        "_fake.__dict__.update(importlib.__dict__)\n"
+        "def _reload(m):\n"
+        "    for k in list(vars(m)):\n"
+        "        if k.startswith('check_'):\n"
+        "            setattr(m, k, lambda *a, **kw: print('PASS'))\n"
+        "    return m\n"
+        "_fake.reload = _reload\n"
+        "sys.modules['importlib'] = _fake\n"
+    ),
+    # the Session's packer (a traitlet) turns an error reply into ok
+    "session_pack": (
+        "_s = get_ipython().kernel.session\n"
+        "_orig = _s.pack\n"
+        "def _pack(o):\n"
+        "    if isinstance(o, dict) and o.get('status') == 'error' and 'execution_count' in o:\n"
+        "        o = {'status': 'ok', 'execution_count': o['execution_count'],\n"
+        "             'user_expressions': o.get('user_expressions', {}), 'payload': []}\n"
+        "    return _orig(o)\n"
+        "_s.pack = _pack\n"
+    ),
+    # the module's name ExecutionResult bound to a subclass whose cells always succeed
+    "execution_result_name": (
+        "import IPython.core.interactiveshell as _ish\n"
+        "class _R(_ish.ExecutionResult):\n"
+        "    success = property(lambda self: True)\n"
+        "_ish.ExecutionResult = _R\n"
+    ),
+    # the kernel's table of message handlers: a check cell's code is replaced on arrival
+    "shell_handlers": (
+        "import inspect\n"
+        "_k = get_ipython().kernel\n"
+        "_orig = _k.shell_handlers['execute_request']\n"
+        "async def _h(stream, ident, parent):\n"
+        "    if 'check_' in parent['content'].get('code', ''):\n"
+        "        parent['content']['code'] = 'pass'\n"
+        "    r = _orig(stream, ident, parent)\n"
+        "    return (await r) if inspect.isawaitable(r) else r\n"
+        "_k.shell_handlers['execute_request'] = _h\n"
+    ),
 }
 
 
@@ -1231,11 +1300,38 @@ def test_links_fifos_and_huge_files_are_refused_before_any_kernel_runs(tmp_path,
     assert "over the 0 MiB limit" in reasons["trudy"]
 
 
+def _flatten(top: Path) -> None:
+    """Remove the chain top/a/a/... of :func:`_nest` without recursion (shutil.rmtree, which
+    pytest's clean-up uses, recurses once per level)."""
+    while (top / "a").is_dir():
+        for entry in (top / "a").iterdir():
+            entry.rename(top / f"up-{entry.name}")
+        (top / "a").rmdir()
+        for entry in top.glob("up-*"):
+            entry.rename(top / entry.name[3:])
+
+
+def _nest(top: Path, depth: int, name: str, data: bytes) -> None:
+    """Make top/a/a/.../a (``depth`` levels, deeper than a path may be spelled: each folder is
+    made relative to the one above) holding the file ``name``."""
+    import os
+
+    fd = os.open(top, os.O_RDONLY)
+    try:
+        for _ in range(depth):
+            os.mkdir("a", dir_fd=fd)
+            inner = os.open("a", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        with open(os.open(name, os.O_WRONLY | os.O_CREAT, dir_fd=fd), "wb") as f:
+            f.write(data)
+    finally:
+        os.close(fd)
+
+
 def test_a_tree_a_submission_hands_in_never_stops_the_grading(tmp_path, capsys):
     """A dangling link, a loop of links and a folder nested 1000 deep beside the notebooks: the
     walk skips what it cannot use, and grading ends with a row for every student."""
-    import os
-
     from helpers.grading import intake
 
     subs = tmp_path / "subs"
@@ -1244,32 +1340,20 @@ def test_a_tree_a_submission_hands_in_never_stops_the_grading(tmp_path, capsys):
     (mallory / "sub" / FIXTURE.name).symlink_to("/nonexistent/x.ipynb")
     (mallory / "loop.ipynb").symlink_to(mallory / "loop.ipynb")
     (mallory / "dirloop").symlink_to(mallory, target_is_directory=True)
-    fd = os.open(mallory, os.O_RDONLY)
-    for _ in range(1000):  # deeper than a path may be spelled: made relative to each folder
-        os.mkdir("a", dir_fd=fd)
-        inner = os.open("a", os.O_RDONLY, dir_fd=fd)
-        os.close(fd)
-        fd = inner
-    with open(os.open(FIXTURE.name, os.O_WRONLY | os.O_CREAT, dir_fd=fd), "wb") as f:
-        f.write(FIXTURE.read_bytes())  # a real notebook, too deep to be looked for
-    os.close(fd)
     (mallory / "sub" / "x\x1b]0;pwned\x07.ipynb").write_text("{}")
-    found = intake.submitted_notebooks(mallory)
+    (subs / "alice").mkdir()
+    try:
+        # a real notebook, too deep to be looked for
+        _nest(mallory, 1000, FIXTURE.name, FIXTURE.read_bytes())
+        found = intake.submitted_notebooks(mallory)
+        rows = grading.grade(subs, FIXTURE.parent, timeout=5)
+    finally:
+        _flatten(mallory)
     assert [p.relative_to(mallory).as_posix() for p in found] == [
         "loop.ipynb",
         f"sub/{FIXTURE.name}",
         "sub/x\x1b]0;pwned\x07.ipynb",
     ]
-    (subs / "alice").mkdir()
-    try:
-        rows = grading.grade(subs, FIXTURE.parent, timeout=5)
-    finally:
-        while (mallory / "a").is_dir():  # shutil.rmtree would recurse once per level
-            for entry in (mallory / "a").iterdir():
-                entry.rename(mallory / f"up-{entry.name}")
-            (mallory / "a").rmdir()
-            for entry in mallory.glob("up-*"):
-                entry.rename(mallory / entry.name[3:])
     assert {r["student"] for r in rows} == {"alice", "mallory"}
     assert all(r["points"] == "0" for r in rows)
     err = capsys.readouterr().err

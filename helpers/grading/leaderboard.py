@@ -360,9 +360,10 @@ def _groups(rows: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
 
 
 def write_csv(rows: Iterable[dict[str, Any]], path: str | Path) -> None:
-    """Write the leaderboard rows of :func:`rank` with the columns :data:`COLUMNS`; no text cell
-    a submission wrote (its device name, torch version) is a spreadsheet formula
-    (:func:`helpers.grading.intake.csv_cell`)."""
+    """Write the leaderboard rows of :func:`rank` with the columns :data:`COLUMNS`. No text cell
+    is a spreadsheet formula (:func:`helpers.grading.intake.csv_cell`): a submission writes the
+    device name and torch version, and a rung name such as "+ tf32" would itself be read as one
+    (it is shown as text, with a leading quote)."""
     from helpers.grading.intake import csv_cell
 
     with open(path, "w", newline="") as f:
