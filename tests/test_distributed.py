@@ -99,3 +99,19 @@ def test_fsdp_on_a_cpu_is_refused_clearly_on_torch_2_4(monkeypatch):
     assert distributed.fsdp_unsupported_reason(torch.device("cuda")) is None
     monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")
     assert distributed.fsdp_unsupported_reason(torch.device("cpu")) is None
+
+
+def test_only_a_file_torch_save_wrote_counts_as_a_checkpoint(tmp_path):
+    import zipfile
+
+    docx = tmp_path / "report.docx"  # a zip archive too
+    with zipfile.ZipFile(docx, "w") as z:
+        z.writestr("word/document.xml", "<w/>")
+    saved = tmp_path / "c.pt"
+    torch.save({"step": 1}, saved)
+    (tmp_path / "notes.txt").write_text("x")
+    assert distributed.is_checkpoint(saved)
+    assert not distributed.is_checkpoint(docx) and not distributed.is_checkpoint(
+        tmp_path / "notes.txt"
+    )
+    assert not distributed.is_checkpoint(tmp_path / "missing.pt")

@@ -435,6 +435,20 @@ def test_make_student_never_overwrites_work_it_did_not_write(tmp_path, capsys):
     assert "return 0  #" not in (student / FIXTURE.name).read_text()
 
 
+def test_make_student_never_writes_through_a_link_in_out(tmp_path, capsys):
+    """A link planted where a student version goes would make the write land at its target."""
+    solutions, student = tmp_path / "notebooks", tmp_path / "student"
+    solutions.mkdir()
+    student.mkdir()
+    (solutions / FIXTURE.name).write_bytes(FIXTURE.read_bytes())
+    elsewhere = tmp_path / "created-elsewhere.ipynb"
+    (student / FIXTURE.name).symlink_to(elsewhere)
+    assert _make_student(solutions, student) == 2
+    assert "is a link" in capsys.readouterr().err and not elsewhere.exists()
+    assert _make_student(solutions, student, "--force") == 0  # the link is replaced, not followed
+    assert not elsewhere.exists() and not (student / FIXTURE.name).is_symlink()
+
+
 def test_make_student_refuses_a_file_as_out_with_one_line(tmp_path, capsys):
     (tmp_path / "out.txt").write_text("not a folder")
     assert _make_student(FIXTURE.parent, tmp_path / "out.txt") == 2
@@ -802,8 +816,13 @@ def test_a_submission_cannot_read_the_solutions_of_the_checkout_the_environment_
             return json.dumps({"url": other.as_uri(), "dir_info": {"editable": True}})
 
     monkeypatch.setattr(metadata, "distribution", lambda name: Dist())
+    (other / "helpers").mkdir()
     steal = (
         "import json, pathlib\n"
+        "try:\n"
+        f"    pathlib.Path({str(other / 'helpers' / 'planted.py')!r}).write_text('')\n"
+        "except OSError:\n"
+        "    pass\n"
         f"for p in pathlib.Path({str(other)!r}).rglob('*.ipynb'):\n"
         "    for c in json.loads(p.read_text())['cells']:\n"
         "        if c.get('metadata', {}).get('nbgrader', {}).get('solution'):\n"
@@ -817,9 +836,11 @@ def test_a_submission_cannot_read_the_solutions_of_the_checkout_the_environment_
     nbformat.write(mallory, tmp_path / "subs" / "mallory" / FIXTURE.name)
     try:
         rows = _grade(tmp_path / "subs", tmp_path)
+        planted = (other / "helpers" / "planted.py").exists()
     finally:
         shutil.rmtree(other)
     assert all(r["points"] == "0" for r in rows["mallory"].values()), rows["mallory"]
+    assert not planted, "a submission wrote into the checkout the environment points at"
 
 
 def _blank_version() -> "nbformat.NotebookNode":
@@ -996,6 +1017,75 @@ IN_KERNEL_CHEATS = {
         "    return _send(stream, msg_or_type, content, *a, **k)\n"
         "_s.send = _ok\n"
     ),
+    # the loader that runs every imported module's code: the checks are replaced once loaded
+    "loader": (
+        "from importlib.machinery import SourceFileLoader\n"
+        "_orig = SourceFileLoader.exec_module\n"
+        "def _em(self, module):\n"
+        "    _orig(self, module)\n"
+        "    if module.__name__.startswith('helpers.grading'):\n"
+        "        for k in list(vars(module)):\n"
+        "            if k.startswith('check_'):\n"
+        "                setattr(module, k, lambda *a, **kw: print('PASS'))\n"
+        "SourceFileLoader.exec_module = _em\n"
+    ),
+    # a .pyc of each rewritten check, with the source's time and size, where imports look first
+    "pycache_prefix": (
+        "import sys, os, glob, tempfile, importlib.util, importlib._bootstrap_external as be\n"
+        "import helpers\n"
+        "sys.pycache_prefix = tempfile.mkdtemp()\n"
+        "for src in glob.glob(os.path.join(helpers.__path__[0], 'grading', 'ch*.py')):\n"
+        "    st = os.stat(src)\n"
+        "    tail = ('\\nfor _k in list(globals()):\\n    if _k.startswith(\"check_\"):\\n'\n"
+        "            '        globals()[_k] = lambda *a, **k: print(\"PASS\")\\n')\n"
+        "    code = compile(open(src).read() + tail, src, 'exec')\n"
+        "    dst = importlib.util.cache_from_source(src)\n"
+        "    os.makedirs(os.path.dirname(dst), exist_ok=True)\n"
+        "    open(dst, 'wb').write(be._code_to_timestamp_pyc(code, st.st_mtime, st.st_size))\n"
+    ),
+    # a fake importlib in sys.modules, whose reload replaces the checks
+    "importlib_module": (
+        "import sys, types, importlib\n"
+        "_fake = types.ModuleType('importlib')\n"
+        "_fake.__dict__.update(importlib.__dict__)\n"
+        "def _reload(m):\n"
+        "    for k in list(vars(m)):\n"
+        "        if k.startswith('check_'):\n"
+        "            setattr(m, k, lambda *a, **kw: print('PASS'))\n"
+        "    return m\n"
+        "_fake.reload = _reload\n"
+        "sys.modules['importlib'] = _fake\n"
+    ),
+    # the Session's packer (a traitlet) turns an error reply into ok
+    "session_pack": (
+        "_s = get_ipython().kernel.session\n"
+        "_orig = _s.pack\n"
+        "def _pack(o):\n"
+        "    if isinstance(o, dict) and o.get('status') == 'error' and 'execution_count' in o:\n"
+        "        o = {'status': 'ok', 'execution_count': o['execution_count'],\n"
+        "             'user_expressions': o.get('user_expressions', {}), 'payload': []}\n"
+        "    return _orig(o)\n"
+        "_s.pack = _pack\n"
+    ),
+    # the module's name ExecutionResult bound to a subclass whose cells always succeed
+    "execution_result_name": (
+        "import IPython.core.interactiveshell as _ish\n"
+        "class _R(_ish.ExecutionResult):\n"
+        "    success = property(lambda self: True)\n"
+        "_ish.ExecutionResult = _R\n"
+    ),
+    # the kernel's table of message handlers: a check cell's code is replaced on arrival
+    "shell_handlers": (
+        "import inspect\n"
+        "_k = get_ipython().kernel\n"
+        "_orig = _k.shell_handlers['execute_request']\n"
+        "async def _h(stream, ident, parent):\n"
+        "    if 'check_' in parent['content'].get('code', ''):\n"
+        "        parent['content']['code'] = 'pass'\n"
+        "    r = _orig(stream, ident, parent)\n"
+        "    return (await r) if inspect.isawaitable(r) else r\n"
+        "_k.shell_handlers['execute_request'] = _h\n"
+    ),
 }
 
 
@@ -1160,8 +1250,10 @@ def test_another_checkout_the_environment_was_installed_from_is_hidden_too(tmp_p
     monkeypatch.setattr(metadata, "distribution", lambda name: Dist())
     assert grader.installed_checkouts() == [other.resolve()]
     subs, ref = tmp_path / "subs", tmp_path / "ref"
-    hidden = set(grader.sandbox_paths(subs, ref, None)["hidden"])
+    paths = grader.sandbox_paths(subs, ref, None)
+    hidden = set(paths["hidden"])
     assert {other / "notebooks", other / "tests"} <= hidden
+    assert other.resolve() in paths["read_only"]  # its checks cannot be rewritten either
     assert not {other / "helpers", other / "results"} & hidden
     # the checkout grading is not listed twice, and no record means nothing more to hide
     monkeypatch.setattr(grader, "REPO_ROOT", other.resolve())
@@ -1201,10 +1293,14 @@ def test_links_fifos_and_huge_files_are_refused_before_any_kernel_runs(tmp_path,
     (subs / "mallory").rmdir()
     (subs / "mallory").symlink_to(elsewhere, target_is_directory=True)
     os.mkfifo(subs / "oscar" / FIXTURE.name)
+    # peggy's file is a hard link to one elsewhere (another student's, once unpacked)
+    (subs / "peggy").mkdir()
+    os.link(elsewhere / FIXTURE.name, subs / "peggy" / FIXTURE.name)
     monkeypatch.setattr(intake, "MAX_SUBMISSION_BYTES", 1000)
     (subs / "trudy" / FIXTURE.name).write_bytes(FIXTURE.read_bytes())  # over 1000 bytes
     rows = grading.grade(subs, FIXTURE.parent, timeout=5)
     reasons = {r["student"]: r["reason"] for r in rows}
+    assert "a hard link to another file" in reasons["peggy"]
     assert all(r["status"] == "error" and r["points"] == "0" for r in rows)  # CSV text
     assert (
         reasons["eve"] == "notebook unreadable: the notebook is a link, not a file in the "
@@ -1213,6 +1309,80 @@ def test_links_fifos_and_huge_files_are_refused_before_any_kernel_runs(tmp_path,
     assert "is a link, not a folder" in reasons["mallory"]
     assert reasons["oscar"] == "notebook unreadable: the notebook is not a regular file"
     assert "over the 0 MiB limit" in reasons["trudy"]
+
+
+def _flatten(top: Path) -> None:
+    """Remove the chain top/a/a/... of :func:`_nest` without recursion (shutil.rmtree, which
+    pytest's clean-up uses, recurses once per level)."""
+    while (top / "a").is_dir():
+        for entry in (top / "a").iterdir():
+            entry.rename(top / f"up-{entry.name}")
+        (top / "a").rmdir()
+        for entry in top.glob("up-*"):
+            entry.rename(top / entry.name[3:])
+
+
+def _nest(top: Path, depth: int, name: str, data: bytes) -> None:
+    """Make top/a/a/.../a (``depth`` levels, deeper than a path may be spelled: each folder is
+    made relative to the one above) holding the file ``name``."""
+    import os
+
+    fd = os.open(top, os.O_RDONLY)
+    try:
+        for _ in range(depth):
+            os.mkdir("a", dir_fd=fd)
+            inner = os.open("a", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        with open(os.open(name, os.O_WRONLY | os.O_CREAT, dir_fd=fd), "wb") as f:
+            f.write(data)
+    finally:
+        os.close(fd)
+
+
+def test_a_tree_a_submission_hands_in_never_stops_the_grading(tmp_path, capsys):
+    """A dangling link, a loop of links and a folder nested 1000 deep beside the notebooks: the
+    walk skips what it cannot use, and grading ends with a row for every student."""
+    from helpers.grading import intake
+
+    subs = tmp_path / "subs"
+    mallory = subs / "mallory"
+    (mallory / "sub").mkdir(parents=True)
+    (mallory / "sub" / FIXTURE.name).symlink_to("/nonexistent/x.ipynb")
+    (mallory / "loop.ipynb").symlink_to(mallory / "loop.ipynb")
+    (mallory / "dirloop").symlink_to(mallory, target_is_directory=True)
+    (mallory / "sub" / "x\x1b]0;pwned\x07.ipynb").write_text("{}")
+    (subs / "alice").mkdir()
+    try:
+        # a real notebook, too deep to be looked for
+        _nest(mallory, 1000, FIXTURE.name, FIXTURE.read_bytes())
+        found = intake.submitted_notebooks(mallory)
+        rows = grading.grade(subs, FIXTURE.parent, timeout=5)
+    finally:
+        _flatten(mallory)
+    assert [p.relative_to(mallory).as_posix() for p in found] == [
+        "loop.ipynb",
+        f"sub/{FIXTURE.name}",
+        "sub/x\x1b]0;pwned\x07.ipynb",
+    ]
+    assert {r["student"] for r in rows} == {"alice", "mallory"}
+    assert all(r["points"] == "0" for r in rows)
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "x\\x1b]0;pwned\\x07.ipynb" in err  # printed escaped
+
+
+def test_a_file_beats_a_link_of_the_same_name_and_a_dangling_link_has_no_time(tmp_path):
+    from helpers.grading import intake
+
+    real = tmp_path / "a" / FIXTURE.name
+    real.parent.mkdir()
+    real.write_bytes(FIXTURE.read_bytes())
+    link = tmp_path / "b" / FIXTURE.name
+    link.parent.mkdir()
+    link.symlink_to("/nonexistent/x.ipynb")  # made after the file: newer
+    ref = grading.grader.load_references(FIXTURE.parent)[FIXTURE.name]
+    assert grading.grader._prefer(real, link, ref) and not grading.grader._prefer(link, real, ref)
+    assert intake.modified(tmp_path / "missing") == 0.0
 
 
 def test_csv_cells_never_start_a_spreadsheet_formula(tmp_path):
@@ -1225,6 +1395,10 @@ def test_csv_cells_never_start_a_spreadsheet_formula(tmp_path):
         "'@SUM(A1)",
         "'\tx",
     ]
+    # a leading space or line break, and the full-width forms, are formulas to some spreadsheets
+    for v in (" =1+1", "\n=1+1", "\uff1d1+1", " \uff20SUM(A1)"):
+        assert intake.csv_cell(v) == "'" + v
+    assert intake.csv_cell("a = b") == "a = b"
     assert intake.csv_cell(-1.5) == -1.5 and intake.csv_cell("passed") == "passed"
     out = tmp_path / "grades.csv"
     row = grading.grader._row("s", "nb", "g", 0, 1, "error", "=1+1")

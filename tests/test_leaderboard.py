@@ -232,3 +232,13 @@ def test_the_committed_example_is_what_the_leaderboard_writes(tmp_path: Path):
     written = (tmp_path / "leaderboard-example.csv").read_text()
     assert written == (RESULTS / "leaderboard-example.csv").read_text()
     assert "course-cpu,ranked" in written and "fake-learner-b,refused" in written
+
+
+def test_no_leaderboard_cell_a_submission_wrote_is_a_spreadsheet_formula(tmp_path: Path):
+    rows = [{c: "" for c in leaderboard.COLUMNS}]
+    rows[0].update(student="mallory", device='=HYPERLINK("http://evil.example/","x")')
+    rows[0]["torch"] = "@SUM(1)"
+    out = tmp_path / "lb.csv"
+    leaderboard.write_csv(rows, out)
+    row = next(csv.DictReader(out.open()))
+    assert all(not str(v).startswith(("=", "@")) for v in row.values()), row

@@ -37,7 +37,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import zipfile
 from pathlib import Path
 
 import torch
@@ -575,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         # checked before training, not after it, and by rank 0 only: it alone writes them, and
         # two ranks probing one path at once would see each other's probe file
         if os.environ.get("RANK", "0") == "0":
-            ckpt = {"force": args.force, "same_kind": zipfile.is_zipfile}  # torch.save's format
+            ckpt = {"force": args.force, "same_kind": distributed.is_checkpoint}
             cli.out_path(args.checkpoint, "--checkpoint", **ckpt)
             cli.result_out(args.json, "--json", force=args.force)
         if args.command == "fsdp-traffic":

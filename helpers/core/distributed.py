@@ -446,6 +446,19 @@ def full_state(trainer: train.Trainer) -> dict:
     return {"model": model_sd, "optimizer": optim_sd}
 
 
+def is_checkpoint(path: str | Path) -> bool:
+    """Is ``path`` a file ``torch.save`` wrote: a zip archive holding ``<name>/data.pkl`` (its
+    format since torch 1.6), not any zip (a .docx is one)? The ``same_kind`` test of the
+    ``--checkpoint`` option (:func:`helpers.tools.cli.out_path`)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            return any(n.endswith("/data.pkl") for n in z.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
 def save_checkpoint(path: str | Path, trainer: train.Trainer, env: DistEnv, step: int) -> None:
     """Write model + optimizer state to ``path`` from rank 0 only, then wait at a barrier, so no
     rank reads (or the job exits before) the file is complete. Every rank must call it."""

@@ -20,7 +20,7 @@ from typing import Any
 
 import helpers
 from helpers.grading import kernel
-from helpers.grading.intake import csv_cell, read_submission
+from helpers.grading.intake import csv_cell, modified, read_submission, shown, submitted_notebooks
 from helpers.grading.kernel import CellRun, NotebookRun, execute_notebook, first_line
 from helpers.grading.sandbox import SCRATCH, sandbox_available, sandbox_prefix
 from helpers.grading.student import (
@@ -226,14 +226,6 @@ def _match_reference(path: Path, refs: dict[str, Reference]) -> Reference | None
     return best if ids & set(best.points) else None
 
 
-def _submitted_notebooks(folder: Path) -> list[Path]:
-    return sorted(
-        p
-        for p in folder.rglob("*.ipynb")
-        if ".ipynb_checkpoints" not in p.parts and not p.name.startswith(".")
-    )
-
-
 def hidden_repo_folders(root: Path | None = None) -> list[Path]:
     """The folders of a course checkout ``root`` (default: the one grading) a submission's kernel
     must not see: every top-level folder except ``helpers`` (the package it imports),
@@ -318,16 +310,18 @@ def sandbox_paths(submissions: Path, reference: Path, out: Path | None) -> dict[
     read-only, what the kernel needs (:func:`needed_paths`); hidden, the reference and
     submissions folders, the other folders (:func:`hidden_repo_folders`) and git stores of the
     checkout and of any other checkout the environment was installed from
-    (:func:`installed_checkouts`), the teacher's home and the folder of ``out`` (read-only
-    instead when it holds something the kernel needs); private and empty, ``/tmp``,
-    ``/var/tmp``, ``/dev/shm`` and this process's temporary folder."""
+    (:func:`installed_checkouts`, which is read-only as well), the teacher's home and the folder
+    of ``out`` (read-only instead when it holds something the kernel needs); private and empty,
+    ``/tmp``, ``/var/tmp``, ``/dev/shm`` and this process's temporary folder."""
     needed = needed_paths()
     home = Path.home().resolve()
     hidden = [reference, submissions]
-    for root in (REPO_ROOT, *installed_checkouts()):
+    others = installed_checkouts()
+    for root in (REPO_ROOT, *others):
         hidden += [*hidden_repo_folders(root), *git_stores(root)]
     hidden += [home] if len(home.parts) > 1 else []  # never "/" (HOME=/ in some containers)
-    read_only = list(needed)
+    # read-only too: a later grading run from that checkout imports its checks from there
+    read_only = [*needed, *others]
     if out is not None:
         folder = out.parent.resolve()
         holds_needed = any(folder == n or folder in n.parents for n in needed)
@@ -358,7 +352,7 @@ def grade(
         raise FileNotFoundError(f"{submissions} is not a folder of student folders.")
     for stray in sorted(submissions.glob("*.ipynb")):
         print(
-            f"ignored {stray}: put each student's notebooks in {submissions}/<student id>/",
+            f"ignored {shown(stray)}: put each student's notebooks in {submissions}/<student id>/",
             file=sys.stderr,
         )
     students = sorted(p for p in submissions.iterdir() if p.is_dir() and not p.name.startswith("."))
@@ -371,25 +365,27 @@ def grade(
     rows: list[dict[str, Any]] = []
     for folder in students:
         chosen[folder.name] = {}
-        notebooks = _submitted_notebooks(folder)
+        notebooks = submitted_notebooks(folder)
         for path in notebooks:
             ref = _match_reference(path, refs)
             if ref is None:
                 print(
-                    f"ignored {path}: matches no reference notebook in {reference}", file=sys.stderr
+                    f"ignored {shown(path)}: matches no reference notebook in {reference}",
+                    file=sys.stderr,
                 )
                 continue
             current = chosen[folder.name].get(ref.path.name)
             if current is None or _prefer(path, current, ref):
                 if current is not None:
                     print(
-                        f"ignored {current}: {path} is graded as {ref.path.name} instead",
+                        f"ignored {shown(current)}: {shown(path)} is graded as "
+                        f"{ref.path.name} instead",
                         file=sys.stderr,
                     )
                 chosen[folder.name][ref.path.name] = path
             else:
                 print(
-                    f"ignored {path}: {current} is graded as {ref.path.name} instead",
+                    f"ignored {shown(path)}: {shown(current)} is graded as {ref.path.name} instead",
                     file=sys.stderr,
                 )
         if not notebooks:
@@ -428,7 +424,7 @@ def grade(
                     for g, p in ref.points.items()
                 )
                 continue
-            print(f"grading {path} against {ref.path} ...", file=sys.stderr, flush=True)
+            print(f"grading {shown(path)} against {ref.path} ...", file=sys.stderr, flush=True)
             text = texts[path]
             if text is None:
                 rows.extend(
@@ -449,10 +445,13 @@ def grade(
 
 
 def _prefer(new: Path, old: Path, ref: Reference) -> bool:
-    """Of two files graded as the same notebook: the exact name wins, then the newer file."""
+    """Of two files graded as the same notebook: a file wins over a link (which is refused), then
+    the exact name, then the newer file."""
+    if new.is_symlink() != old.is_symlink():
+        return old.is_symlink()
     if (new.name == ref.path.name) != (old.name == ref.path.name):
         return new.name == ref.path.name
-    return new.stat().st_mtime > old.stat().st_mtime
+    return modified(new) > modified(old)
 
 
 def _is_grades_csv(path: Path) -> bool:

@@ -360,11 +360,16 @@ def _groups(rows: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
 
 
 def write_csv(rows: Iterable[dict[str, Any]], path: str | Path) -> None:
-    """Write the leaderboard rows of :func:`rank` with the columns :data:`COLUMNS`."""
+    """Write the leaderboard rows of :func:`rank` with the columns :data:`COLUMNS`. No text cell
+    is a spreadsheet formula (:func:`helpers.grading.intake.csv_cell`): a submission writes the
+    device name and torch version, and a rung name such as "+ tf32" would itself be read as one
+    (it is shown as text, with a leading quote)."""
+    from helpers.grading.intake import csv_cell
+
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({k: csv_cell(v) for k, v in row.items()} for row in rows)
 
 
 def plot(rows: list[dict[str, Any]], path: str | Path | None = None):

@@ -186,6 +186,8 @@ def overwrite_problem(target: Path) -> str | None:
     ``target`` does not exist, or is a student version this command wrote and nobody changed."""
     import nbformat
 
+    if target.is_symlink():  # writing would create or change the file it points at
+        return f"{target} is a link"
     if not target.exists():
         return None
     if target.is_dir():
@@ -248,6 +250,8 @@ def make_student(
     written = []
     for target, student in versions:
         out.mkdir(parents=True, exist_ok=True)
+        if target.is_symlink():  # with force: the link is replaced, its target left alone
+            target.unlink()
         nbformat.write(student, target)
         print(f"wrote {target} ({len(check_cells(student))} graded cells)")
         written.append(target)
