@@ -759,12 +759,6 @@ needs_sandbox = pytest.mark.skipif(
 @needs_sandbox
 def test_a_submission_cannot_read_the_reference_solutions(tmp_path):
     """A blank notebook that execs the reference's solution cells after its own scores nothing."""
-    blank = nbformat.read(FIXTURE, as_version=4)
-    for cell in blank.cells:
-        if grading.is_solution_cell(cell):
-            cell.source = (
-                grading.student_version(nbformat.v4.new_notebook(cells=[cell])).cells[0].source
-            )
     steal = (
         "import json, pathlib, helpers\n"
         f"for p in [pathlib.Path({str(FIXTURE)!r}), "
@@ -780,9 +774,7 @@ def test_a_submission_cannot_read_the_reference_solutions(tmp_path):
         "            except Exception:\n"
         "                pass\n"
     )
-    for cell in blank.cells:  # after each blank function: overwrite it with the reference's
-        if grading.is_solution_cell(cell):
-            cell.source += "\n" + steal
+    blank = _blank_with(steal)  # each blank function then overwritten by the reference's
     (tmp_path / "subs" / "mallory").mkdir(parents=True)
     nbformat.write(blank, tmp_path / "subs" / "mallory" / FIXTURE.name)
     rows = _grade(tmp_path / "subs", tmp_path)
@@ -828,10 +820,7 @@ def test_a_submission_cannot_read_the_solutions_of_the_checkout_the_environment_
         "        if c.get('metadata', {}).get('nbgrader', {}).get('solution'):\n"
         "            exec(''.join(c['source']), globals())\n"
     )
-    mallory = _blank_version()
-    for cell in mallory.cells:
-        if grading.is_solution_cell(cell):
-            cell.source += "\n" + steal
+    mallory = _blank_with(steal)
     (tmp_path / "subs" / "mallory").mkdir(parents=True)
     nbformat.write(mallory, tmp_path / "subs" / "mallory" / FIXTURE.name)
     try:
@@ -854,6 +843,15 @@ def _blank_version() -> "nbformat.NotebookNode":
     return blank
 
 
+def _blank_with(extra: str) -> "nbformat.NotebookNode":
+    """:func:`_blank_version` with ``extra`` run at the end of every solution cell."""
+    blank = _blank_version()
+    for cell in blank.cells:
+        if grading.is_solution_cell(cell):
+            cell.source += "\n" + extra
+    return blank
+
+
 @needs_sandbox
 def test_a_submission_cannot_see_the_graders_processes_or_reach_files_through_proc(tmp_path):
     """mallory (blank) reads the reference through /proc/<pid>/root and /proc/<pid>/cwd of every
@@ -872,10 +870,7 @@ def test_a_submission_cannot_see_the_graders_processes_or_reach_files_through_pr
         "        if c.get('metadata', {}).get('nbgrader', {}).get('solution'):\n"
         "            exec(''.join(c['source']), globals())\n"
     )
-    mallory = _blank_version()
-    for cell in mallory.cells:
-        if grading.is_solution_cell(cell):
-            cell.source += "\n" + steal
+    mallory = _blank_with(steal)
     probe = (
         "import os\n"
         f"seen = os.path.exists('/proc/{os.getpid()}') or os.getppid() == {os.getpid()}\n"

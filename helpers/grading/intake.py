@@ -29,7 +29,7 @@ def submitted_notebooks(folder: Path) -> list[Path]:
         except OSError:
             continue
         for e in entries:
-            if e.name.startswith(".") and e.name != ".":
+            if e.name.startswith("."):  # hidden, .ipynb_checkpoints included
                 continue
             try:
                 is_dir = e.is_dir(follow_symlinks=False)
