@@ -132,3 +132,15 @@ def test_fused_lm_head_saves_what_its_code_says_in_the_triton_interpreter():
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "saved OK" in out.stdout
+
+
+def test_demo_shape_fits_the_gpu_memory(monkeypatch):
+    """The demonstrations run GPT-2 124M at T=1024 with the B the memory takes: 16 on an H200,
+    4 on a T4 (15 GB; B=16 ran out of memory there), the small config on a CPU."""
+    from helpers.measure import hardware
+
+    for usable, batch_size in ((140 * 2**30, 16), (hardware.T4_USABLE_BYTES, 4)):
+        monkeypatch.setattr(hardware, "_emulated_memory", usable)
+        cfg, B, T = rungs.demo_shape("cuda")
+        assert (cfg.padded_vocab_size, B, T) == (50304, batch_size, 1024)
+    assert rungs.demo_shape("cpu")[1:] == (4, 64)

@@ -77,7 +77,7 @@ def test_run_time_rewrite_follows_the_table_and_refuses_a_chapter_without_a_row(
     assert run_times.rewrite([good]) == []  # already current: not written again
     with pytest.raises(ValueError, match="no row"):
         run_times.rewrite([bad])
-    assert "not yet timed" in run_times.sentence(10, None)
+    assert "not yet timed" in run_times.sentence(10, None, "2026-12-02")
 
 
 def _progress_notebook(value: float, total: float):
@@ -136,3 +136,20 @@ def test_final_progress_text_takes_the_count_from_the_saved_value():
     state["r"]["state"]["value"] = "\u200737/40\u2007[00:14&lt;00:00]"
     notebooks.final_progress_text(nb)
     assert nb.cells[0].outputs[0]["data"]["text/plain"].endswith("| 40/40 [00:14<00:00]")
+
+
+def test_every_cell_that_shows_a_figure_is_ignored_by_nbval():
+    """A recording shows figures (the inline backend); nbval runs under MPLBACKEND=Agg, where a
+    figure is not shown, so a compared cell with a figure fails there ("Missing output fields").
+    Figures go in their own cell tagged nbval-ignore-output (or nbval-skip)."""
+    from helpers import REPO_ROOT
+
+    shown = []
+    for path in sorted((REPO_ROOT / "notebooks").glob("[01][0-9]_*.ipynb")):
+        for i, cell in enumerate(nbformat.read(path, as_version=4).cells):
+            tags = cell.metadata.get("tags", [])
+            if cell.cell_type != "code" or {notebooks.IGNORE_TAG, "nbval-skip"} & set(tags):
+                continue
+            if any("image/png" in o.get("data", {}) for o in cell.outputs):
+                shown.append(f"{path.name} cell {i}")
+    assert shown == []

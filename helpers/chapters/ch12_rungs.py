@@ -40,9 +40,13 @@ LAST_SIX = switches.RUNG_ORDER[switches.RUNG_ORDER.index("+ bf16 residual") :]
 
 def demo_shape(device: torch.device | str) -> tuple[GPTConfig, int, int]:
     """(model config, B, T) of the demonstrations: GPT-2 124M (vocabulary padded to 50304) at
-    B=16, T=1024 on a GPU, the small CPU configuration at B=4, T=64 on a CPU."""
-    if torch.device(device).type == "cuda":
-        return GPTConfig(vocab_multiple=64), 16, 1024
+    T=1024 on a GPU, with the B the course's default shapes give its memory
+    (``train.default_shapes``: 16 on 40 GB and larger GPUs, 4 on a T4), and the small CPU
+    configuration at B=4, T=64 on a CPU."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        _, batch_size, seq_len = train.default_shapes(device)
+        return GPTConfig(vocab_multiple=64), batch_size, seq_len
     return train.small_model_config(), 4, 64
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import helpers
 
 TABLE = "h200-run-times.md"
-_ROW = re.compile(r"\| (\d\d)_\w+ \| (\d+) \| [^|]+ \| (\d+|-) \| [^|]+ \|")
+_ROW = re.compile(r"\| (\d\d)_\w+ \| (\d+) \| ([^|]+) \| (\d+|-) \| [^|]+ \|")
+_DATE = re.compile(r"\d{4}-\d\d-\d\d")
 _PARAGRAPH = re.compile(r"\*\*Run time\*\*.*?(?=\n\n|\Z)", re.S)
 
 
@@ -25,24 +26,30 @@ def table_path() -> Path:
     return helpers.REPO_ROOT / "results" / TABLE
 
 
-def read_table(path: Path | None = None) -> dict[str, tuple[int, int | None]]:
-    """{chapter number "NN": (H200 seconds, emulated-T4 seconds or None)} from the table.
+def read_table(path: Path | None = None) -> dict[str, tuple[int, int | None, str]]:
+    """{chapter number "NN": (H200 seconds, emulated-T4 seconds or None, the H200 run's date
+    "YYYY-MM-DD")} from the table.
 
     Raises:
-        ValueError: the table has no chapter rows.
+        ValueError: the table has no chapter rows, or a row's H200 run names no date.
     """
     rows = {}
     for line in (path or table_path()).read_text().splitlines():
         m = _ROW.match(line)
         if m:
-            rows[m.group(1)] = (int(m.group(2)), None if m.group(3) == "-" else int(m.group(3)))
+            date = _DATE.search(m.group(3))
+            if date is None:
+                raise ValueError(f"{line!r}: its H200 run column names no date (YYYY-MM-DD)")
+            t4 = None if m.group(4) == "-" else int(m.group(4))
+            rows[m.group(1)] = (int(m.group(2)), t4, date.group())
     if not rows:
         raise ValueError(f"{path or table_path()} has no rows like '| NN_name | s | ... |'")
     return rows
 
 
-def sentence(h200_s: int, t4_s: int | None) -> str:
-    """The **Run time** paragraph of a chapter's opening, from its two measured times (seconds)."""
+def sentence(h200_s: int, t4_s: int | None, date: str) -> str:
+    """The **Run time** paragraph of a chapter's opening, from its two measured times (seconds)
+    and the date of the H200 run."""
     t4 = (
         f"{t4_s} s as an emulated T4, which is the H200 under a T4's limits and at\nthe H200's "
         "speed (a real T4 is slower)."
@@ -50,7 +57,7 @@ def sentence(h200_s: int, t4_s: int | None) -> str:
         else "not yet timed as an emulated T4 since the chapter last changed."
     )
     return (
-        f"**Run time** (measured 2026-12-01, torch 2.11, `results/{TABLE}`):\n"
+        f"**Run time** (measured {date}, torch 2.11, `results/{TABLE}`):\n"
         f"{h200_s} s on an NVIDIA H200; {t4}"
     )
 
