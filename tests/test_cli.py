@@ -202,3 +202,23 @@ def test_ch11_checks_its_output_paths_on_rank_0_only(tmp_path, monkeypatch):
         checked.clear()
         monkeypatch.setenv("RANK", rank)
         assert ch11_multi_gpu.main(argv) == 0 and checked == expected
+
+
+def test_one_tools_result_is_not_replaced_by_another_tools_out(tmp_path, capsys):
+    """Every course result starts with the same provenance keys; "the same kind" is the same
+    tool's result: a ladder --out refuses a chapter 11 summary and takes an earlier ladder."""
+    from helpers import ladder
+
+    summary = tmp_path / "ch11-summary.json"
+    prov = {"device": "cpu", "torch": "2.13.0", "date": "2026-12-02"}
+    summary.write_text(json.dumps({**prov, "world_size": 2, "run": {}, "model": {}}))
+    before = summary.read_text()
+    argv = ["--device", "cpu", "--rungs", "fp32", "--iters", "1", "--no-progress"]
+    assert ladder.main([*argv, "--out", str(summary)]) == 2
+    assert "is not a result JSON of this tool: pass --force" in capsys.readouterr().err
+    assert summary.read_text() == before
+    earlier = tmp_path / "ladder.json"
+    earlier.write_text(json.dumps({**prov, "rungs": []}))
+    assert cli.result_out(earlier, keys=cli.PROVENANCE + ("rungs",)) == earlier
+    with pytest.raises(ValueError, match="pass --force"):
+        cli.result_out(summary, keys=cli.PROVENANCE + ("rungs",))

@@ -562,7 +562,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.iters < 1:
         p.error("--iters must be >= 1")
     device = cli.device(args.device)
-    cli.result_out(args.out, force=args.force)  # checked before the run, not after it
+    # checked before the run, not after it
+    cli.result_out(args.out, force=args.force, keys=cli.PROVENANCE + ("what", "rows", "config"))
     out = run_benchmark(args.kind, device, iters=args.iters)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out} ({out['device']}, {len(out['rows'])} rows)")

@@ -68,8 +68,9 @@ def out_path(
     - an existing file in the checkout's ``results/`` (a committed measurement, e.g. of the H200)
       is replaced only with ``force``;
     - an existing file is replaced only when ``same_kind(path)`` recognises it as an earlier
-      output of the same kind (:func:`is_course_result`, a grades CSV, for ".png" a figure
-      :func:`helpers.measure.plots.save_png` wrote), or with ``force``: the
+      output of the same kind (a JSON result of the same tool, :func:`result_out`; a grades
+      CSV; for ".png" a figure :func:`helpers.measure.plots.save_png` wrote), or with ``force``:
+      the
       message then ends "pass --force to replace it" (``what`` says what the file is not);
     - its folder is created, and a new file is created and removed again, so a place that refuses
       new files fails now, not after the run.
@@ -149,19 +150,22 @@ def json_with_keys(*keys: str) -> Callable[[Path], bool]:
     return test
 
 
-# A JSON result a course tool wrote: it starts with helpers.measure.results.provenance's keys.
-is_course_result = json_with_keys("device", "torch", "date")
+# The keys every course result starts with (helpers.measure.results.provenance); a tool's own
+# result holds these and its own keys (result_out's ``keys``).
+PROVENANCE = ("device", "torch", "date")
+is_course_result = json_with_keys(*PROVENANCE)
 
 
 def result_out(
     path: str | Path | None,
     flag: str = "--out",
     force: bool = False,
-    keys: tuple[str, ...] = ("device", "torch", "date"),
+    keys: tuple[str, ...] = PROVENANCE,
 ) -> Path | None:
     """:func:`out_path` for a JSON result: the name ends in .json, and an existing file is
-    replaced only when it is a JSON object holding ``keys`` (default: a course result's
-    provenance, :data:`is_course_result`) or with ``force``."""
+    replaced only when it is a JSON object holding ``keys`` or with ``force``. Each tool passes
+    the keys of its own result (:data:`PROVENANCE` plus, e.g., the ladder's "rungs"), so one
+    tool's ``--out`` does not replace another tool's result."""
     return out_path(
         path,
         flag,
