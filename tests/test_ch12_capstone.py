@@ -345,7 +345,8 @@ def test_comparison_keeps_published_and_measured_apart(published, h200):
     assert header.count("published") == len(published["gpus"]) and header.count("measured") == len(
         measured
     )
-    assert "author: not given" in text and "000_63ed5926dca728c8.txt" in text
+    assert "author: not given" in text and "A100 40GB" in text
+    assert "000_63ed5926dca728c8.txt" not in text and "shared/" not in text  # not in the repo
 
 
 def test_matching_rung_requirements():

@@ -101,8 +101,9 @@ def model_config_of(results: dict) -> GPTConfig:
 
 
 def ladder_settings(device: torch.device | str) -> dict:
-    """Warm-up and timed steps per rung for this chapter: 3 and 10 on a GPU (GPT-2 124M, ~2.5 min on
-    an H200), 1 and 2 on a CPU (the small config; one warm-up step still absorbs the compile)."""
+    """Warm-up and timed steps per rung for this chapter: 3 and 10 on a GPU (GPT-2 124M, ~4 min on
+    an H200, the compiles included), 1 and 2 on a CPU (the small config; one warm-up step still
+    absorbs the compile)."""
     return (
         dict(warmup=3, iters=10) if torch.device(device).type == "cuda" else dict(warmup=1, iters=2)
     )
@@ -394,7 +395,7 @@ def _comparison_parts(rows: list[dict], published: dict, measured: dict[str, dic
         title = src["title"] or f"untitled ({src.get('title_note', '')})"
         pub_lines.append(
             f"{key}: {title}; author: {src['author'] or 'not given'}; "
-            f"url: {src['url'] or 'not given'}; file {src['file']}"
+            f"url: {src['url'] or 'not given'}"
         )
     setup = published.get("setup", {})
     batch = setup.get("batch_size") or {}

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from helpers.measure import allocator, hardware, memory, profiler, results, snap
 from helpers.tools import cli
 
 RESULT_GLOB = "h200-memory-*.json"  # what `record` writes; the newest is the committed one
-VIEWER_DIR = Path(tempfile.gettempdir()) / "fast-gpt2-course" / "ch14"  # snapshots to open
+VIEWER_DIR = Path("traces")  # the snapshot viewer, next to the notebook (as chapter 10's trace)
 
 
 def chapter_run(device: torch.device | str) -> tuple[train.RunConfig, GPTConfig]:
