@@ -144,3 +144,13 @@ def test_demo_shape_fits_the_gpu_memory(monkeypatch):
         cfg, B, T = rungs.demo_shape("cuda")
         assert (cfg.padded_vocab_size, B, T) == (50304, batch_size, 1024)
     assert rungs.demo_shape("cpu")[1:] == (4, 64)
+
+
+def test_signed_drops_the_sign_of_a_change_that_rounds_to_zero():
+    assert [rungs.signed(x) for x in (-0.004, 0.0, 0.004, -1.5, 0.25)] == [
+        "0.00",
+        "0.00",
+        "0.00",
+        "-1.50",
+        "+0.25",
+    ]

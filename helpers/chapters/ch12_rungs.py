@@ -38,6 +38,13 @@ GIB = 2**30
 LAST_SIX = switches.RUNG_ORDER[switches.RUNG_ORDER.index("+ bf16 residual") :]
 
 
+def signed(x: float, digits: int = 2) -> str:
+    """``x`` with its sign to ``digits`` decimals, and "0.00" (no sign) when it rounds to zero:
+    "-0.00" reads as a change where there is none."""
+    text = f"{x:+.{digits}f}"
+    return text[1:] if float(text) == 0 else text
+
+
 def demo_shape(device: torch.device | str) -> tuple[GPTConfig, int, int]:
     """(model config, B, T) of the demonstrations: GPT-2 124M (vocabulary padded to 50304) at
     T=1024 on a GPU, with the B the course's default shapes give its memory
@@ -106,7 +113,7 @@ def rung_deltas_markdown(by_label: dict[str, dict], names: tuple[str, ...] = LAS
     for label, res in by_label.items():
         for d in rung_deltas(res, names):
             spread = "-" if d["spread_pct"] is None else f"{d['spread_pct']:.0f}%"
-            peak = "-" if d["delta_peak_gib"] is None else f"{d['delta_peak_gib']:+.2f}"
+            peak = "-" if d["delta_peak_gib"] is None else signed(d["delta_peak_gib"])
             body.append(
                 [
                     f"`{d['name']}`",
