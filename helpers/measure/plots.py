@@ -421,6 +421,6 @@ def memory_timeline(points, phases, title: str, marks=None):
     ax.set_xlabel("allocator events (allocations and frees, in order)")
     ax.set_ylabel("allocated (GiB)")
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="center right")  # a step's tail (clip, optimizer) runs low and right
     fig.tight_layout()
     return fig
