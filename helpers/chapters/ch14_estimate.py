@@ -103,8 +103,8 @@ def estimate_rows(
 def committed_eager_peaks() -> list[dict]:
     """Every committed eager H200 step peak with what it ran: {"what", "config", "B", "kw"
     (``memory.peak_estimate``'s switches), "measured"} from the batch probe, the precision
-    comparison, chapter 09's checkpointing and accumulation runs and the ladder's eager rungs
-    (``results/``); [] where none is committed."""
+    comparison, chapter 09's checkpointing and accumulation runs and the ladder's eager rungs at
+    B=16 and B=64 (``results/``); [] where none is committed."""
     gpt2, padded = GPTConfig(), GPTConfig(vocab_multiple=64)
     rows = []
 
@@ -141,17 +141,18 @@ def committed_eager_peaks() -> list[dict]:
     for r in (results.load("h200-accumulation.json") or {"rows": []})["rows"]:
         kw = {"autocast": True, "attention": "sdpa", "grads_kept": r["grad_accum_steps"] > 1}
         add(f"bf16 + SDPA, {r['grad_accum_steps']} micro-steps", padded, 16, kw, r["peak_bytes"])
-    for r in (results.load("h200-ladder-b16.json") or {"rungs": []})["rungs"]:
-        s = r["switches"]
-        if s["compile"] is None and r["peak_mem_bytes"]:
-            kw = {"autocast": s["autocast"] is not None, "attention": s["attention"]}
-            add(
-                f"ladder {r['name']}",
-                GPTConfig(vocab_multiple=s["vocab_multiple"]),
-                16,
-                kw,
-                r["peak_mem_bytes"],
-            )
+    for B in (16, 64):
+        for r in (results.load(f"h200-ladder-b{B}.json") or {"rungs": []})["rungs"]:
+            s = r["switches"]
+            if s["compile"] is None and r["peak_mem_bytes"]:
+                kw = {"autocast": s["autocast"] is not None, "attention": s["attention"]}
+                add(
+                    f"ladder {r['name']}, B={B}",
+                    GPTConfig(vocab_multiple=s["vocab_multiple"]),
+                    B,
+                    kw,
+                    r["peak_mem_bytes"],
+                )
     return rows
 
 
