@@ -137,18 +137,20 @@ def test_fragmentation_table_reads_the_patterns_json():
         "after": {"reserved": 15 * 2**30, "peak_reserved": 15 * 2**30},
     }
     header, cells = ch14.fragmentation_table([run, {"status": "failed"}])
+    assert len(header) == len(cells[1]) == 10 and header[5] == "fragmentation"
     assert cells[0] == [
         "False",
         "15.00",
         "8.00",
         "7.00",
         "1.00",
+        "0.86",  # 1 - 1/7
         "2.00",
         "out of memory",
         "15.00",
         "15.00",
     ]
-    assert cells[1][6] == "failed" and len(header) == len(cells[0])
+    assert cells[1][7] == "failed" and len(header) == len(cells[0])
 
 
 def test_committed_finds_the_newest_summary(tmp_path, monkeypatch):

@@ -188,13 +188,14 @@ def first_step_findings(steps: Steps, unit: str = "GiB") -> list[str]:
         if (a, "forward") in at and (b, "forward") in at:
             extra = at[(b, "forward")]["start"] - at[(a, "forward")]["start"]
             expect = (
-                f" ({per_param} bytes x {n:,} parameters = {size(per_param * n, unit)} {unit})"
+                f", of which the {what} is {size(per_param * n, unit)} {unit} ({per_param} bytes"
+                f" x {n:,} parameters)"
                 if n
-                else ""
+                else f": the {what}"
             )
             out.append(
-                f"forward of step {b} starts with {size(extra, unit)} {unit} more than step {a}: "
-                f"the {what}{expect}"
+                f"forward of step {b} starts with {size(extra, unit)} {unit} more than step {a}"
+                f"{expect}"
             )
     return out
 
@@ -390,25 +391,33 @@ def fragmentation_runs(cap_bytes: int | None = None) -> list[dict]:
     return [allocator.run_fragmentation(e, cap_bytes) for e in (False, True)]
 
 
+def fragmentation(free: int, largest_free: int) -> float:
+    """1 - largest free block / free bytes: 0 when the free memory is one block, near 1 when it is
+    many small ones (0.0 when nothing is free)."""
+    return 1 - largest_free / free if free else 0.0
+
+
 def fragmentation_table(runs: list[dict]) -> tuple[list[str], list[list[str]]] | None:
-    """(header, rows) of :func:`fragmentation_runs` in GiB; None if nothing was measured."""
+    """(header, rows) of :func:`fragmentation_runs` in GiB, with the fragmentation before the
+    request (:func:`fragmentation`); None if nothing was measured."""
     if not any(r.get("status") == "measured" for r in runs):
         return None
     header = [
         "expandable segments",
-        "reserved",
-        "allocated",
-        "reserved - allocated",
-        "largest free block",
-        "request",
+        "reserved (GiB)",
+        "allocated (GiB)",
+        "reserved - allocated (GiB)",
+        "largest free block (GiB)",
+        "fragmentation",
+        "request (GiB)",
         "outcome",
-        "reserved after",
-        "peak reserved",
+        "reserved after (GiB)",
+        "peak reserved (GiB)",
     ]
     cells = []
     for r in runs:
         if r.get("status") != "measured":
-            cells.append(["?", *["-"] * 5, r.get("status"), "-", "-"])
+            cells.append(["?", *["-"] * 6, r.get("status"), "-", "-"])
             continue
         b, a = r["before"], r["after"]
         cells.append(
@@ -418,6 +427,7 @@ def fragmentation_table(runs: list[dict]) -> tuple[list[str], list[list[str]]] |
                 gib(b["allocated"]),
                 gib(b["free_in_segments"]),
                 gib(b["largest_free"]),
+                f"{fragmentation(b['free_in_segments'], b['largest_free']):.2f}",
                 gib(r["request_bytes"]),
                 r["outcome"],
                 gib(a["reserved"]),
