@@ -394,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         # refused now, not after the whole ladder ran: a folder, another kind of existing file
-        args.out = cli.result_out(args.out, force=args.force, keys=cli.PROVENANCE + ("rungs",))
+        args.out = cli.result_out(args.out, ("rungs",), force=args.force)
         # matplotlib would add ".png" itself, silently
         if args.plot is not None and not Path(args.plot).is_dir() and not Path(args.plot).suffix:
             args.plot = Path(args.plot).with_suffix(".png")

@@ -163,12 +163,12 @@ def test_a_committed_result_is_replaced_only_with_force(tmp_path, monkeypatch):
     committed.write_text(json.dumps({"device": "NVIDIA H200", "torch": "2.11", "date": "x"}))
     monkeypatch.setattr(helpers, "REPO_ROOT", root)
     with pytest.raises(ValueError, match="committed result .*pass --force"):
-        cli.result_out(committed)
-    assert cli.result_out(committed, force=True) == committed
-    assert cli.result_out(root / "results" / "new.json") is not None  # a new file is fine
+        cli.result_out(committed, ())
+    assert cli.result_out(committed, (), force=True) == committed
+    assert cli.result_out(root / "results" / "new.json", ()) is not None  # a new file is fine
     elsewhere = tmp_path / "ladder.json"
     elsewhere.write_text(committed.read_text())
-    assert cli.result_out(elsewhere) == elsewhere  # an earlier output outside results/
+    assert cli.result_out(elsewhere, ()) == elsewhere  # an earlier output outside results/
 
 
 def test_out_path_checked_by_two_processes_at_once_passes_in_both(tmp_path, monkeypatch):
@@ -195,7 +195,7 @@ def test_ch11_checks_its_output_paths_on_rank_0_only(tmp_path, monkeypatch):
 
     checked = []
     monkeypatch.setattr(cli, "out_path", lambda path, flag, **k: checked.append(flag))
-    monkeypatch.setattr(cli, "result_out", lambda path, flag, **k: checked.append(flag))
+    monkeypatch.setattr(cli, "result_out", lambda path, kind, flag, **k: checked.append(flag))
     monkeypatch.setattr(ch11_multi_gpu, "main_train", lambda args, *a, **k: 0)
     argv = ["train", "--checkpoint", str(tmp_path / "c.pt"), "--json", str(tmp_path / "s.json")]
     for rank, expected in (("1", []), ("0", ["--checkpoint", "--json"])):
@@ -219,6 +219,6 @@ def test_one_tools_result_is_not_replaced_by_another_tools_out(tmp_path, capsys)
     assert summary.read_text() == before
     earlier = tmp_path / "ladder.json"
     earlier.write_text(json.dumps({**prov, "rungs": []}))
-    assert cli.result_out(earlier, keys=cli.PROVENANCE + ("rungs",)) == earlier
+    assert cli.result_out(earlier, ("rungs",)) == earlier
     with pytest.raises(ValueError, match="pass --force"):
-        cli.result_out(summary, keys=cli.PROVENANCE + ("rungs",))
+        cli.result_out(summary, ("rungs",))

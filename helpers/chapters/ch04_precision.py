@@ -513,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
     cli.at_least("warmup", args.warmup, 0)
     if args.precisions is not None and len(args.precisions) == 0:
         raise ValueError("--precisions needs at least one of fp32, tf32, bf16, fp16")
-    cli.result_out(args.out, force=args.force, keys=cli.PROVENANCE + ("precisions",))
+    cli.result_out(args.out, ("precisions",), force=args.force)
     cli.out_path(args.plot, "--plot", suffix=".png", force=args.force)
     cfg, B, T = train.default_shapes(device)
     B = B if args.batch_size is None else args.batch_size

@@ -562,8 +562,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.iters < 1:
         p.error("--iters must be >= 1")
     device = cli.device(args.device)
-    # checked before the run, not after it
-    cli.result_out(args.out, force=args.force, keys=cli.PROVENANCE + ("what", "rows", "config"))
+    cli.result_out(args.out, ("what", "rows", "config"), force=args.force)  # before the run
     out = run_benchmark(args.kind, device, iters=args.iters)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out} ({out['device']}, {len(out['rows'])} rows)")

@@ -441,11 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes_asked = getattr(args, "batch_size", None)
     for b in sizes_asked if isinstance(sizes_asked, list) else [sizes_asked]:
         cli.at_least("batch_size", b)
-    cli.result_out(
-        getattr(args, "out", None),
-        force=getattr(args, "force", False),
-        keys=cli.PROVENANCE + ("tables",),
-    )
+    cli.result_out(getattr(args, "out", None), ("tables",), force=getattr(args, "force", False))
     # the trace is written at the end of the run: its path is checked by the same rule now
     cli.out_path(
         getattr(args, "trace", None),

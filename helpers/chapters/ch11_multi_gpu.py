@@ -576,15 +576,16 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("RANK", "0") == "0":
             ckpt = {"force": args.force, "same_kind": distributed.is_checkpoint}
             cli.out_path(args.checkpoint, "--checkpoint", **ckpt)
-            kind = cli.PROVENANCE + ("world_size", "run", "model")  # a run's summary
-            cli.result_out(args.json, "--json", force=args.force, keys=kind)
+            summary = ("world_size", "run", "model")  # a run's summary
+            cli.result_out(args.json, summary, "--json", force=args.force)
         if args.command == "fsdp-traffic":
             args.argv = argv[1:]  # written into the result
             return main_train(args, traffic_run, group_of_one=True)
         return main_train(args)
     for n in args.nproc or []:
         cli.at_least("nproc", n)
-    cli.result_out(args.out, force=args.force, keys=("what", "rows", "gpus_visible"))  # scaling's
+    scaling_keys = ("what", "rows", "gpus_visible")  # scaling's result has no provenance keys
+    cli.result_out(args.out, scaling_keys, force=args.force, provenance=False)
     nprocs = args.nproc or list(range(1, max(1, torch.cuda.device_count()) + 1))
     command = "python -m helpers.chapters.ch11_multi_gpu " + " ".join(argv)
     result = scaling(nprocs, args.modes, rest, command=command)

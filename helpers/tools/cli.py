@@ -70,8 +70,7 @@ def out_path(
     - an existing file is replaced only when ``same_kind(path)`` recognises it as an earlier
       output of the same kind (a JSON result of the same tool, :func:`result_out`; a grades
       CSV; for ".png" a figure :func:`helpers.measure.plots.save_png` wrote), or with ``force``:
-      the
-      message then ends "pass --force to replace it" (``what`` says what the file is not);
+      the message then ends "pass --force to replace it" (``what`` says what the file is not);
     - its folder is created, and a new file is created and removed again, so a place that refuses
       new files fails now, not after the run.
 
@@ -158,14 +157,16 @@ is_course_result = json_with_keys(*PROVENANCE)
 
 def result_out(
     path: str | Path | None,
+    kind: tuple[str, ...],
     flag: str = "--out",
     force: bool = False,
-    keys: tuple[str, ...] = PROVENANCE,
+    provenance: bool = True,
 ) -> Path | None:
     """:func:`out_path` for a JSON result: the name ends in .json, and an existing file is
-    replaced only when it is a JSON object holding ``keys`` or with ``force``. Each tool passes
-    the keys of its own result (:data:`PROVENANCE` plus, e.g., the ladder's "rungs"), so one
+    replaced only when it is a JSON object holding the tool's own keys ``kind`` (e.g. the
+    ladder's "rungs") and, with ``provenance``, :data:`PROVENANCE`; or with ``force``. So one
     tool's ``--out`` does not replace another tool's result."""
+    keys = (PROVENANCE if provenance else ()) + tuple(kind)
     return out_path(
         path,
         flag,
