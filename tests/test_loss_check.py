@@ -1,0 +1,98 @@
+"""benchmarks/loss_check.py's bookkeeping (seeds, skipped variants, the 1% verdict, the JSON
+written after each row), with the training replaced by fixed losses: the check itself needs a
+GPU and runs on the H200 (results/h200-loss-check-*.json)."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers.core.train import RunConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def loss_check(monkeypatch):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "loss_check", ROOT / "benchmarks/loss_check.py"
+        )
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    plain = RunConfig(name="+ bf16 autocast", autocast="bf16")
+    final = RunConfig(name="+ fp8 LM head", autocast="bf16", compile="default")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(module.data, "load_tokens", lambda: torch.zeros(10, dtype=torch.long))
+    monkeypatch.setattr(module, "ladder_configs", lambda *a, **k: [(plain, None), (final, None)])
+    monkeypatch.setattr(module, "last_runnable", lambda *a: final)
+    monkeypatch.setattr(module.results, "provenance", lambda device: {"device": str(device)})
+    monkeypatch.setattr(
+        module,
+        "unsupported_reason",
+        lambda run, device: "needs the fused loss" if run.name == "pytorch-ce" else None,
+    )
+    return module
+
+
+def fake_losses(end_by_name_and_seed):
+    def run_losses(run, steps, tokens, device, variant="final"):
+        return [end_by_name_and_seed[(run.name, run.seed)]] * steps
+
+    return run_losses
+
+
+def test_every_seed_is_a_pair_and_a_skipped_variant_is_recorded(loss_check, monkeypatch, tmp_path):
+    ends = {
+        ("+ bf16 autocast", 1): 5.0,
+        ("final", 1): 5.04,
+        ("+ bf16 autocast", 2): 5.2,
+        ("final", 2): 5.19,
+    }
+    monkeypatch.setattr(loss_check, "run_losses", fake_losses(ends))
+    out = tmp_path / "check.json"
+    rc = loss_check.main(
+        [
+            "--steps",
+            "20",
+            "--variants",
+            "final",
+            "pytorch-ce",
+            "--seeds",
+            "1",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
+    doc = json.loads(out.read_text())
+    assert rc == 0 and doc["passed"] and doc["seeds"] == [1, 2]
+    assert [(r["seed"], "skipped" in r) for r in doc["rows"]] == [
+        (1, False),
+        (1, False),
+        (1, True),
+        (2, False),
+        (2, False),
+        (2, True),
+    ]
+    assert doc["rows"][1]["rel_diff"] == pytest.approx(0.008)
+    assert doc["rows"][2]["skipped"] == "needs the fused loss"
+
+
+def test_one_seed_outside_the_tolerance_fails_the_check(loss_check, monkeypatch, tmp_path):
+    ends = {
+        ("+ bf16 autocast", 1): 5.0,
+        ("final", 1): 5.0,
+        ("+ bf16 autocast", 2): 5.0,
+        ("final", 2): 4.9,
+    }  # -2%
+    monkeypatch.setattr(loss_check, "run_losses", fake_losses(ends))
+    out = tmp_path / "check.json"
+    assert loss_check.main(["--steps", "20", "--seeds", "1", "2", "--out", str(out)]) == 1
+    assert json.loads(out.read_text())["passed"] is False
