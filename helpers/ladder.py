@@ -275,7 +275,7 @@ def _table_parts(results: dict, from_rung: str | None = None):
         )
         below.append(
             f"warning: steps varied by more than 25% in {noisy}: the machine was busy or {where}; "
-            f"re-run with more --iters before trusting small differences"
+            "time more steps (--iters, or iters= of run_ladder) before trusting small differences"
         )
     return device, above, cells, below
 

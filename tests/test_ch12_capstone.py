@@ -456,10 +456,23 @@ def test_selection_markdown_draws_the_explorers_opening_state(h200):
     md = capstone.selection_markdown(h200, ticked)
     last = h200["rungs"][-1]
     assert md.startswith(f"**{h200['device']}, B={h200['config']['batch_size']}")
-    assert md.count("| \u2611 |") == 1 + sum(ticked) and "\u2610" not in md
+    # one box per widget box; the first rung has none in the widget, so none here either
+    assert md.count("| \u2611 |") == sum(ticked) and "\u2610" not in md
+    assert f"| base | `{h200['rungs'][0]['name']}` |" in md
     assert f"**measured:** {last['ms_per_step']:.1f} ms/step" in md
     gap = [n in ("+ tf32", "+ torch.compile") for n in (r["name"] for r in h200["rungs"][1:])]
     md = capstone.selection_markdown(h200, gap)
-    assert md.count("| \u2611 |") == 3 and "not measured: the ladder adds switches" in md
+    assert md.count("| \u2611 |") == 2 and "not measured: the ladder adds switches" in md
     with pytest.raises(ValueError, match="one per rung"):
         capstone.selection_markdown(h200, [True])
+
+
+def test_comparison_names_the_rungs_a_cumulative_row_also_includes(published, h200):
+    # The ladder is cumulative: its "+ mixed precision" row comes after "+ tf32", so that speed-up
+    # includes TF32's; the source lines must say so next to the A100's mixed-precision-only row.
+    rows = capstone.comparison_rows({"H200 B=16": h200}, published)
+    md = capstone.comparison_markdown(rows, published, {"H200 B=16": h200})
+    assert "+ mixed precision = + bf16 autocast (after + tf32)" in md
+    assert "FP32 baseline = fp32," in md and "= + torch.compile," in md  # nothing in between
+    assert f"all optimisations = {h200['rungs'][-1]['name']} (the whole ladder)" in md
+    assert "T=not stated, B=not stated" in md  # the published step times state neither

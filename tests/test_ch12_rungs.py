@@ -114,7 +114,13 @@ def test_committed_timings_are_read_with_their_provenance():
     assert len(ce["rows"]) == 3
     mm = rungs.fp8_matmul_times()
     assert mm["date"] == "2026-11-30" and len(mm["rows"]) == 3
-    assert all(fp8 < bf16 for _, bf16, fp8 in mm["rows"])
+    assert all(fp8 < bf16 for *_, bf16, fp8 in mm["rows"])
+    # the shapes: logits (rows x vocab), dx (rows x n_embd), dW (vocab x n_embd)
+    assert [r[1:4] for r in mm["rows"]] == [
+        (32768, 50304, 768),
+        (32768, 768, 50304),
+        (50304, 768, 32768),
+    ]
 
 
 def test_fused_lm_head_saves_what_its_code_says_in_the_triton_interpreter():

@@ -109,7 +109,7 @@ def test_committed_check_rows_show_both_estimates_against_the_measurement():
         pytest.skip("no committed H200 results in this checkout")
     rows = est.committed_check_rows(peaks)
     fp32 = next(r for r in rows if r[0] == "precision fp32, B=16")
-    assert fp32[1] == "34.20" and fp32[2].startswith("44.16 (+29%") and "-0.3%" in fp32[3]
+    assert fp32[1] == "34.20" and fp32[2].startswith("44.16 (+29.1%") and "-0.3%" in fp32[3]
     b64 = next(r for r in rows if r[0] == "ladder fp32, B=64")  # 132.01 GB measured
     assert b64[1] == "132.01" and "-0.1%" in b64[3]
 

@@ -369,6 +369,25 @@ COMPARISON_TITLE = (
 )
 
 
+def _rung_with_extras(res: dict, rows: list[dict], label: str, row: dict) -> str:
+    """The measured rung a stage was matched to, with the rungs the ladder added since the
+    previous stage's rung (the ladder is cumulative, so a stage's speed-up includes them), e.g.
+    "+ bf16 autocast (after + tf32)"; "(the whole ladder)" for the last measured rung."""
+    names = [r["name"] for r in measured_rows(res)]
+    rung = row["measured"][label]["rung"]
+    if rung == names[-1] and len(names) > 1:
+        return f"{rung} (the whole ladder)"
+    i = names.index(rung)
+    earlier = [
+        names.index(r["measured"][label]["rung"])
+        for r in rows[: rows.index(row)]
+        if r["measured"][label]
+    ]
+    start = max(earlier) + 1 if earlier else 1
+    extras = names[start:i]
+    return f"{rung} (after {', '.join(extras)})" if extras else rung
+
+
 def _comparison_parts(rows: list[dict], published: dict, measured: dict[str, dict]):
     """What both comparison tables show: (column heads, one list of cell strings per stage,
     the "published:" source lines, the "measured:" source lines)."""
@@ -402,7 +421,7 @@ def _comparison_parts(rows: list[dict], published: dict, measured: dict[str, dic
     for g, info in published["gpus"].items():
         b = batch.get(g) if isinstance(batch, dict) else batch
         pub_lines.append(
-            f"{g}: {info['name']}, T={setup.get('seq_len')}, "
+            f"{g}: {info['name']}, T={setup.get('seq_len') or 'not stated'}, "
             f"B={b if b is not None else 'not stated'}"
         )
     if setup.get("compile_mode"):
@@ -411,7 +430,9 @@ def _comparison_parts(rows: list[dict], published: dict, measured: dict[str, dic
     for label, res in measured.items():
         cfg = res["config"]
         mapping = ", ".join(
-            f"{r['stage']} = {r['measured'][label]['rung']}" for r in rows if r["measured"][label]
+            f"{r['stage']} = {_rung_with_extras(res, rows, label, r)}"
+            for r in rows
+            if r["measured"][label]
         )
         mes_lines.append(
             f"{label}: {res['device']}, torch {res['torch']}, {res['date']}, "
@@ -529,7 +550,8 @@ def default_selection(results: dict) -> list[bool]:
 
 def selection_markdown(results: dict, enabled: Sequence[bool]) -> str:
     """One state of :func:`explorer`, drawn without widgets, as Markdown: the results it reads, a
-    table of its tick boxes (one row per rung: ticked or not, measured or skipped in the ladder)
+    table of its tick boxes (one row per rung: ticked or not, measured or skipped in the ladder;
+    the first rung, which the widget has no box for, marked "base")
     and the answer of :func:`describe_selection`. For a static view (GitHub, nbconvert, a notebook
     opened without its kernel), where the widget itself shows nothing.
 
@@ -538,9 +560,10 @@ def selection_markdown(results: dict, enabled: Sequence[bool]) -> str:
     """
     header, names, answer = _selection(results, enabled)
     rows = results["rungs"]
-    ticks = [
+    # The first rung is the base every selection starts from: the widget has no box for it.
+    ticks = [["base", f"`{rows[0]['name']}`", rows[0]["status"]]] + [
         ["\u2611" if o else "\u2610", f"`{r['name']}`", r["status"]]
-        for r, o in zip(rows, [True, *enabled], strict=True)
+        for r, o in zip(rows[1:], enabled, strict=True)
     ]
     table = pipe_table(["ticked", "rung", "in the ladder run"], ticks)
     said = f"**measured:** {answer}" if names is not None else answer

@@ -379,7 +379,9 @@ def lm_head_ce_times(name: str = "h200-lm-head-ce-2026-11-30.json", n_rows: int 
 
 def fp8_matmul_times(name: str = "h200-fp8-matmul-2026-11-30.json") -> dict:
     """The committed bf16 and fp8 times of the LM head's three matmuls: ``gpu``, ``torch``,
-    ``date`` (from the file name) and ``rows`` [(name, bf16 ms, fp8 ms)].
+    ``date`` (from the file name) and ``rows`` [(name, M, N, K, bf16 ms, fp8 ms)], where the
+    matmul multiplies an (M, K) by a (K, N) operand; the 32768 rows are one chunk of the fused
+    LM-head CE (half the rows of B=64 at T=1024; all of B=32).
 
     Raises:
         FileNotFoundError: the result is not in results/.
@@ -388,7 +390,7 @@ def fp8_matmul_times(name: str = "h200-fp8-matmul-2026-11-30.json") -> dict:
     if res is None:
         raise FileNotFoundError(results_io.missing(name))
     rows = [
-        (r["name"], r["bf16_ms"], r["fp8_ms"])
+        (r["name"], r["M"], r["N"], r["K"], r["bf16_ms"], r["fp8_ms"])
         for r in res["rows"]
         if r["name"].startswith("lm_head")
     ]

@@ -140,7 +140,8 @@ def committed_eager_peaks() -> list[dict]:
             )
     for r in (results.load("h200-accumulation.json") or {"rows": []})["rows"]:
         kw = {"autocast": True, "attention": "sdpa", "grads_kept": r["grad_accum_steps"] > 1}
-        add(f"bf16 + SDPA, {r['grad_accum_steps']} micro-steps", padded, 16, kw, r["peak_bytes"])
+        n = r["grad_accum_steps"]
+        add(f"bf16 + SDPA, {n} micro-step{'s' * (n != 1)}", padded, 16, kw, r["peak_bytes"])
     for B in (16, 64):
         for r in (results.load(f"h200-ladder-b{B}.json") or {"rungs": []})["rungs"]:
             s = r["switches"]
@@ -171,7 +172,7 @@ def committed_check_rows(rows: list[dict]) -> list[list[str]]:
             [
                 r["what"],
                 f"{m / 1e9:.2f}",
-                f"{old / 1e9:.2f} ({100 * (old / m - 1):+.0f}%)",
+                f"{old / 1e9:.2f} ({100 * (old / m - 1):+.1f}%)",
                 f"{new / 1e9:.2f} ({100 * (new / m - 1):+.1f}%)",
             ]
         )

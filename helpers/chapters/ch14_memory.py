@@ -188,7 +188,8 @@ def first_step_findings(steps: Steps, unit: str = "GiB") -> list[str]:
         if (a, "forward") in at and (b, "forward") in at:
             extra = at[(b, "forward")]["start"] - at[(a, "forward")]["start"]
             expect = (
-                f", of which the {what} is {size(per_param * n, unit)} {unit} ({per_param} bytes"
+                f", of which the {what} {'are' if what.endswith('s') else 'is'} "
+                f"{size(per_param * n, unit)} {unit} ({per_param} bytes"
                 f" x {n:,} parameters)"
                 if n
                 else f": the {what}"
