@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 import torch
@@ -296,7 +297,9 @@ def format_table(results: dict, from_rung: str | None = None) -> str:
         specs = [spec for _, spec, _ in _TABLE_COLUMNS[:-1]]
         fixed = " ".join(f"{c:{spec}}" for c, spec in zip(row[:-1], specs, strict=True))
         lines.append(f"{fixed}  {row[-1]}")
-    return "\n".join(lines + below)
+    # a warning is one long sentence: wrapped, so a notebook's output does not clip it
+    wrapped = [textwrap.fill(line, 100, subsequent_indent="  ") for line in below]
+    return "\n".join(lines + wrapped)
 
 
 def markdown_table(results: dict, from_rung: str | None = None) -> str:

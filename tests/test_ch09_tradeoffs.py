@@ -107,3 +107,14 @@ def test_command_line_writes_json_with_provenance(kind, tmp_path, monkeypatch):
     assert result["rows"]
     with pytest.raises(SystemExit):
         tradeoffs.main([kind, "--out", str(out), "--iters", "0"])
+
+
+def test_a_setting_whose_memory_outlives_it_is_refused(monkeypatch):
+    # The largest-B search subtracts each setting's baseline; memory of the previous setting still
+    # held at that moment would be left out of the next setting's peak once freed.
+    rows = [dict(checkpoint_every=0, checkpoint_policy="block", baseline_bytes=69 * 2**20)]
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 70 * 2**20)
+    tradeoffs._check_baseline(rows, torch.device("cuda"))  # 1 MiB more: the allocator's noise
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 1500 * 2**20)
+    with pytest.raises(RuntimeError, match="off is still held after it"):
+        tradeoffs._check_baseline(rows, torch.device("cuda"))

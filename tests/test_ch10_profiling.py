@@ -236,3 +236,12 @@ def test_cli_trace_path_is_checked_before_the_run(tmp_path, capsys):
     trace = tmp_path / "trace.json"
     trace.write_text('{\n  "schemaVersion": 1, "traceEvents": []}')
     assert profiling.TRACE_KIND(trace) and not profiling.TRACE_KIND(readme)
+
+
+def test_short_name_keeps_what_an_eager_kernel_does():
+    name = "void at::native::(anonymous namespace)::cunn_SoftMaxBackward<4, float, float, float>"
+    assert profiling.short_name(name, 40) == "cunn_SoftMaxBackward<4, float, float,..."
+    assert profiling.short_name("void at::native::vectorized_elementwise_kernel<4>") == (
+        "vectorized_elementwise_kernel<4>"
+    )
+    assert profiling.short_name("nvjet_sm90_tst_256x128", 70) == "nvjet_sm90_tst_256x128"

@@ -178,6 +178,8 @@ def test_checklist_from_synthetic_rows():
     assert by["+ torch.compile"]["when"] == capstone.WHEN_TO_USE["compile"]
     text = capstone.format_checklist(items)
     assert "why not: TF32 needs" in text and text.count("when:") == 5
+    assert "no clear gain here: 1.02x, inside the 3% spread" in text  # 60 -> 59 ms: no "slower"
+
 
 
 def test_checklist_noise_uses_the_measured_spread():
@@ -188,7 +190,7 @@ def test_checklist_noise_uses_the_measured_spread():
     assert by["+ bf16 autocast"]["verdict"].startswith("faster here")
     assert (
         by["+ torch.compile"]["verdict"].startswith("no clear gain")
-        and "noise 30%" in by["+ torch.compile"]["verdict"]
+        and "slower, 0.83x, inside the 30% spread" in by["+ torch.compile"]["verdict"]
     )
 
 
@@ -458,7 +460,9 @@ def test_selection_markdown_draws_the_explorers_opening_state(h200):
     assert md.startswith(f"**{h200['device']}, B={h200['config']['batch_size']}")
     # one box per widget box; the first rung has none in the widget, so none here either
     assert md.count("| \u2611 |") == sum(ticked) and "\u2610" not in md
-    assert f"| base | `{h200['rungs'][0]['name']}` |" in md
+    first = h200["rungs"][0]
+    assert f"| base | `{first['name']}` | {first['ms_per_step']:.1f} | 1.00x |" in md
+    assert f"| `{last['name']}` | {last['ms_per_step']:.1f} | {last['speedup']:.2f}x |" in md
     assert f"**measured:** {last['ms_per_step']:.1f} ms/step" in md
     gap = [n in ("+ tf32", "+ torch.compile") for n in (r["name"] for r in h200["rungs"][1:])]
     md = capstone.selection_markdown(h200, gap)
@@ -476,3 +480,9 @@ def test_comparison_names_the_rungs_a_cumulative_row_also_includes(published, h2
     assert "FP32 baseline = fp32," in md and "= + torch.compile," in md  # nothing in between
     assert f"all optimisations = {h200['rungs'][-1]['name']} (the whole ladder)" in md
     assert "T=not stated, B=not stated" in md  # the published step times state neither
+
+
+def test_checklist_names_start_in_one_column_past_nine_items(h200):
+    text = capstone.format_checklist(capstone.checklist(h200))
+    heads = [line for line in text.splitlines() if line.startswith("[")]
+    assert len(heads) >= 10 and len({line.index("+") for line in heads}) == 1

@@ -507,9 +507,9 @@ def test_emulating_on_a_cpu_with_the_variable_set_says_to_unset_it(monkeypatch):
 # --- GPUPowerSampler: nvidia-smi lines in, samples and a summary out (a fake nvidia-smi on the CPU)
 
 SMI_LINES = [
-    "2026/11/30 03:39:09.345, 1740, 697.75, 700.00, 0x0000000000000004",
-    "2026/11/30 03:39:09.445, 1980, 124.80, 700.00, 0x0000000000000000",
-    "2026/11/30 03:39:09.545, 1650, 693.88, 700.00, 0x0000000000000004",
+    "2026/11/30 03:39:09.345, 1740, 697.75, 700.00, 0x0000000000000004, 52",
+    "2026/11/30 03:39:09.445, 1980, 124.80, 700.00, 0x0000000000000000, 47",
+    "2026/11/30 03:39:09.545, 1650, 693.88, 700.00, 0x0000000000000004, 55",
 ]
 
 
@@ -522,7 +522,9 @@ def test_parse_smi_line_reads_clock_power_limit_and_reasons():
         700.0,
         4,
     )
-    assert s.reasons & power.SW_POWER_CAP
+    assert s.reasons & power.SW_POWER_CAP and s.temperature_c == 52
+    old = power.parse_smi_line(SMI_LINES[0].rsplit(",", 1)[0], t=5.0)  # a query without it
+    assert old.reasons == 4 and old.temperature_c is None
     for bad in [
         "timestamp, clocks.current.sm [MHz], power.draw [W], power.limit [W], reasons",
         'Field "power.draw.instant" is not a valid field to query.',
@@ -586,6 +588,8 @@ def test_format_power_summary_says_what_was_measured():
         "up to 698 W of a 700 W limit (a ~1 s average" in text and "in 67% of the samples" in text
     )
     assert "a thermal slowdown (the GPU too hot) in 0% of the samples" in text
+    assert "power draw median 694 W" in text
+    assert "GPU temperature min / median / max: 47 / 52 / 55 °C" in text
     assert "average" not in power.format_power_summary(
         power.power_summary(samples), power_is_average=False
     )

@@ -107,3 +107,18 @@ def test_memory_timeline_marks_the_peak_and_names_the_phases():
     labels = ax.get_legend_handles_labels()[1]
     assert "peak 5.00 GiB" in labels and "max_memory_allocated 5.00 GiB" in labels
     assert ax.get_xlabel().startswith("allocator events") and "GiB" in ax.get_ylabel()
+
+
+def test_ladder_panels_log_ms_axis_labels_median_and_spread_and_draws_no_bar_for_a_skip():
+    from helpers.measure import plots, results
+
+    res = results.load("h200-ladder-b16.json")
+    res["rungs"][1] = {**res["rungs"][1], "status": "skipped", "ms_per_step": None, "speedup": None}
+    fig = plots.ladder_panels(res)
+    ms_ax = fig.axes[0]
+    assert ms_ax.get_yscale() == "log" and "speed-up" in fig.axes[1].get_ylabel()
+    heights = [b.get_height() for b in ms_ax.patches]
+    assert heights[1] != heights[1]  # NaN: no bar for the skipped rung
+    texts = [t.get_text() for t in ms_ax.texts]
+    last = res["rungs"][-1]
+    assert f"{last['ms_per_step']:.1f}\n{last['spread_pct']:.0f}%" in texts and "skipped" in texts

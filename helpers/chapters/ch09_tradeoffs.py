@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 import warnings
 
 import torch
@@ -383,9 +384,30 @@ def max_batch_under_limit(
                 baseline_bytes=baseline,
             )
         )
-        trainer = probe = None
+        # try_step's defaults hold probe and with it the trainer: all three go before the next
+        # setting's baseline is read, or that baseline would count this model and its AdamW state
+        # and the next search would leave them out of its peak while they are freed.
+        trainer = probe = try_step = found = None
+        gc.collect()
         memory.reset_peak(device)
+        _check_baseline(rows, device)
     return rows
+
+
+def _check_baseline(rows: list[dict], device: torch.device, slack: int = 64 * 2**20) -> None:
+    """Raise if memory an earlier setting allocated is still held after it (the next baseline
+    would then hide it from that setting's budget).
+
+    Raises:
+        RuntimeError: more than ``slack`` bytes more allocated than before the first setting.
+    """
+    now = torch.cuda.memory_allocated(device)
+    if now > rows[0]["baseline_bytes"] + slack:
+        raise RuntimeError(
+            f"{memory.format_bytes(now - rows[0]['baseline_bytes'])} allocated by "
+            f"{setting_label(rows[-1])} is still held after it: free its tensors before the next "
+            "setting's baseline"
+        )
 
 
 def reentrant_trap(

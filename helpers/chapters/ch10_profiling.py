@@ -93,14 +93,27 @@ def suggest_chapter(rows: Iterable[dict], step_ms: float, low_precision: bool) -
     return CHAPTER_FOR_FAMILY[dominant]
 
 
+# Prefixes every eager PyTorch kernel's name starts with: dropped from the tables, so the part that
+# says what the kernel does (cunn_SoftMaxBackward, GammaBetaBackward...) fits in the width.
+_NAME_PREFIXES = ("void ", "at::native::(anonymous namespace)::", "at::native::")
+
+
+def short_name(name: str, width: int = 70) -> str:
+    """A kernel name for a table: PyTorch's common prefixes (``void at::native::(anonymous
+    namespace)::``) dropped, then cut to ``width`` characters with "..."."""
+    for prefix in _NAME_PREFIXES:
+        name = name.removeprefix(prefix)
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
 def _top_cells(r: dict, width: int) -> list[str]:
-    name = r["name"] if len(r["name"]) <= width else r["name"][: width - 3] + "..."
+    name = short_name(r["name"], width)
     calls = f"{r['calls']:.0f}" if r.get("calls") is not None else "-"
     return [f"{r['ms']:.3f}", calls, r["family"], name]
 
 
 def format_top(rows: list[dict], n: int = 10, width: int = 70) -> str:
-    """The first ``n`` rows as an aligned text table (names shortened to ``width`` characters).
+    """The first ``n`` rows as an aligned text table (names shortened by :func:`short_name`).
     :func:`top_markdown` is the same table for a rendered notebook."""
     lines = [f"{'ms/step':>8} {'calls':>6}  {'family':<13} name"]
     for r in rows[:n]:

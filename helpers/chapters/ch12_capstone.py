@@ -191,8 +191,9 @@ def checklist(results: dict, noise_floor: float = 0.03, where: str = "here") -> 
 
     gain = (ms/step of the last measured rung before it) / (its ms/step): 1.25 means 25% more steps
     per second. A gain within the noise, max(noise_floor, the larger spread_pct of the two rows) is
-    called "no clear gain here". ``where`` names the device in the verdicts ("here" for this
-    device's run; e.g. "on the H200" for a committed result, so it is never read as this device's).
+    called "no clear gain here" (with "slower" when below 1x). ``where`` names the device in the
+    verdicts ("here" for this device's run; e.g. "on the H200" for a committed result, so it is
+    never read as this device's).
     Returns dicts with keys optimisation, switches, status, gain (float or None), compared_with,
     verdict, when, skipped_reason.
     """
@@ -230,8 +231,11 @@ def checklist(results: dict, noise_floor: float = 0.03, where: str = "here") -> 
                 elif gain < 1 - noise:
                     item["verdict"] = f"slower {where}: {gain:.2f}x"
                 else:
+                    # inside the spread either way; a slowdown is named as one
+                    sign = "slower, " if gain < 1 else ""
                     item["verdict"] = (
-                        f"no clear gain {where}: {gain:.2f}x (noise {100 * noise:.0f}%)"
+                        f"no clear gain {where}: {sign}{gain:.2f}x, inside the "
+                        f"{100 * noise:.0f}% spread"
                     )
             out.append(item)
         if row["status"] == "measured":
@@ -246,7 +250,7 @@ def format_checklist(items: list[dict], width: int = 100) -> str:
 
     lines = []
     for n, it in enumerate(items, 1):
-        lines.append(f"[{n}] {it['optimisation']:<22} {it['verdict']}")
+        lines.append(f"{f'[{n}]':<4} {it['optimisation']:<22} {it['verdict']}")
         if it["skipped_reason"]:
             lines.append(f"    why not: {it['skipped_reason']}")
         lines += textwrap.wrap(
@@ -550,8 +554,9 @@ def default_selection(results: dict) -> list[bool]:
 
 def selection_markdown(results: dict, enabled: Sequence[bool]) -> str:
     """One state of :func:`explorer`, drawn without widgets, as Markdown: the results it reads, a
-    table of its tick boxes (one row per rung: ticked or not, measured or skipped in the ladder;
-    the first rung, which the widget has no box for, marked "base")
+    table of its tick boxes (one row per rung: ticked or not, and the ladder's ms/step and
+    speed-up up to that rung, or "skipped"; the first rung, which the widget has no box for,
+    marked "base")
     and the answer of :func:`describe_selection`. For a static view (GitHub, nbconvert, a notebook
     opened without its kernel), where the widget itself shows nothing.
 
@@ -560,12 +565,18 @@ def selection_markdown(results: dict, enabled: Sequence[bool]) -> str:
     """
     header, names, answer = _selection(results, enabled)
     rows = results["rungs"]
+    def measured(r: dict) -> list[str]:
+        if r["status"] != "measured":
+            return [r["status"], "-"]
+        return [f"{r['ms_per_step']:.1f}", f"{r['speedup']:.2f}x"]
+
     # The first rung is the base every selection starts from: the widget has no box for it.
-    ticks = [["base", f"`{rows[0]['name']}`", rows[0]["status"]]] + [
-        ["\u2611" if o else "\u2610", f"`{r['name']}`", r["status"]]
+    ticks = [["base", f"`{rows[0]['name']}`", *measured(rows[0])]] + [
+        ["\u2611" if o else "\u2610", f"`{r['name']}`", *measured(r)]
         for r, o in zip(rows[1:], enabled, strict=True)
     ]
-    table = pipe_table(["ticked", "rung", "in the ladder run"], ticks)
+    head = ["ticked", "rung", "ms/step (ladder, up to this rung)", "speed-up"]
+    table = pipe_table(head, ticks, "llrr")
     said = f"**measured:** {answer}" if names is not None else answer
     return f"**{header}**\n\n{table}\n\n{said}"
 

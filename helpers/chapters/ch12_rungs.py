@@ -108,7 +108,8 @@ def rung_deltas(results: dict, names: tuple[str, ...] = LAST_SIX) -> list[dict]:
 
 def rung_deltas_markdown(by_label: dict[str, dict], names: tuple[str, ...] = LAST_SIX) -> str:
     """One Markdown table of :func:`rung_deltas` for several ladders (``{"H200 B=16": result}``):
-    per rung and ladder the ms/step change, its spread, the peak-memory change and the verdict."""
+    per rung and ladder the ms/step change (two decimals, so the printed change is the difference
+    of the printed times), its spread, the peak-memory change and the verdict."""
     body = []
     for label, res in by_label.items():
         for d in rung_deltas(res, names):
@@ -118,14 +119,14 @@ def rung_deltas_markdown(by_label: dict[str, dict], names: tuple[str, ...] = LAS
                 [
                     f"`{d['name']}`",
                     label,
-                    f"{d['ms_before']:.1f} -> {d['ms']:.1f}",
-                    f"{d['delta_ms']:+.1f} ({d['delta_pct']:+.1f}%)",
+                    f"{d['ms_before']:.2f} -> {d['ms']:.2f}",
+                    f"{d['delta_ms']:+.2f} ({d['delta_pct']:+.1f}%)",
                     spread,
                     peak,
                     d["verdict"],
                 ]
             )
-    header = ["rung", "run", "ms/step", "change", "spread", "peak mem (GiB)", "verdict"]
+    header = ["rung", "run", "ms/step", "change", "spread", "\u0394 peak mem (GiB)", "verdict"]
     return results_io.markdown_table(header, body, align="llrrrrl")
 
 

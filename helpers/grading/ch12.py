@@ -2,7 +2,8 @@
 
 The learner writes ``steps_in_budget(step_ms, budget_s, first_step_ms) -> int``: the largest number
 of training steps n with first_step_ms + (n - 1) * step_ms <= 1000 * budget_s (the first step holds
-the compile; every later step costs the measured median).
+the compile; every later step costs the measured median), 0 when the first step alone takes longer
+than the budget.
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ BUDGET_CASES = [
     (33.745, 100.0, 1475.2),
     (120.0, 60.0, 30000.0),
     (40.0, 2.0, 40.0),
+    (29.148, 20.0, 25289.0),  # the first step alone is longer than the budget: no step fits
 ]
 
 
 def _want(step_ms: float, budget_s: float, first_step_ms: float) -> int:
-    return math.floor((1000.0 * budget_s - first_step_ms) / step_ms) + 1
+    return max(0, math.floor((1000.0 * budget_s - first_step_ms) / step_ms) + 1)
 
 
 def check_steps_in_budget(fn: Callable[[float, float, float], int]) -> None:
@@ -57,6 +59,11 @@ def check_steps_in_budget(fn: Callable[[float, float, float], int]) -> None:
             why = (
                 f"{call} returned {got:g}: the first step costs {first:g} ms, not {step_ms:g}; "
                 "take its extra cost out of the budget."
+            )
+        elif got < 0:
+            why = (
+                f"{call} returned {got:g}: the first step alone takes longer than the budget, so "
+                "no step fits: return 0, never a negative count."
             )
         elif got == want - 1:
             why = (
@@ -92,6 +99,10 @@ def _rounds_to_nearest(step_ms, budget_s, first_step_ms):
     return round((1000.0 * budget_s - first_step_ms) / step_ms) + 1
 
 
+def _negative_when_nothing_fits(step_ms, budget_s, first_step_ms):
+    return math.floor((1000.0 * budget_s - first_step_ms) / step_ms) + 1
+
+
 def _seconds_as_ms(step_ms, budget_s, first_step_ms):
     return max(math.floor((budget_s - first_step_ms) / step_ms) + 1, 0)
 
@@ -102,6 +113,7 @@ WRONG_ANSWERS = {
         _ignores_first_step,
         _forgets_first_step_counts,
         _rounds_to_nearest,
+        _negative_when_nothing_fits,
         _seconds_as_ms,
     ],
 }

@@ -349,32 +349,92 @@ def grad_scale(histories: dict, title: str):
 
 
 def ladder_panels(results: dict):
-    """Four bar charts of one ladder (the results dict of ``helpers.ladder.run_ladder``): ms/step,
-    tokens/s, MFU (%) and peak memory (GiB) per rung; rungs that did not run are drawn empty and
-    labelled. Returns the matplotlib Figure (chapter 12's ``capstone.ladder_figure``)."""
+    """Four bar charts of one ladder (the results dict of ``helpers.ladder.run_ladder``): ms/step
+    on a log scale (so the last rungs' few-percent differences stay visible next to fp32's
+    hundreds of ms), each bar labelled with its median and its steps' spread; the speed-up over
+    the first measured rung; MFU (%); and peak memory (GiB). Rungs that did not run are drawn
+    empty and labelled. Returns the matplotlib Figure (chapter 12's ``capstone.ladder_figure``)."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     rows = results["rungs"]
     panels = [
-        ("ms_per_step", "ms per step (median)", 1.0),
-        ("tokens_per_s", "tokens/s", 1.0),
+        ("ms_per_step", "ms per step (median, log scale)", 1.0),
+        ("speedup", "speed-up over the first rung (x)", 1.0),
         ("mfu", "MFU (%)", 100.0),
         ("peak_mem_bytes", "peak memory (GiB)", 1 / 2**30),
     ]
-    fig, axes = plt.subplots(2, 2, figsize=(11, 6.5))
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
     x = range(len(rows))
     for ax, (key, label, scale) in zip(axes.flat, panels, strict=True):
         vals = [(r.get(key) or 0.0) * scale for r in rows]
-        ax.bar(
-            x, vals, color=["tab:blue" if r["status"] == "measured" else "lightgrey" for r in rows]
-        )
+        colors = ["tab:blue" if r["status"] == "measured" else "lightgrey" for r in rows]
+        if key == "ms_per_step":
+            ax.set_yscale("log")
+            # a rung that did not run has no bar on a log axis (nothing at 0), only its label
+            low = min((v for v in vals if v > 0), default=1.0)
+            vals = [v if v > 0 else float("nan") for v in vals]
+        ax.bar(x, vals, color=colors)
         for i, r in enumerate(rows):
             if r["status"] != "measured":
-                ax.annotate(r["status"], (i, 0), ha="center", va="bottom", fontsize=7, rotation=90)
+                ax.annotate(
+                    r["status"],
+                    (i, 0),
+                    xycoords=("data", "axes fraction"),
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                    rotation=90,
+                )
             elif r.get(key) is None:
-                ax.annotate("n/a", (i, 0), ha="center", va="bottom", fontsize=7)
+                ax.annotate(
+                    "n/a",
+                    (i, 0),
+                    xycoords=("data", "axes fraction"),
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                )
+            elif key == "ms_per_step":
+                spread = r.get("spread_pct")
+                text = f"{vals[i]:.1f}" + (f"\n{spread:.0f}%" if spread is not None else "")
+                ax.annotate(text, (i, vals[i]), ha="center", va="bottom", fontsize=6.5)
+            elif key == "speedup":
+                ax.annotate(f"{vals[i]:.1f}", (i, vals[i]), ha="center", va="bottom", fontsize=7)
         ax.set_xticks(list(x), [r["name"] for r in rows], rotation=30, ha="right", fontsize=8)
-        ax.set_ylabel(label)
+        if not any(r.get(key) is not None for r in rows if r["status"] == "measured"):
+            ax.set_yticks([])
+            ax.text(
+                0.5,
+                0.5,
+                "not reported on this device",
+                transform=ax.transAxes,
+                ha="center",
+                va="center",
+                fontsize=9,
+                color="0.4",
+            )
+        ax.set_ylabel(label, fontsize=9)
+        if key == "ms_per_step":
+            ax.margins(y=0.25)
+            # plain numbers at 1-2-5 steps instead of the log axis' powers of ten
+            top = max(v for v in vals if v == v) * 2  # NaN: a rung that did not run
+            ticks = [
+                m * 10**e for e in range(-2, 7) for m in (1, 2, 5) if low / 2 <= m * 10**e <= top
+            ]
+            ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+            ax.yaxis.set_minor_formatter(NullFormatter())
+            ax.text(
+                0.99,
+                0.97,
+                "labels: median ms, spread (max - min) / median",
+                transform=ax.transAxes,
+                ha="right",
+                va="top",
+                fontsize=7,
+            )
+        elif key == "speedup":
+            ax.margins(y=0.12)
     fig.suptitle(_ladder_title(results), fontsize=10)
     fig.tight_layout()
     return fig

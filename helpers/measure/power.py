@@ -13,7 +13,9 @@ import torch
 
 # clocks_throttle_reasons.active is the older name of clocks_event_reasons.active; drivers accept
 # both, and older ones (as on Colab) only the former.
-SMI_QUERY = "timestamp,clocks.sm,power.draw,power.limit,clocks_throttle_reasons.active"
+SMI_QUERY = (
+    "timestamp,clocks.sm,power.draw,power.limit,clocks_throttle_reasons.active,temperature.gpu"
+)
 # the clock-event reason bit "SW power cap": the driver lowers clocks to stay under the power limit
 SW_POWER_CAP = 0x4
 # the bits "SW thermal slowdown" (0x20) and "HW thermal slowdown" (0x40): clocks lowered because
@@ -24,9 +26,9 @@ THERMAL_SLOWDOWN = 0x20 | 0x40
 @dataclass
 class PowerSample:
     """One nvidia-smi reading: ``t`` (time.time(), s, when the line arrived), SM clock (MHz), power
-    draw and limit (W), and the clock-event reasons bit mask (:data:`SW_POWER_CAP` = 0x4,
-    :data:`THERMAL_SLOWDOWN` = 0x20 | 0x40; 0 = nothing holds the clock). A field nvidia-smi
-    reports as "[N/A]" is None.
+    draw and limit (W), the clock-event reasons bit mask (:data:`SW_POWER_CAP` = 0x4,
+    :data:`THERMAL_SLOWDOWN` = 0x20 | 0x40; 0 = nothing holds the clock) and the GPU's core
+    temperature (°C, ``temperature.gpu``). A field nvidia-smi reports as "[N/A]" is None.
 
     The clock is the current one. ``power.draw`` is, on Ampere and newer GPUs, the driver's average
     over about the last second (``nvidia-smi --help-query-gpu``), so it lags a load that has just
@@ -37,15 +39,17 @@ class PowerSample:
     power_w: float | None
     power_limit_w: float | None
     reasons: int | None
+    temperature_c: float | None = None
 
 
 def parse_smi_line(line: str, t: float) -> PowerSample | None:
     """A :class:`PowerSample` from one line of
     ``nvidia-smi --query-gpu=SMI_QUERY --format=csv,noheader,nounits`` (e.g.
-    ``"2026/11/30 03:39:09.345, 1740, 697.75, 700.00, 0x0000000000000004"``); "[N/A]" fields become
-    None. None for a line that is not a reading (a header, an error message)."""
+    ``"2026/11/30 03:39:09.345, 1740, 697.75, 700.00, 0x0000000000000004, 45"``; a line without
+    the last field, the temperature, is read too); "[N/A]" fields become None. None for a line that
+    is not a reading (a header, an error message)."""
     parts = [p.strip() for p in line.split(",")]
-    if len(parts) != 5:
+    if len(parts) not in (5, 6):
         return None
 
     def num(x: str, base: int = 0):
@@ -55,6 +59,7 @@ def parse_smi_line(line: str, t: float) -> PowerSample | None:
 
     try:
         values = [num(parts[1]), num(parts[2]), num(parts[3]), num(parts[4], 16)]
+        values.append(num(parts[5]) if len(parts) == 6 else None)
     except ValueError:
         return None
     if all(v is None for v in values):
@@ -82,7 +87,8 @@ def power_summary(
     """Min / median / max of power (W) and SM clock (MHz) over the samples taken in [t0, t1]
     (time.time() s; None = no bound), the window's length, the power limit, and the fraction of
     samples whose clock-event reasons include :data:`SW_POWER_CAP` (and, as
-    ``thermal_fraction``, :data:`THERMAL_SLOWDOWN`). Fields nvidia-smi could not read
+    ``thermal_fraction``, :data:`THERMAL_SLOWDOWN`), and min / median / max of the GPU's
+    temperature (°C, ``temperature_c``). Fields nvidia-smi could not read
     ("[N/A]") are left out of each statistic (a statistic with no value is None).
 
     Returns ``{"samples": 0, "window_s": ...}`` when no sample falls in the window (e.g. a window
@@ -106,6 +112,7 @@ def power_summary(
         "window_s": window,
         "power_w": stats([s.power_w for s in sel]),
         "sm_clock_mhz": stats([s.sm_clock_mhz for s in sel]),
+        "temperature_c": stats([s.temperature_c for s in sel]),
         "power_limit_w": limits[-1] if limits else None,
         "sw_power_cap_fraction": (sum(bool(r & SW_POWER_CAP) for r in reasons) / len(reasons))
         if reasons
@@ -121,8 +128,8 @@ def format_power_summary(
 ) -> str:
     """Lines for a learner from :func:`power_summary`'s dict: the SM clock against
     ``max_clock_mhz``, the power against its limit (marked as a ~1 s average when
-    ``power_is_average``: Ampere and newer), and the share of samples in which the driver named its
-    power cap."""
+    ``power_is_average``: Ampere and newer), the GPU's temperature, and the share of samples in
+    which the driver named its power cap or a thermal slowdown."""
     if not summary.get("samples"):
         return "no nvidia-smi sample fell inside the window"
     lines = [f"{summary['samples']} samples"]
@@ -143,7 +150,13 @@ def format_power_summary(
             f" of a {summary['power_limit_w']:.0f} W limit" if summary.get("power_limit_w") else ""
         )
         lag = " (a ~1 s average: it lags the load)" if power_is_average else ""
-        lines.append(f"power draw up to {p['max']:.0f} W{limit}{lag}")
+        lines.append(f"power draw median {p['median']:.0f} W, up to {p['max']:.0f} W{limit}{lag}")
+    temp = summary.get("temperature_c")
+    if temp:
+        lines.append(
+            "GPU temperature min / median / max: "
+            f"{temp['min']:.0f} / {temp['median']:.0f} / {temp['max']:.0f} °C"
+        )
     if summary.get("sw_power_cap_fraction") is not None:
         lines.append(
             "the driver named its power cap as a clock-event reason in "
