@@ -78,6 +78,9 @@ def test_run_time_rewrite_follows_the_table_and_refuses_a_chapter_without_a_row(
     with pytest.raises(ValueError, match="no row"):
         run_times.rewrite([bad])
     assert "not yet timed" in run_times.sentence(10, None, "2026-12-02")
+    both = run_times.sentence(30, 21, "2026-12-01", "2026-12-02")
+    assert both.startswith("**Run time** (measured 2026-12-01, as a T4 2026-12-02, torch 2.11")
+    assert "(measured 2026-12-02, torch" in run_times.sentence(30, 21, "2026-12-02", "2026-12-02")
 
 
 def _progress_notebook(value: float, total: float):

@@ -16,7 +16,7 @@ from pathlib import Path
 import helpers
 
 TABLE = "h200-run-times.md"
-_ROW = re.compile(r"\| (\d\d)_\w+ \| (\d+) \| ([^|]+) \| (\d+|-) \| [^|]+ \|")
+_ROW = re.compile(r"\| (\d\d)_\w+ \| (\d+) \| ([^|]+) \| (\d+|-) \| ([^|]+) \|")
 _DATE = re.compile(r"\d{4}-\d\d-\d\d")
 _PARAGRAPH = re.compile(r"\*\*Run time\*\*.*?(?=\n\n|\Z)", re.S)
 
@@ -26,9 +26,9 @@ def table_path() -> Path:
     return helpers.REPO_ROOT / "results" / TABLE
 
 
-def read_table(path: Path | None = None) -> dict[str, tuple[int, int | None, str]]:
+def read_table(path: Path | None = None) -> dict[str, tuple[int, int | None, str, str | None]]:
     """{chapter number "NN": (H200 seconds, emulated-T4 seconds or None, the H200 run's date
-    "YYYY-MM-DD")} from the table.
+    "YYYY-MM-DD", the emulated-T4 run's date or None)} from the table.
 
     Raises:
         ValueError: the table has no chapter rows, or a row's H200 run names no date.
@@ -41,23 +41,25 @@ def read_table(path: Path | None = None) -> dict[str, tuple[int, int | None, str
             if date is None:
                 raise ValueError(f"{line!r}: its H200 run column names no date (YYYY-MM-DD)")
             t4 = None if m.group(4) == "-" else int(m.group(4))
-            rows[m.group(1)] = (int(m.group(2)), t4, date.group())
+            t4_date = _DATE.search(m.group(5)) if t4 is not None else None
+            rows[m.group(1)] = (int(m.group(2)), t4, date.group(), t4_date and t4_date.group())
     if not rows:
         raise ValueError(f"{path or table_path()} has no rows like '| NN_name | s | ... |'")
     return rows
 
 
-def sentence(h200_s: int, t4_s: int | None, date: str) -> str:
+def sentence(h200_s: int, t4_s: int | None, date: str, t4_date: str | None = None) -> str:
     """The **Run time** paragraph of a chapter's opening, from its two measured times (seconds)
-    and the date of the H200 run."""
+    and the dates of the H200 run and of the emulated-T4 run (named apart when they differ)."""
     t4 = (
         f"{t4_s} s as an emulated T4, which is the H200 under a T4's limits and at\nthe H200's "
         "speed (a real T4 is slower)."
         if t4_s is not None
         else "not yet timed as an emulated T4 since the chapter last changed."
     )
+    when = date if t4_s is None or t4_date in (None, date) else f"{date}, as a T4 {t4_date}"
     return (
-        f"**Run time** (measured {date}, torch 2.11, `results/{TABLE}`):\n"
+        f"**Run time** (measured {when}, torch 2.11, `results/{TABLE}`):\n"
         f"{h200_s} s on an NVIDIA H200; {t4}"
     )
 
