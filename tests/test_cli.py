@@ -171,6 +171,24 @@ def test_a_committed_result_is_replaced_only_with_force(tmp_path, monkeypatch):
     assert cli.result_out(elsewhere, ()) == elsewhere  # an earlier output outside results/
 
 
+def test_a_committed_result_of_another_checkout_is_protected_too(tmp_path):
+    # The installed package was built from one clone; the command runs against a second one,
+    # whose results/ is as committed as the first's.
+    other = tmp_path / "second-clone"
+    (other / "helpers").mkdir(parents=True)
+    (other / "helpers" / "__init__.py").write_text("")
+    (other / "results").mkdir()
+    committed = other / "results" / "h200-ladder-b16.json"
+    committed.write_text(json.dumps({"device": "NVIDIA H200", "torch": "2.11", "date": "x"}))
+    with pytest.raises(ValueError, match="committed result .*pass --force"):
+        cli.result_out(committed, ())
+    assert cli.result_out(committed, (), force=True) == committed
+    plain = tmp_path / "results"  # a folder called results outside any checkout: an output
+    plain.mkdir()
+    (plain / "run.json").write_text(committed.read_text())
+    assert cli.result_out(plain / "run.json", ()) == plain / "run.json"
+
+
 def test_out_path_checked_by_two_processes_at_once_passes_in_both(tmp_path, monkeypatch):
     # The other process made its probe file between this one's exists() and open("x"): the
     # folder takes new files, so that is no reason to refuse the path.

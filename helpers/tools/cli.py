@@ -49,6 +49,13 @@ def device(value: str | torch.device | None) -> torch.device:
     return dev
 
 
+def _committed_results(folder: Path) -> bool:
+    """Whether ``folder`` is the ``results/`` folder of a checkout of the course (a ``results``
+    folder beside ``helpers/__init__.py``): this checkout's, or another one's, such as a second
+    clone the installed package was not built from."""
+    return folder.name == "results" and (folder.parent / "helpers" / "__init__.py").is_file()
+
+
 def out_path(
     path: str | Path | None,
     flag: str = "--out",
@@ -65,8 +72,8 @@ def out_path(
     - never a notebook's name (``.ipynb``), a path inside one of ``folders`` ({folder: what it
       holds}, e.g. the submissions), or an existing folder;
     - with ``suffix`` (e.g. ".png") the name must end in it;
-    - an existing file in the checkout's ``results/`` (a committed measurement, e.g. of the H200)
-      is replaced only with ``force``;
+    - an existing file in a checkout's ``results/`` (a committed measurement, e.g. of the H200;
+      this checkout's or any other course checkout's) is replaced only with ``force``;
     - an existing file is replaced only when ``same_kind(path)`` recognises it as an earlier
       output of the same kind (a JSON result of the same tool, :func:`result_out`; a grades
       CSV; for ".png" a figure :func:`helpers.measure.plots.save_png` wrote), or with ``force``:
@@ -103,7 +110,9 @@ def out_path(
     if (path.exists() or path.is_symlink()) and not force:
         import helpers
 
-        if (helpers.REPO_ROOT / "results").resolve() in where.parents:
+        if any(_committed_results(folder) for folder in where.parents) or (
+            (helpers.REPO_ROOT / "results").resolve() in where.parents
+        ):
             raise ValueError(
                 f"{flag} {path} is a committed result (results/): a new run would replace its "
                 "measurement; write elsewhere, or pass --force to replace it"
