@@ -51,7 +51,9 @@ def test_every_check_has_a_right_answer_wrong_answers_and_a_section():
 def test_check_passes_the_right_answer_with_one_pass_line(grade_id, capsys):
     grading.CHECKS[grade_id](RIGHT_ANSWERS[grade_id])
     out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 1 and out[0].startswith(f"PASS {grade_id}:")
+    # one message, wrapped at 100 columns: its continuation lines are indented
+    assert out[0].startswith(f"PASS {grade_id}:") and all(line.startswith("  ") for line in out[1:])
+    assert max(map(len, out)) <= 100
 
 
 @pytest.mark.parametrize(

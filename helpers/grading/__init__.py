@@ -2,7 +2,8 @@
 
 - **Checks**: one module per chapter (``ch00`` ... ``ch14``, all the same shape: ``SECTIONS``, the
   ``check_*`` functions, ``CHECKS``, ``WRONG_ANSWERS``), listed in :data:`CHAPTERS`. A check runs
-  the learner's function on small CPU inputs and prints one ``PASS ...`` line, or raises
+  the learner's function on small CPU inputs and prints one ``PASS ...`` message
+  (:func:`helpers.grading.common.passed`, wrapped at 100 columns), or raises
   ``AssertionError`` whose first line says what is wrong and which section to reread. Notebooks call
   them as ``grading.check_matmul_flops(fn)``.
 - **Student versions** (:mod:`helpers.grading.student`, ``python -m helpers.grading make-student``).

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from helpers.grading.common import as_number, is_close, reread
+from helpers.grading.common import as_number, is_close, passed, reread
 
 SECTIONS = {
     "ch00_matmul_flops": "chapter 00, section 2 (Counting the FLOPs of a matmul)",
@@ -56,8 +56,9 @@ def check_matmul_flops(fn: Callable[[int, int, int], int]) -> None:
                 f"times B of shape (K, N) = ({K}, {N})."
             )
         raise AssertionError(f"{why} {_reread(gid)}")
-    print(
-        f"PASS {gid}: matmul_flops(M, N, K) == 2*M*N*K for {len(MATMUL_SHAPES)} non-square shapes"
+    passed(
+        gid,
+        f"matmul_flops(M, N, K) == 2*M*N*K for {len(MATMUL_SHAPES)} non-square shapes",
     )
 
 
@@ -96,9 +97,9 @@ def check_tflops(fn: Callable[[float, float], float]) -> None:
         else:
             why = f"{call} returned {got:g}, expected {want:g} TFLOP/s."
         raise AssertionError(f"{why} {_reread(gid)}")
-    print(
-        f"PASS {gid}: achieved_tflops(flops, ms) == flops / (ms/1e3) / 1e12 for "
-        f"{len(TFLOPS_CASES)} cases"
+    passed(
+        gid,
+        f"achieved_tflops(flops, ms) == flops / (ms/1e3) / 1e12 for {len(TFLOPS_CASES)} cases",
     )
 
 

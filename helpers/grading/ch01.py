@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from helpers.grading.common import as_number, reread
+from helpers.grading.common import as_number, passed, reread
 
 SECTIONS = {
     "ch01_loss_at_init": "chapter 01, section 4 (The loss before training)",
@@ -66,7 +66,7 @@ def check_loss_at_init(fn: Callable[[int], float]) -> None:
         else:
             why = f"{call} returned {got:.4f}, expected {want:.4f} nats."
         raise AssertionError(f"{why} {_reread(gid)}")
-    print(f"PASS {gid}: expected_initial_loss(V) == ln(V) for V in {VOCAB_SIZES}")
+    passed(gid, f"expected_initial_loss(V) == ln(V) for V in {VOCAB_SIZES}")
 
 
 BLOCK_WIDTHS = [(64, 4), (96, 3), (128, 8), (768, 12)]  # (n_embd, n_head), n_head divides n_embd
@@ -132,7 +132,7 @@ def check_block_params(fn: Callable[[int], int]) -> None:
             )
         raise AssertionError(f"{why} {_reread(gid)}")
     widths = [C for C, _ in BLOCK_WIDTHS]
-    print(f"PASS {gid}: block_parameters(C) matches helpers.core.model.Block for C in {widths}")
+    passed(gid, f"block_parameters(C) matches helpers.core.model.Block for C in {widths}")
 
 
 def _loss_log10(vocab_size: int) -> float:

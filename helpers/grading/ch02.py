@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from helpers.grading.common import as_number, is_close, reread
+from helpers.grading.common import as_number, is_close, passed, reread
 
 SECTIONS = {
     "ch02_step_timer": "chapter 02, section 4 (Exercise: a step timer that is right on a GPU)",
@@ -96,9 +96,10 @@ def check_step_timer(fn: Callable[..., list[float]]) -> None:
             "(one step's work). Start the clock after the previous step finished and stop it after "
             f"synchronize(). {_reread(gid)}"
         )
-    print(
-        f"PASS {gid}: time_steps synchronises, skips {warmup} warm-up steps and times each step "
-        "(fake 20 ms device)"
+    passed(
+        gid,
+        f"time_steps synchronises, skips {warmup} warm-up steps and times each step "
+        "(fake 20 ms device)",
     )
 
 
@@ -138,9 +139,9 @@ def check_mfu(fn: Callable[[float, int, float, float], float]) -> None:
                 f"expected {want:.6g} = flops_per_token * tokens/s / peak_flops."
             )
         raise AssertionError(f"{why} {_reread(gid)}")
-    print(
-        f"PASS {gid}: mfu(...) == flops_per_token * tokens_per_s / peak_flops for "
-        f"{len(MFU_CASES)} cases"
+    passed(
+        gid,
+        f"mfu(...) == flops_per_token * tokens_per_s / peak_flops for {len(MFU_CASES)} cases",
     )
 
 

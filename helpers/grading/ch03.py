@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from helpers.grading.common import as_number, reread
+from helpers.grading.common import as_number, passed, reread
 
 SECTIONS = {
     "ch03_adamw_bytes": "chapter 03, section 1 (Memory accounting for GPT-2 124M)",
@@ -59,7 +59,7 @@ def check_adamw_bytes(fn: Callable[[int], int]) -> None:
         else:
             why = f"{call} returned {got:,.0f}, expected {want:,}."
         raise AssertionError(f"{why} {_reread(gid)}")
-    print(f"PASS {gid}: adamw_state_bytes(n) == 8*n (two fp32 moments) for n in {ADAMW_CASES}")
+    passed(gid, f"adamw_state_bytes(n) == 8*n (two fp32 moments) for n in {ADAMW_CASES}")
 
 
 class _FakeBlock:
@@ -146,9 +146,10 @@ def check_batch_probe(fn: Callable[..., int]) -> None:
                 f"find_max_batch returned {got:g}, but the largest fitting B is {hidden}: "
                 f"{why} {_reread(gid)}"
             )
-    print(
-        f"PASS {gid}: find_max_batch finds the largest B for {len(PROBE_CASES)} hidden limits, "
-        "retrying outside `except`"
+    passed(
+        gid,
+        f"find_max_batch finds the largest B for {len(PROBE_CASES)} hidden limits, "
+        "retrying outside `except`",
     )
 
 

@@ -13,7 +13,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from helpers.grading.common import as_number, is_close, reread
+from helpers.grading.common import as_number, is_close, passed, reread
 
 SECTIONS = {
     "ch04_autocast_step": "chapter 04, section 6 (Exercise: a correct autocast training step)",
@@ -275,9 +275,10 @@ def check_autocast_step(fn: Callable[..., Any]) -> None:
                     f"{at}: the weights differ from a correct step's (relative error {err:.1e}): "
                     f"{why}. {_reread(gid)}"
                 )
-    print(
-        f"PASS {gid}: {STEPS} bf16 and {STEPS} fp16 steps give the reference loss, scale and "
-        "weights: gradients unscaled before clipping, the inf step skipped"
+    passed(
+        gid,
+        f"{STEPS} bf16 and {STEPS} fp16 steps give the reference loss, scale and "
+        "weights: gradients unscaled before clipping, the inf step skipped",
     )
 
 
@@ -323,7 +324,7 @@ def check_autocast_dtype(fn: Callable[..., Any]) -> None:
             f"pick_autocast_dtype(None) (a CPU) returned {cpu}: "
             f"use torch.bfloat16 or None (fp32). {_reread(gid)}"
         )
-    print(f"PASS {gid}: fp16 below sm80, bf16 from sm80, CPU -> {cpu}")
+    passed(gid, f"fp16 below sm80, bf16 from sm80, CPU -> {cpu}")
 
 
 def _step_weights_to_low_precision(model, optimizer, scaler, x, y, dtype):

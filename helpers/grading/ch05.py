@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from helpers.grading.common import as_number, reread
+from helpers.grading.common import as_number, passed, reread
 
 SECTIONS = {
     "ch05_fused_chain": "chapter 05, section 2 (Exercise: fuse bias + GELU + residual)",
@@ -137,9 +137,10 @@ def check_fused_chain(make_fused_chain: Callable[[], Callable]) -> None:
             f"one graph, but {counted['kernels']} kernels ran ({', '.join(counted['names'][:4])}): "
             f"keep only tensor ops in the chain. {_reread(gid)}"
         )
-    print(
-        f"PASS {gid}: one compiled graph, at most one kernel, output equals "
-        "residual + GELU_tanh(x + bias) (rel. error < 1e-5)"
+    passed(
+        gid,
+        "one compiled graph, at most one kernel, output equals "
+        "residual + GELU_tanh(x + bias) (rel. error < 1e-5)",
     )
 
 
@@ -255,9 +256,10 @@ def check_compile_pays_off(steps_to_break_even: Callable[[float, float, float], 
         else:
             why = f"{call} returned {got:g}, expected {want:g} steps"
         raise AssertionError(f"{why}. {_reread(gid)}")
-    print(
-        f"PASS {gid}: break-even steps right for {len(PAYS_OFF_CASES)} cases, "
-        "including compiled slower (inf) and no compile cost (0)"
+    passed(
+        gid,
+        f"break-even steps right for {len(PAYS_OFF_CASES)} cases, "
+        "including compiled slower (inf) and no compile cost (0)",
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from helpers.grading.common import reread
+from helpers.grading.common import passed, reread
 
 SECTIONS = {
     "ch06_sdpa_attention": "chapter 06, section 2 (Exercise: SDPA in the attention block)",
@@ -117,9 +117,10 @@ def check_sdpa_attention(fn: Callable[..., Any]) -> None:
             "build no score matrix or mask tensor; "
             f"call F.scaled_dot_product_attention(q, k, v, is_causal=True). {_reread(gid)}"
         )
-    print(
-        f"PASS {gid}: same output and gradients as the manual attention block "
-        "(rel. error < 1e-4) and no (T, T) tensor in forward or backward"
+    passed(
+        gid,
+        "same output and gradients as the manual attention block "
+        "(rel. error < 1e-4) and no (T, T) tensor in forward or backward",
     )
 
 
@@ -273,9 +274,9 @@ def check_online_softmax(fn: Callable[..., Any]) -> None:
                 "rescale the first tile's denominator and output by exp(m1 - m) before adding "
                 f"the second tile. {_reread(gid)}"
             )
-    print(
-        f"PASS {gid}: two tiles combined exactly (also with scores of 1e4), "
-        "never building the full score row"
+    passed(
+        gid,
+        "two tiles combined exactly (also with scores of 1e4), never building the full score row",
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from helpers.grading.common import reread
+from helpers.grading.common import passed, reread
 
 SECTIONS = {
     "ch07_pad_vocab": "chapter 07, section 2 (Padding the vocabulary)",
@@ -111,9 +111,10 @@ def check_pad_vocab(fn: Callable[..., Any]) -> None:
                 f"{call}: the padded model's logits of real ids differ from the unpadded model's. "
                 f"{_reread(gid)}"
             )
-    print(
-        f"PASS {gid}: {len(PAD_CASES)} tiny GPTs padded in place (aligned one included): one tied "
-        "weight, old rows kept, zero padded rows, the same logits for real ids"
+    passed(
+        gid,
+        f"{len(PAD_CASES)} tiny GPTs padded in place (aligned one included): one tied "
+        "weight, old rows kept, zero padded rows, the same logits for real ids",
     )
 
 
@@ -161,9 +162,10 @@ def check_masked_sampling(fn: Callable[..., Any]) -> None:
         )
     # The PASS line names no count of distinct ids: torch.multinomial draws differently across torch
     # versions, and a compared notebook output must depend only on what the learner wrote.
-    print(
-        f"PASS {gid}: {ids.numel()} samples from a padded untrained model, none >= vocab_size, "
-        "at least 10 distinct ids"
+    passed(
+        gid,
+        f"{ids.numel()} samples from a padded untrained model, none >= vocab_size, "
+        "at least 10 distinct ids",
     )
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from helpers.grading.common import as_number, reread
+from helpers.grading.common import as_number, passed, reread
 
 SECTIONS = {
     "ch08_recipe_dtype": (
@@ -125,9 +125,10 @@ def check_recipe_dtype(fn: Callable[[Any], Any]) -> None:
                 f"on {where} tf32 should be {want['tf32']}, got {got['tf32']!r}: "
                 f"{why}. {_reread(gid)}"
             )
-    print(
-        f"PASS {gid}: T4 and V100 -> fp16 + GradScaler (is_bf16_supported() said True), "
-        f"A100 and H100 -> bf16 + TF32, CPU -> fp32, on {len(RECIPE_DEVICES)} devices"
+    passed(
+        gid,
+        f"T4 and V100 -> fp16 + GradScaler (is_bf16_supported() said True), "
+        f"A100 and H100 -> bf16 + TF32, CPU -> fp32, on {len(RECIPE_DEVICES)} devices",
     )
 
 
@@ -262,9 +263,10 @@ def check_max_batch_15gb(fn: Callable[..., Any]) -> None:
         raise AssertionError(
             f"{what} in {budget_gb} GB: expected B={want[i]}, got {got[i]:g}; {why}. {_reread(gid)}"
         )
-    print(
-        f"PASS {gid}: largest B for {len(cases) - 1} GPT-2 124M set-ups in 15 or 40 GB "
-        f"(B = {want[:-1]}), and 0 when nothing fits"
+    passed(
+        gid,
+        f"largest B for {len(cases) - 1} GPT-2 124M set-ups in 15 or 40 GB "
+        f"(B = {want[:-1]}), and 0 when nothing fits",
     )
 
 

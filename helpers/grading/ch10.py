@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from helpers.chapters import ch10_profiling as profiling
-from helpers.grading.common import reread
+from helpers.grading.common import passed, reread
 from helpers.measure import profiler
 
 SECTIONS = {
@@ -138,9 +138,10 @@ def check_dominant_family(fn: Callable[[list[dict]], str]) -> None:
                 f"(largest totals: {_fmt_totals(rows)} ms)."
             )
         raise AssertionError(f"{why} {_reread(gid)}")
-    print(
-        f"PASS {gid}: dominant_family sums ms per family on {len(cases)} tables "
-        "(the recorded H200 ones and synthetic ones)"
+    passed(
+        gid,
+        f"dominant_family sums ms per family on {len(cases)} tables "
+        "(the recorded H200 ones and synthetic ones)",
     )
 
 
@@ -258,9 +259,10 @@ def check_which_chapter(fn: Callable[[list[dict], float, bool], str]) -> None:
                 f"{_fmt_totals(rows)} ms) you returned {got!r}, expected {want!r}."
             )
         raise AssertionError(f"{why} {_reread(gid)}")
-    print(
-        f"PASS {gid}: which_chapter follows the rules on {len(cases)} profiles "
-        "(the recorded H200 ones and synthetic ones)"
+    passed(
+        gid,
+        f"which_chapter follows the rules on {len(cases)} profiles "
+        "(the recorded H200 ones and synthetic ones)",
     )
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from helpers.grading.common import reread
+from helpers.grading.common import passed, reread
 
 SECTIONS = {
     "ch11_shard_batches": "chapter 11, section 2 (Each rank reads its own rows)",
@@ -94,9 +94,10 @@ def check_shard_batches(fn: Callable[[torch.Tensor, int, int], torch.Tensor]) ->
         else:
             continue
         raise AssertionError(f"{why} {_reread(gid)}")
-    print(
-        f"PASS {gid}: {len(SHARD_CASES)} (N, world_size) cases: equal, disjoint, "
-        "in-order shards whose union is the global batch"
+    passed(
+        gid,
+        f"{len(SHARD_CASES)} (N, world_size) cases: equal, disjoint, "
+        "in-order shards whose union is the global batch",
     )
 
 
@@ -164,9 +165,9 @@ def check_allreduce_mean(fn: Callable[[list[torch.Tensor]], list[torch.Tensor]])
                 f"expected the mean {mean.flatten()[:3].tolist()}..."
             )
         raise AssertionError(f"{why} {_reread(gid)}")
-    print(
-        f"PASS {gid}: {len(ALLREDUCE_CASES)} world sizes: "
-        "every rank holds the mean of all ranks' gradients"
+    passed(
+        gid,
+        f"{len(ALLREDUCE_CASES)} world sizes: every rank holds the mean of all ranks' gradients",
     )
 
 

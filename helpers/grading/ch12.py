@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from helpers.grading.common import as_number, reread
+from helpers.grading.common import as_number, passed, reread
 
 SECTIONS = {
     "ch12_steps_in_budget": (
@@ -81,9 +81,10 @@ def check_steps_in_budget(fn: Callable[[float, float, float], int]) -> None:
                 "the budget is not run."
             )
         raise AssertionError(f"{why} {hint}")
-    print(
-        f"PASS {gid}: steps_in_budget is right for {len(BUDGET_CASES)} budgets, "
-        "compile-heavy first steps included"
+    passed(
+        gid,
+        f"steps_in_budget is right for {len(BUDGET_CASES)} budgets, "
+        "compile-heavy first steps included",
     )
 
 

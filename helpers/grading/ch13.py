@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from helpers.grading.common import reread
+from helpers.grading.common import passed, reread
 
 SECTIONS = {
     "ch13_kv_attention": "chapter 13, section 4 (Generating with a KV cache)",
@@ -65,9 +65,10 @@ def check_kv_attention(fn: Callable[..., Any]) -> None:
         if not torch.allclose(got, want, atol=1e-5, rtol=1e-4):
             why = _kv_mistake(got, want, q, k, v, pos)
             raise AssertionError(f"{call} {why}. {_reread(gid)}")
-    print(
-        f"PASS {gid}: one query against the valid cache equals full causal attention's last row "
-        f"for pos in {KV_POSITIONS}, garbage beyond pos ignored"
+    passed(
+        gid,
+        f"one query against the valid cache equals full causal attention's last row "
+        f"for pos in {KV_POSITIONS}, garbage beyond pos ignored",
     )
 
 

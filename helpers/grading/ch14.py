@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from helpers.grading.common import as_number, reread
+from helpers.grading.common import as_number, passed, reread
 
 SECTIONS = {
     "ch14_trace_peak": "chapter 14, section 2 (A memory snapshot of one step)",
@@ -152,7 +152,7 @@ def check_trace_peak(fn: Callable[..., Any]) -> None:
             )
         why = why or f"expected ({want_phase!r}, {want:,})."
         raise AssertionError(f"{call} returned ({phase!r}, {peak:,.0f}): {why} {hint}")
-    print(f"PASS {gid}: the peak and its phase of {len(_trace_cases())} allocator traces")
+    passed(gid, f"the peak and its phase of {len(_trace_cases())} allocator traces")
 
 
 def _peak_double_free(events, baseline, phase_starts):
@@ -316,9 +316,10 @@ def check_fragmentation(fn: Callable[[list[dict]], Any]) -> None:
         raise AssertionError(
             f"{call} returned ({free:,.0f}, {largest:,.0f}, {frag:.4f}): {why} {hint}"
         )
-    print(
-        f"PASS {gid}: free bytes, the largest free block and the fragmentation of "
-        f"{len(_fragmentation_cases())} snapshots"
+    passed(
+        gid,
+        f"free bytes, the largest free block and the fragmentation of "
+        f"{len(_fragmentation_cases())} snapshots",
     )
 
 

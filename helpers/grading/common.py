@@ -4,6 +4,7 @@ that a learner's function returned."""
 from __future__ import annotations
 
 import math
+import textwrap
 from typing import Any
 
 
@@ -40,3 +41,9 @@ def as_number(value: Any, call: str, hint: str) -> float:
 def is_close(a: float, b: float, rel: float = 1e-6) -> bool:
     """``math.isclose`` with a relative tolerance ``rel`` and an absolute floor of 1e-12."""
     return math.isclose(a, b, rel_tol=rel, abs_tol=1e-12)
+
+
+def passed(grade_id: str, what: str, width: int = 100) -> None:
+    """Print a check's one PASS message, "PASS <grade_id>: <what>", wrapped at ``width`` columns
+    (continuation lines indented two spaces), so a notebook's output is never a line it clips."""
+    print(textwrap.fill(f"PASS {grade_id}: {what}", width, subsequent_indent="  "))
