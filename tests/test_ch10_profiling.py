@@ -102,6 +102,10 @@ def test_load_table_and_provenance_line():
     assert (
         "NVIDIA H200" in line and "torch 2.11" in line and "2026-11-30" in line and "B=16" in line
     )
+    assert (
+        line.splitlines()[1].startswith("  source: results/")
+        and max(map(len, line.splitlines())) <= 100
+    )
     with pytest.raises(KeyError, match="B=3"):
         profiling.load_table(profiling.SHIPPED_TABLE, 3)
 

@@ -305,13 +305,13 @@ def load_table(name: str = SHIPPED_TABLE, batch_size: int = 16) -> tuple[dict, d
 
 
 def provenance_line(provenance: dict, table: dict) -> str:
-    """'NVIDIA H200, torch 2.11.0+cu130, CUDA 13.0, measured 2026-11-29, B=16, T=1024;
-    source: ...'."""
+    """'NVIDIA H200, torch 2.11.0+cu130, CUDA 13.0, measured 2026-11-29, B=16, T=1024' and, on a
+    second line indented two spaces, 'source: ...' (two lines, so neither passes 100 columns)."""
     cuda = f", CUDA {provenance['cuda']}" if provenance.get("cuda") else ""
     return (
         f"{provenance['device']}, torch {provenance['torch']}{cuda}, "
-        f"measured {provenance['date']}, "
-        f"B={table['batch_size']}, T={table['seq_len']}; source: {provenance['source']}"
+        f"measured {provenance['date']}, B={table['batch_size']}, T={table['seq_len']}\n"
+        f"  source: {provenance['source']}"
     )
 
 
