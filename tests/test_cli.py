@@ -159,6 +159,8 @@ def test_a_committed_result_is_replaced_only_with_force(tmp_path, monkeypatch):
 
     root = tmp_path / "checkout"
     (root / "results").mkdir(parents=True)
+    (root / "helpers").mkdir()
+    (root / "helpers" / "__init__.py").write_text("")  # what makes it a course checkout
     committed = root / "results" / "h200-ladder-b16.json"
     committed.write_text(json.dumps({"device": "NVIDIA H200", "torch": "2.11", "date": "x"}))
     monkeypatch.setattr(helpers, "REPO_ROOT", root)

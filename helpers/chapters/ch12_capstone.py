@@ -379,23 +379,26 @@ COMPARISON_TITLE = (
 )
 
 
-def _rung_with_extras(res: dict, rows: list[dict], label: str, row: dict) -> str:
-    """The measured rung a stage was matched to, with the rungs the ladder added since the
-    previous stage's rung (the ladder is cumulative, so a stage's speed-up includes them), e.g.
-    "+ bf16 autocast (after + tf32)"; "(the whole ladder)" for the last measured rung."""
+def _stage_rungs(res: dict, rows: list[dict], label: str) -> list[str]:
+    """The "stage = rung" text of each stage column ``label`` matched, with the rungs the ladder
+    added since the previous stage's rung (the ladder is cumulative, so a stage's speed-up
+    includes them), e.g. "+ mixed precision = + bf16 autocast (after + tf32)"; the last measured
+    rung is "(the whole ladder)"."""
     names = [r["name"] for r in measured_rows(res)]
-    rung = row["measured"][label]["rung"]
-    if rung == names[-1] and len(names) > 1:
-        return f"{rung} (the whole ladder)"
-    i = names.index(rung)
-    earlier = [
-        names.index(r["measured"][label]["rung"])
-        for r in rows[: rows.index(row)]
-        if r["measured"][label]
-    ]
-    start = max(earlier) + 1 if earlier else 1
-    extras = names[start:i]
-    return f"{rung} (after {', '.join(extras)})" if extras else rung
+    out, prev = [], 0
+    for row in rows:
+        if not row["measured"][label]:
+            continue
+        rung = row["measured"][label]["rung"]
+        i = names.index(rung)
+        if i == len(names) - 1 and i > 0:
+            note = " (the whole ladder)"
+        else:
+            extras = names[prev + 1 : i]
+            note = f" (after {', '.join(extras)})" if extras else ""
+        out.append(f"{row['stage']} = {rung}{note}")
+        prev = i
+    return out
 
 
 def _comparison_parts(rows: list[dict], published: dict, measured: dict[str, dict]):
@@ -439,11 +442,7 @@ def _comparison_parts(rows: list[dict], published: dict, measured: dict[str, dic
     mes_lines = []
     for label, res in measured.items():
         cfg = res["config"]
-        mapping = ", ".join(
-            f"{r['stage']} = {_rung_with_extras(res, rows, label, r)}"
-            for r in rows
-            if r["measured"][label]
-        )
+        mapping = ", ".join(_stage_rungs(res, rows, label))
         mes_lines.append(
             f"{label}: {res['device']}, torch {res['torch']}, {res['date']}, "
             f"B={cfg['batch_size']}, T={cfg['seq_len']}; rungs: {mapping}"

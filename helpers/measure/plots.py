@@ -418,7 +418,7 @@ def ladder_panels(results: dict):
         if key == "ms_per_step":
             ax.margins(y=0.25)
             # plain numbers at 1-2-5 steps instead of the log axis' powers of ten
-            top = max(v for v in vals if v == v) * 2  # NaN: a rung that did not run
+            top = max((v for v in vals if v == v), default=low) * 2  # NaN: did not run
             ticks = [
                 m * 10**e for e in range(-2, 7) for m in (1, 2, 5) if low / 2 <= m * 10**e <= top
             ]

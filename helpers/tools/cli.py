@@ -108,11 +108,7 @@ def out_path(
 
         same_kind, what = plots.is_course_png, what or " and is not a figure a course tool wrote"
     if (path.exists() or path.is_symlink()) and not force:
-        import helpers
-
-        if any(_committed_results(folder) for folder in where.parents) or (
-            (helpers.REPO_ROOT / "results").resolve() in where.parents
-        ):
+        if any(_committed_results(folder) for folder in where.parents):
             raise ValueError(
                 f"{flag} {path} is a committed result (results/): a new run would replace its "
                 "measurement; write elsewhere, or pass --force to replace it"
