@@ -47,3 +47,30 @@ def passed(grade_id: str, what: str, width: int = 100) -> None:
     """Print a check's one PASS message, "PASS <grade_id>: <what>", wrapped at ``width`` columns
     (continuation lines indented two spaces), so a notebook's output is never a line it clips."""
     print(textwrap.fill(f"PASS {grade_id}: {what}", width, subsequent_indent="  "))
+
+
+def run_learner(fn: Any, harness: Any, *args: Any, **kwargs: Any) -> Any:
+    """``harness(fn, *args, **kwargs)`` run where the learner's function ``fn`` lives; what it
+    returned, as data.
+
+    In a learner's own notebook ``fn`` is their function and the harness runs here. When grading,
+    ``fn`` is a :class:`helpers.grading.remote.RemoteFunction`: the harness runs in the
+    submission's kernel beside the learner's function and only data comes back (numbers, strings,
+    tensors, dtypes, and lists, tuples and dicts of them), so the check that reads it runs in a
+    process where no code of the submission ran. In both cases the result goes through the same
+    encoding, so a check sees the same values either way.
+
+    Args:
+        fn: the learner's function, or the grader's stand-in for it.
+        harness: a module-level function of ``helpers.grading`` taking ``fn`` first; it returns
+            what the check needs to judge (outputs, gradients, updated weights), never a verdict
+            of its own, because when grading it is the submission's account.
+
+    Raises:
+        TypeError: the harness returned something that is not data (a bug of the harness).
+    """
+    from helpers.grading import remote
+
+    if isinstance(fn, remote.RemoteFunction):
+        return fn.run(harness, *args, **kwargs)
+    return remote.decode(remote.encode(harness(fn, *args, **kwargs)))
