@@ -462,6 +462,31 @@ def test_make_student_refuses_a_file_as_out_with_one_line(tmp_path, capsys):
     assert (tmp_path / "out.txt").read_text() == "not a folder"
 
 
+@pytest.mark.parametrize("text", ["{}", "[]", '{"cells": 5}', '"just a string"', "not json"])
+def test_a_file_that_is_not_a_notebook_stops_the_tools_in_one_line(tmp_path, capsys, text):
+    bad = tmp_path / "ref" / "broken.ipynb"
+    bad.parent.mkdir()
+    bad.write_text(text)
+    assert _make_student(bad, tmp_path / "student") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "broken.ipynb is not a notebook" in err
+    assert "\n" not in err and not (tmp_path / "student").exists()
+    (tmp_path / "subs" / "alice").mkdir(parents=True)
+    out = tmp_path / "grades.csv"
+    argv = ["grade", str(tmp_path / "subs"), "--reference", str(bad.parent), "--out", str(out)]
+    assert grading.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "broken.ipynb" in err, err
+
+
+@pytest.mark.parametrize("timeout", ["0", "-5", "ten"])
+def test_grade_refuses_a_timeout_that_is_not_a_positive_number_of_seconds(timeout, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        grading.main(["grade", "subs", "--timeout", timeout])
+    assert exit_.value.code == 2
+    assert "--timeout" in capsys.readouterr().err
+
+
 def test_grade_out_never_replaces_a_notebook_or_a_file_that_is_not_a_grades_csv(tmp_path, capsys):
     subs = tmp_path / "subs"
     (subs / "frank").mkdir(parents=True)
@@ -692,23 +717,23 @@ def test_merging_refuses_two_chapters_with_one_grade_id():
         grading.merged((a, b), "CHECKS")
 
 
-def test_the_graders_prelude_restores_checks_a_submission_replaced():
-    import importlib
-
-    try:
-        grading.ch00.check_matmul_flops = lambda fn: print("PASS")  # what a submission might do
-        grading.common.as_number = lambda value, call, hint: 0.0
-        grading.CHAPTERS = ()
-        namespace: dict = {}
-        exec(grading.FRESH_CHECKS_PRELUDE, namespace)
-        fresh = namespace["grading"]
-        with pytest.raises(AssertionError, match="Reread chapter 00"):
-            fresh.check_matmul_flops(lambda M, N, K: M * N * K)
-        assert fresh.CHECKS["ch00_matmul_flops"] is fresh.ch00.check_matmul_flops
-    finally:
-        for module in (grading.common, *grading.CHAPTERS):
-            importlib.reload(module)
-        importlib.reload(grading)
+def test_a_check_cell_must_be_one_call_of_its_registered_check():
+    assert grading.grader.check_call("grading.check_tflops(achieved_tflops)", "ch00_tflops") == (
+        "achieved_tflops"
+    )
+    bad = [
+        "grading.check_matmul_flops(achieved_tflops)",  # another grade id's check
+        "grading.check_tflops(achieved_tflops)\nprint('more')",  # more than the call
+        "check_tflops(achieved_tflops)",
+        "grading.check_tflops(lambda *a: 1.0)",  # not a name the kernel resolves
+        "grading.check_tflops(achieved_tflops, strict=False)",
+        "grading.check_tflops(",
+    ]
+    for source in bad:
+        with pytest.raises(ValueError, match="ch00_tflops"):
+            grading.grader.check_call(source, "ch00_tflops")
+    with pytest.raises(ValueError, match="names no check"):
+        grading.grader.check_call("grading.check_tflops(f)", "ch99_nothing")
 
 
 def test_the_reduced_run_keeps_what_a_blank_changes_and_what_that_needs():
@@ -1103,6 +1128,75 @@ def test_in_kernel_tricks_do_not_make_a_blank_notebook_pass(tmp_path):
         "GraderGuardError: the grader could not restore the kernel's state before this check "
         "(the submission changed how the kernel runs code)"
     }
+
+
+# Attacks that beat the checks while they ran in the submission's kernel (the documented
+# in-process limit): each now meets a check that runs in the grader's checker process.
+OUT_OF_PROCESS_CHEATS = {
+    # the guard's restore replaced by one that answers as expected and restores nothing
+    "fake_restore": (
+        "import helpers.grading.guard as _g\n"
+        "_g.restore = lambda nonce: f'restored {nonce}'\n"
+        "import helpers.grading as _hg\n"
+        "for _n in list(_hg.CHECKS): _hg.CHECKS[_n] = lambda fn: print('PASS')\n"
+        "_hg.check_matmul_flops = _hg.check_tflops = _hg.check_loss_at_init = print\n"
+    ),
+    # a thread that re-patches every check after any restore
+    "patch_thread": (
+        "import threading, time, sys\n"
+        "def _again():\n"
+        "    while True:\n"
+        "        for _m in [m for k, m in list(sys.modules.items()) if 'grading' in k]:\n"
+        "            for _k in [k for k in vars(_m) if k.startswith('check_')]:\n"
+        "                setattr(_m, _k, lambda fn: print('PASS'))\n"
+        "        time.sleep(0.001)\n"
+        "threading.Thread(target=_again, daemon=True).start()\n"
+    ),
+    # the kernel's answers rewritten on their way out (socket.socket.sendall, which the guard
+    # does not restore): every call of the learner's function "returns" a made-up number
+    "fake_answers": (
+        "import socket as _s, struct as _st, json as _j\n"
+        "_s.socket.real_sendall = getattr(_s.socket, 'real_sendall', _s.socket.sendall)\n"
+        "def _sendall(self, data, *a):\n"
+        "    if b'\"raise\"' in data[4:20] or b'\"result\"' in data[4:20]:\n"
+        "        body = _j.dumps(['result', 48]).encode()\n"
+        "        data = _st.pack('!I', len(body)) + body\n"
+        "    return _s.socket.real_sendall(self, data, *a)\n"
+        "_s.socket.sendall = _sendall\n"
+    ),
+    # the same, with a pickle in place of the answer (unpickled, it would run os.system)
+    "pickle_reply": (
+        "import socket as _s, struct as _st, pickle as _p, os as _os\n"
+        "class _Evil:\n"
+        "    def __reduce__(self):\n"
+        "        return (_os.system, ('touch /tmp/pwned-by-submission',))\n"
+        "_s.socket.real_sendall = getattr(_s.socket, 'real_sendall', _s.socket.sendall)\n"
+        "def _sendall(self, data, *a):\n"
+        "    if b'\"raise\"' in data[4:20] or b'\"result\"' in data[4:20]:\n"
+        "        body = _p.dumps(['result', _Evil()])\n"
+        "        data = _st.pack('!I', len(body)) + body\n"
+        "    return _s.socket.real_sendall(self, data, *a)\n"
+        "_s.socket.sendall = _sendall\n"
+    ),
+}
+
+
+def test_attacks_on_the_check_itself_score_nothing_because_it_runs_in_another_process(tmp_path):
+    """A blank notebook plus each attack that replaced the checks or their restore inside the
+    kernel: the checks run in the grader's checker process (helpers/grading/remote.py), which no
+    code of a submission reaches, so every check still fails; a pickle is never unpickled there."""
+    for name, cheat in OUT_OF_PROCESS_CHEATS.items():
+        (tmp_path / "subs" / name).mkdir(parents=True)
+        nbformat.write(_blank_with(cheat), tmp_path / "subs" / name / FIXTURE.name)
+    rows = _grade(tmp_path / "subs", tmp_path)
+    scored = {s: [g for g, r in per.items() if r["points"] != "0"] for s, per in rows.items()}
+    assert scored == {name: [] for name in OUT_OF_PROCESS_CHEATS}, rows
+    assert not Path("/tmp/pwned-by-submission").exists()
+    for name in ("fake_answers", "pickle_reply"):  # the rewritten answers reached the checker
+        reasons = {r["reason"] for r in rows[name].values()}
+        assert "NotImplementedError: not attempted" not in reasons, (name, reasons)
+    reasons = {r["reason"] for r in rows["pickle_reply"].values()}
+    assert all(r.startswith("GraderError: the kernel's connection broke") for r in reasons), reasons
 
 
 @needs_sandbox

@@ -62,7 +62,6 @@ from helpers.grading.ch13 import check_kv_attention
 from helpers.grading.ch14 import check_fragmentation, check_trace_peak
 from helpers.grading.grader import (
     COLUMNS,
-    FRESH_CHECKS_PRELUDE,
     grade,
     grade_notebook,
     load_references,
@@ -177,7 +176,6 @@ __all__ = [
     "check_trace_peak",
     "check_fragmentation",
     "COLUMNS",
-    "FRESH_CHECKS_PRELUDE",
     "CellRun",
     "NotebookRun",
     "execute_notebook",

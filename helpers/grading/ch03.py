@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from helpers.grading.common import as_number, passed, reread
+from helpers.grading.common import as_number, passed, reread, run_learner
 
 SECTIONS = {
     "ch03_adamw_bytes": "chapter 03, section 1 (Memory accounting for GPT-2 124M)",
@@ -65,45 +65,89 @@ def check_adamw_bytes(fn: Callable[[int], int]) -> None:
 class _FakeBlock:
     """Memory a fake training step holds while its frame (or a traceback to it) is alive."""
 
-    def __init__(self, units: int):
+    def __init__(self, units: Any):
         self.units = units
 
 
 class FakeMemory:
-    """A GPU memory of ``capacity`` units for :func:`check_batch_probe`. ``step(B)`` takes B units;
-    memory still referenced by an earlier failed step (kept exception, traceback or outputs) counts
+    """The checker's side of :func:`check_batch_probe`: a GPU memory of ``capacity`` units, which
+    decides whether each step fits. The steps run in the learner's interpreter
+    (:func:`_harness_batch_probe`), which reports before each one the units still held by earlier
+    failed steps and whether an exception is being handled; :meth:`room` records those reports
+    (``flags``) and answers: memory still referenced (kept exception, traceback or outputs) counts
     as used, and a step called while an OOM is being handled fails, as on a real GPU."""
 
     def __init__(self, capacity: int, max_calls: int = 200):
-        import weakref
-
         self.capacity, self.max_calls, self.calls = capacity, max_calls, 0
-        self.live: "weakref.WeakSet[_FakeBlock]" = weakref.WeakSet()
         self.flags: set[str] = set()
 
-    def step(self, B: int):
-        import torch
-
+    def room(self, B: Any, held: Any, inside_except: Any) -> bool:
+        """Whether step ``B`` fits when ``held`` units are still referenced; False while an
+        exception is being handled (``inside_except``)."""
         self.calls += 1
         if self.calls > self.max_calls:
             raise AssertionError(
-                f"the probe called try_step more than {self.max_calls} times: does it stop?"
+                f"the probe called try_step more than {self.max_calls} times: does it stop? "
+                f"{_reread('ch03_batch_probe')}"
             )
-        if sys.exc_info()[0] is not None:
+        if isinstance(B, bool) or not isinstance(B, (int, float)):
+            raise AssertionError(
+                f"try_step was called with B={B!r}: a batch size is a number. "
+                f"{_reread('ch03_batch_probe')}"
+            )
+        if isinstance(held, bool) or not isinstance(held, (int, float)):
+            raise AssertionError(f"the learner's side reported {held!r} units held, not a number")
+        if inside_except is not False:
             self.flags.add("inside-except")
+            return False
+        if held != 0:
+            self.flags.add("kept-reference")
+        return held + B <= self.capacity
+
+
+def _harness_batch_probe(
+    find_max_batch: Callable[..., Any], room: Callable[..., bool], start: int
+) -> Any:
+    """Run ``find_max_batch(try_step, start=start)`` where the learner's function lives, with a
+    ``try_step(B)`` that holds B units of fake memory while its frame (or a traceback to it) is
+    alive. Before each step it calls ``room(B, held, inside_except)`` (the checker's
+    :meth:`FakeMemory.room`, called back when grading) with what it observes here: ``held``, the
+    int units of earlier steps still referenced, and ``inside_except``, a bool, whether the step
+    was called while an exception was being handled; it raises ``torch.cuda.OutOfMemoryError``
+    when ``room`` answers False.
+
+    Returns:
+        what ``find_max_batch`` returned, when that is data (a number, normally); else the str
+        ``"<a TYPE>"`` naming its type.
+    """
+    import weakref
+
+    import torch
+
+    from helpers.grading import remote
+
+    live: weakref.WeakSet[_FakeBlock] = weakref.WeakSet()
+
+    def try_step(B):
+        inside = sys.exc_info()[0] is not None
+        held = sum(block.units for block in live)
+        fits = room(B, held, inside)
+        if inside:
             raise torch.cuda.OutOfMemoryError(
                 "CUDA out of memory (fake): the failed step's memory is still held"
             )
-        held = sum(b.units for b in self.live)
-        if held:
-            self.flags.add("kept-reference")
         block = _FakeBlock(B)  # the step's tensors: alive while this frame is referenced
-        self.live.add(block)
-        if held + B > self.capacity:
-            raise torch.cuda.OutOfMemoryError(
-                f"CUDA out of memory (fake): B={B} needs {B} units, {self.capacity - held} free"
-            )
+        live.add(block)
+        if not fits:
+            raise torch.cuda.OutOfMemoryError(f"CUDA out of memory (fake): B={B} does not fit")
         del block
+
+    got = find_max_batch(try_step, start=start)
+    try:
+        remote.encode(got)
+    except (TypeError, ValueError):
+        return f"<a {type(got).__name__}>"
+    return got
 
 
 PROBE_CASES = [(37, 1), (1, 1), (100, 3), (64, 1)]  # (hidden largest B, start)
@@ -113,17 +157,25 @@ def check_batch_probe(fn: Callable[..., int]) -> None:
     """Check ``find_max_batch(try_step, start=1) -> int`` against fake steps that raise
     ``torch.cuda.OutOfMemoryError`` above a hidden batch size (:class:`FakeMemory`).
 
+    The hidden size stays here, in the checker: each step asks :meth:`FakeMemory.room` whether it
+    fits, so the learner's side never sees it, and the returned size and the number of steps are
+    checked here. Whether memory of a failed step was still referenced, or a step ran inside
+    ``except``, is observed where the learner's function runs (:func:`_harness_batch_probe`): when
+    grading, that is the submission's own report.
+
     Raises:
         AssertionError: with a hint, for a wrong answer, a retry inside ``except``, a kept reference
             to a failed step, or a probe that does not stop.
     """
     gid = "ch03_batch_probe"
-    import gc
-
     for hidden, start in PROBE_CASES:
         mem = FakeMemory(hidden)
-        got = fn(mem.step, start=start)
-        gc.collect()
+        got = run_learner(fn, _harness_batch_probe, mem.room, start)
+        if mem.calls > mem.max_calls:  # the AssertionError of room() was caught
+            raise AssertionError(
+                f"the probe called try_step more than {mem.max_calls} times: does it stop? "
+                f"{_reread(gid)}"
+            )
         if "inside-except" in mem.flags:
             raise AssertionError(
                 "try_step was called while an OOM was still being handled (inside `except`): "

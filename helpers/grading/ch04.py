@@ -13,7 +13,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from helpers.grading.common import as_number, is_close, passed, reread
+from helpers.grading.common import as_number, is_close, passed, reread, run_learner
 
 SECTIONS = {
     "ch04_autocast_step": "chapter 04, section 6 (Exercise: a correct autocast training step)",
@@ -117,28 +117,117 @@ def _flat(model):
 STEPS, INF_STEP = 3, 2  # fp16: step 2's gradients hold an inf, so it must be skipped
 
 
-def _two_runs(dtype):
-    """The learner's run and the reference run, from the same tiny GPT and batch: for each
-    (model, SGD optimizer, GradScaler, the gradients each optimizer step used, the logits'
-    dtypes). fp16: a scaler starting at 2^16 that grows after every clean step
-    (growth_interval=1, so a missing update() shows at once), and an inf planted in the
-    gradients of step INF_STEP; bf16: a disabled scaler (scale(), unscale_(), step() and update()
-    then do nothing but the optimizer step). The learner's model starts with stale gradients."""
+def _training(model, dtype):
+    """SGD (lr 0.1), a GradScaler and the gradients each optimizer step uses
+    (:func:`_grads_at_step`) for ``model``, the learner's or the reference. fp16: a scaler
+    starting at 2^16 that grows after every clean step (growth_interval=1, so a missing update()
+    shows at once), and an inf planted in the gradients of step :data:`INF_STEP`; bf16: a
+    disabled scaler (scale(), unscale_(), step() and update() then do nothing but the optimizer
+    step)."""
     import torch
 
-    model, x, y = _tiny_gpt()
-    ref_model = copy.deepcopy(model)
+    fp16 = dtype is torch.float16
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=1, enabled=fp16)
+    if fp16:
+        _inf_on_backward(model.transformer.h[0].mlp.c_fc.weight, INF_STEP)
+    return opt, scaler, _grads_at_step(opt)
+
+
+def _plain_or_type(value: Any) -> Any:
+    """``value`` if it is data the checker can receive, else the str ``"<a TYPE>"``."""
+    from helpers.grading import remote
+
+    try:
+        remote.encode(value)
+    except (TypeError, ValueError):
+        return f"<a {type(value).__name__}>"
+    return value
+
+
+def _harness_autocast_steps(
+    autocast_step: Callable[..., Any], model, x, y, dtype, steps: int
+) -> list[dict[str, Any]]:
+    """Run ``autocast_step(model, optimizer, scaler, x, y, dtype)`` ``steps`` times where the
+    learner's function lives, on ``model`` (the checker's tiny GPT, given stale gradients of 1e3
+    here: the step must clear them) with :func:`_training`'s optimizer and GradScaler (wrapped in
+    a :class:`_SpyScaler`) and a forward hook on ``model.lm_head``. Stops after a step that raised
+    an AssertionError, RuntimeError or ValueError (a NotImplementedError propagates).
+
+    Returns:
+        one dict per step run: ``"raised"``, None or ``[class name, first line of the message]``;
+        ``"calls"``, the list of GradScaler method names called (str); ``"loss"``, what the step
+        returned (a number, a CPU tensor), or ``"<a TYPE>"`` when that is not data; ``"dtypes"``,
+        the sorted str dtypes of the parameters after the step; ``"scale"``, the float
+        ``scaler.get_scale()``; ``"weights"``, the parameters after the step, flattened into one
+        float32 tensor of shape (n_params,); ``"stepped"``, the int number of
+        ``optimizer.step`` calls in the step; ``"grad"``, None if it did not step, else the
+        gradients that the last of those used, a float32 tensor of shape (n_params,);
+        ``"logits"``, the torch.dtype of each ``lm_head`` output in the step. A step that raised
+        has only ``"raised"`` and ``"calls"``.
+    """
+    import torch
+
     for p in model.parameters():  # stale gradients of an earlier step: the step must clear them
         p.grad = torch.full_like(p, 1e3)
-    fp16 = dtype is torch.float16
-    runs = []
-    for m in (model, ref_model):
-        opt = torch.optim.SGD(m.parameters(), lr=0.1)
-        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=1, enabled=fp16)
-        if fp16:
-            _inf_on_backward(m.transformer.h[0].mlp.c_fc.weight, INF_STEP)
-        runs.append((m, opt, scaler, _grads_at_step(opt), _logits_dtypes(m)))
-    return runs, x, y
+    opt, scaler, seen = _training(model, dtype)
+    logits = _logits_dtypes(model)
+    spy, reports = _SpyScaler(scaler), []
+    for _ in range(steps):
+        spy.calls.clear()
+        stepped, logged = len(seen), len(logits)
+        try:
+            loss = autocast_step(model, opt, spy, x, y, dtype)
+        except NotImplementedError:
+            raise
+        except (AssertionError, RuntimeError, ValueError) as e:  # raised by the GradScaler
+            first = (str(e).strip().splitlines() or [""])[0]
+            reports.append({"raised": [type(e).__name__, first], "calls": list(spy.calls)})
+            break
+        reports.append(
+            {
+                "raised": None,
+                "calls": list(spy.calls),
+                "loss": _plain_or_type(loss),
+                "dtypes": sorted({str(p.dtype) for p in model.parameters()}),
+                "scale": float(scaler.get_scale()),
+                "weights": _flat(model),
+                "stepped": len(seen) - stepped,
+                "grad": seen[-1] if len(seen) > stepped else None,
+                "logits": logits[logged:],
+            }
+        )
+    return reports
+
+
+def _report(reports: Any, step: int, ref_w) -> dict[str, Any]:
+    """The learner's side's report of ``step`` (1-based), checked for the fields the check reads;
+    AssertionError if it is missing or malformed."""
+    import torch
+
+    report = reports[step - 1] if isinstance(reports, list) and len(reports) >= step else None
+    ok = isinstance(report, dict) and isinstance(report.get("calls"), list)
+    raised = report.get("raised") if ok else None
+    if raised is not None:
+        ok = isinstance(raised, list) and len(raised) == 2
+        ok = ok and all(isinstance(r, str) for r in raised)
+    elif ok:
+        w, grad = report.get("weights"), report.get("grad")
+        ok = (
+            isinstance(w, torch.Tensor)
+            and w.shape == ref_w.shape
+            and (grad is None or isinstance(grad, torch.Tensor) and grad.shape == ref_w.shape)
+            and isinstance(report.get("dtypes"), list)
+            and isinstance(report.get("logits"), list)
+            and isinstance(report.get("scale"), (int, float))
+            and isinstance(report.get("stepped"), int)
+        )
+    if not ok:
+        raise AssertionError(
+            f"the learner's side sent no well-formed report of step {step} "
+            f"(the course's harness was changed?). {_reread('ch04_autocast_step')}"
+        )
+    return report
 
 
 def _why_scale_differs(calls: list[str]) -> str:
@@ -199,12 +288,18 @@ def check_autocast_step(fn: Callable[..., Any]) -> None:
     """Check ``autocast_step(model, optimizer, scaler, x, y, dtype) -> float`` on a tiny GPT on the
     CPU against a reference step (:func:`_reference_step`) from the same weights and batch:
     :data:`STEPS` steps with bf16 and a disabled GradScaler, then as many with fp16 and a real one
-    (see :func:`_two_runs`: a scale that grows after every clean step, and inf gradients in step
+    (see :func:`_training`: a scale that grows after every clean step, and inf gradients in step
     :data:`INF_STEP`, which must be skipped). After every step the parameters must still be fp32,
     and the returned loss, the scale and the weights must match the reference's (weights within
     1e-4 of the update's size; SGD, so a wrong gradient shows in them, where AdamW would normalise
     it away). The hint names the mistake from the GradScaler methods called, the gradients the
     optimizer step used and the logits' dtype.
+
+    The learner's steps run where the learner's function lives (:func:`_harness_autocast_steps`,
+    on a copy of the seeded model built here); the reference run, and every comparison, run here.
+    The loss, scale and weights the harness reports are checked against that reference; the
+    parameters' dtypes, the number of optimizer steps, and the GradScaler calls, gradients and
+    logits' dtypes the hints are chosen from are, when grading, the submission's own report.
 
     Raises:
         AssertionError: with a hint.
@@ -215,51 +310,49 @@ def check_autocast_step(fn: Callable[..., Any]) -> None:
     call = "autocast_step(model, optimizer, scaler, x, y, dtype)"
     for dtype in (torch.bfloat16, torch.float16):
         name, fp16 = str(dtype).replace("torch.", ""), dtype is torch.float16
-        runs, x, y = _two_runs(dtype)
-        (model, opt, scaler, seen, logits), (ref_model, ref_opt, ref_scaler, want, _) = runs
-        w0, spy = _flat(ref_model), _SpyScaler(scaler)
+        model, x, y = _tiny_gpt()
+        ref_model = copy.deepcopy(model)
+        ref_opt, ref_scaler, want = _training(ref_model, dtype)
+        w0 = _flat(ref_model)
+        reports = run_learner(fn, _harness_autocast_steps, model, x, y, dtype, STEPS)
+        logits: list = []
         for step in range(1, STEPS + 1):
             at = f"{name} step {step}{' (inf gradients)' if fp16 and step == INF_STEP else ''}"
-            spy.calls.clear()
-            stepped, ref_stepped = len(seen), len(want)
-            try:
-                loss = fn(model, opt, spy, x, y, dtype)
-            except NotImplementedError:
-                raise
-            except (AssertionError, RuntimeError, ValueError) as e:  # raised by the GradScaler
+            report = _report(reports, step, w0)
+            calls = report["calls"]
+            if report["raised"] is not None:
+                kind, first = report["raised"]
                 why = (
                     "backward ran on the unscaled loss: call scaler.scale(loss).backward()"
-                    if "scale" not in spy.calls
+                    if "scale" not in calls
                     else "call scale(loss).backward(), unscale_(optimizer), clip, step(optimizer) "
                     "and update() once each, in that order"
                 )
-                first = (str(e).strip().splitlines() or [""])[0]
                 raise AssertionError(
-                    f"{at}: autocast_step raised {type(e).__name__} ({first}): {why}. "
-                    f"{_reread(gid)}"
-                ) from None
+                    f"{at}: autocast_step raised {kind} ({first}): {why}. {_reread(gid)}"
+                )
+            ref_stepped = len(want)
             ref_loss = _reference_step(ref_model, ref_opt, ref_scaler, x, y, dtype)
-            low = sorted({str(p.dtype) for p in model.parameters() if p.dtype != torch.float32})
+            logits += report["logits"]
+            low = sorted(str(d) for d in report["dtypes"] if d != str(torch.float32))
             if low:
                 raise AssertionError(
                     f"parameters are now {low}: keep the master weights in fp32 "
                     f"(autocast casts per operation; never call model.to({name})). {_reread(gid)}"
                 )
-            if isinstance(loss, torch.Tensor):
-                loss = loss.detach()
-            value = as_number(loss, call, _reread(gid))
+            value = as_number(report["loss"], call, _reread(gid))
             if not is_close(value, ref_loss, rel=1e-3):
                 raise AssertionError(
                     f"{at}: returned {value:.6g}, expected the loss {ref_loss:.6g}: return "
                     f"loss.item(), the unscaled loss. {_reread(gid)}"
                 )
-            if scaler.get_scale() != ref_scaler.get_scale():
+            if report["scale"] != ref_scaler.get_scale():
                 raise AssertionError(
-                    f"{at}: the scale is {scaler.get_scale():g}, expected "
-                    f"{ref_scaler.get_scale():g}: {_why_scale_differs(spy.calls)}. {_reread(gid)}"
+                    f"{at}: the scale is {report['scale']:g}, expected "
+                    f"{ref_scaler.get_scale():g}: {_why_scale_differs(calls)}. {_reread(gid)}"
                 )
-            w, ref_w = _flat(model), _flat(ref_model)
-            if not torch.isfinite(w).all() or (len(want) == ref_stepped and len(seen) > stepped):
+            w, ref_w = report["weights"].float(), _flat(ref_model)
+            if not torch.isfinite(w).all() or (len(want) == ref_stepped and report["stepped"]):
                 raise AssertionError(
                     f"{at}: the optimizer stepped on gradients holding inf"
                     f"{' (the weights are now inf/nan)' if not torch.isfinite(w).all() else ''}: "
@@ -268,9 +361,7 @@ def check_autocast_step(fn: Callable[..., Any]) -> None:
                 )
             err = float((w - ref_w).norm() / (ref_w - w0).norm())
             if err > 1e-4:
-                why = _why_weights_differ(
-                    seen[-1] if len(seen) > stepped else None, want[-1], spy.calls, logits, dtype
-                )
+                why = _why_weights_differ(report["grad"], want[-1], calls, logits, dtype)
                 raise AssertionError(
                     f"{at}: the weights differ from a correct step's (relative error {err:.1e}): "
                     f"{why}. {_reread(gid)}"

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from helpers.grading.common import as_number, passed, reread
+from helpers.grading.common import as_number, passed, reread, run_learner
 
 SECTIONS = {
     "ch05_fused_chain": "chapter 05, section 2 (Exercise: fuse bias + GELU + residual)",
@@ -49,6 +49,48 @@ def _reference_chain(
     return (residual.double() + g) if with_residual else g
 
 
+def _harness_fused_chain(
+    make_fused_chain: Callable[[], Callable],
+    x: torch.Tensor,
+    bias: torch.Tensor,
+    residual: torch.Tensor,
+    device: str,
+) -> dict:
+    """Where the learner's function lives: reset Dynamo, call ``make_fused_chain()``, and run the
+    function it returns on ``x``, ``bias``, ``residual`` moved to ``device`` ("cpu" or "cuda"):
+    once through :func:`helpers.chapters.ch05_compile.count_kernels` (which compiles it, then
+    profiles a second call), counting the Dynamo graphs compiled meanwhile
+    (``torch._dynamo.utils.counters["stats"]["unique_graphs"]``), then once more under
+    ``torch.no_grad()`` for the output.
+
+    Returns:
+        ``{"made": str, the type name of what make_fused_chain() returned, "callable": bool}``,
+        and when it is callable also ``"graphs"``, the int number of graphs compiled;
+        ``"kernels"``, the int number of kernels the profiler saw; ``"names"``, the first 8 of
+        their names (str); ``"out"``, the output as a CPU tensor (the shape and dtype the function
+        gave it), or None when it is not a tensor; ``"out_type"``, the output's type name.
+    """
+    from torch._dynamo.utils import counters
+
+    from helpers.chapters import ch05_compile as compilation
+
+    torch._dynamo.reset()
+    fused = make_fused_chain()
+    report: dict[str, Any] = {"made": type(fused).__name__, "callable": callable(fused)}
+    if fused is None or not callable(fused):
+        return report
+    args = tuple(t.to(device) for t in (x, bias, residual))
+    g0 = int(counters["stats"]["unique_graphs"])
+    counted = compilation.count_kernels(fused, args, device)
+    report["graphs"] = int(counters["stats"]["unique_graphs"]) - g0
+    report["kernels"], report["names"] = int(counted["kernels"]), list(counted["names"][:8])
+    with torch.no_grad():
+        out = fused(*args)
+    report["out_type"] = type(out).__name__
+    report["out"] = out.detach().cpu() if isinstance(out, torch.Tensor) else None
+    return report
+
+
 def check_fused_chain(make_fused_chain: Callable[[], Callable]) -> None:
     """Check ``make_fused_chain() -> f`` where
     ``f(x, bias, residual) = residual + GELU_tanh(x + bias)`` is compiled with ``torch.compile``.
@@ -60,12 +102,14 @@ def check_fused_chain(make_fused_chain: Callable[[], Callable]) -> None:
     one kernel (:func:`helpers.chapters.ch05_compile.count_kernels`; where this torch version
     records inductor's C++ kernels).
 
+    The function is made, compiled and run where the learner's function lives
+    (:func:`_harness_fused_chain`) on inputs drawn here; the output is checked here against the
+    reference computed here. The graph and kernel counts cannot be verified here: when grading,
+    they are the submission's own report.
+
     Raises:
         AssertionError: with a hint, when the output, the graph count or the kernel count is wrong.
     """
-    from torch._dynamo.utils import counters
-
-    from helpers.chapters import ch05_compile as compilation
     from helpers.measure import hardware
 
     gid = "ch05_fused_chain"
@@ -79,30 +123,33 @@ def check_fused_chain(make_fused_chain: Callable[[], Callable]) -> None:
                 f"run this check where it can. {_reread(gid)}"
             )
         device = torch.device("cuda")
-    torch._dynamo.reset()
-    fused = make_fused_chain()
-    if fused is None or not callable(fused):
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(64, 96, generator=gen) * 2.0
+    bias = torch.randn(96, generator=gen)
+    residual = torch.randn(64, 96, generator=gen)
+    report = run_learner(make_fused_chain, _harness_fused_chain, x, bias, residual, device.type)
+    if not isinstance(report, dict) or report.get("callable") is not True:
+        made = report.get("made") if isinstance(report, dict) else None
         raise AssertionError(
-            f"make_fused_chain() returned {type(fused).__name__}, expected the compiled function: "
+            f"make_fused_chain() returned {made}, expected the compiled function: "
             f"return torch.compile(...). {_reread(gid)}"
         )
-    gen = torch.Generator().manual_seed(5)
-    x = (torch.randn(64, 96, generator=gen) * 2.0).to(device)
-    bias = torch.randn(96, generator=gen).to(device)
-    residual = torch.randn(64, 96, generator=gen).to(device)
-    g0 = int(counters["stats"]["unique_graphs"])
-    counted = compilation.count_kernels(fused, (x, bias, residual), device)
-    graphs = int(counters["stats"]["unique_graphs"]) - g0
-    with torch.no_grad():
-        out = fused(x, bias, residual)
+    out = report.get("out")
     if not isinstance(out, torch.Tensor) or out.shape != x.shape:
         raise AssertionError(
-            f"f(x, bias, residual) returned {type(out).__name__} {getattr(out, 'shape', '')}, "
-            f"expected a tensor of shape {tuple(x.shape)}. {_reread(gid)}"
+            f"f(x, bias, residual) returned {report.get('out_type')} "
+            f"{getattr(out, 'shape', '')}, expected a tensor of shape {tuple(x.shape)}. "
+            f"{_reread(gid)}"
+        )
+    graphs, kernels, names = report.get("graphs"), report.get("kernels"), report.get("names")
+    if not (isinstance(graphs, int) and isinstance(kernels, int) and isinstance(names, list)):
+        raise AssertionError(
+            f"the learner's side sent no well-formed graph and kernel counts (the course's "
+            f"harness was changed?). {_reread(gid)}"
         )
 
     def rel(ref: torch.Tensor) -> float:
-        return float((out.double() - ref).norm() / ref.norm())
+        return float((out.detach().double() - ref).norm() / ref.norm())
 
     err = rel(_reference_chain(x, bias, residual))
     if err > 1e-5:
@@ -132,9 +179,9 @@ def check_fused_chain(make_fused_chain: Callable[[], Callable]) -> None:
             f"the chain was split into {graphs} graphs (a graph break: print, .item(), "
             f"torch._dynamo.graph_break ...), so it cannot fuse into one kernel. {_reread(gid)}"
         )
-    if counted["kernels"] > 1:
+    if kernels > 1:
         raise AssertionError(
-            f"one graph, but {counted['kernels']} kernels ran ({', '.join(counted['names'][:4])}): "
+            f"one graph, but {kernels} kernels ran ({', '.join(map(str, names[:4]))}): "
             f"keep only tensor ops in the chain. {_reread(gid)}"
         )
     passed(

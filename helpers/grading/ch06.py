@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from helpers.grading.common import passed, reread
+from helpers.grading.common import passed, reread, run_learner
 
 SECTIONS = {
     "ch06_sdpa_attention": "chapter 06, section 2 (Exercise: SDPA in the attention block)",
@@ -37,26 +37,51 @@ def _attention_block():
     return attn, x, grad_out
 
 
-def _forward_backward(forward, attn, x, grad_out):
-    """(output, dx, dW of c_attn, dW of c_proj, the (op, shape) of every (..., T, T) tensor
-    allocated) of ``forward(attn, x)`` and its backward with ``grad_out``."""
+def _harness_forward_backward(forward, attn, x, grad_out):
+    """``forward(attn, x)`` and its backward with ``grad_out``, with the shape of every tensor the
+    ops return recorded; the harness of ``ch06_sdpa_attention`` (and, called here, the reference).
+
+    Returns a dict:
+        ``"out"``: the output, detached (a (B, T, C) fp32 tensor for a right answer), or what
+        ``forward`` returned when that is None or not of x's shape (then no backward is run and
+        every gradient is None);
+        ``"dx"``, ``"dw_attn"``, ``"dw_proj"``: the gradients of x (B, T, C), of
+        ``attn.c_attn.weight`` (3C, C) and of ``attn.c_proj.weight`` (C, C), fp32, or None;
+        ``"shapes"``: the (op name, shape tuple) of every tensor an ATen op returned in forward and
+        backward, in order (the check looks for (..., T, T) ones).
+    """
     from helpers.chapters import ch06_attention as attention
     from helpers.measure import hardware
 
-    T = x.size(1)
     attn.zero_grad(set_to_none=True)
     xx = x.detach().clone().requires_grad_(True)
     rec = attention.TensorShapeRecorder()
     # CPU tensors: the CPU's fused kernel, also while a T4 is emulated
     with rec, hardware.cpu_sdpa_kernels():
         out = forward(attn, xx)
-        if out is None or tuple(out.shape) != tuple(x.shape):
-            return out, None, None, None, []
-        if out.requires_grad:
+        ran = out is not None and tuple(out.shape) == tuple(x.shape)
+        if ran and out.requires_grad:
             out.backward(grad_out)
-    square = [(op, s) for op, s in rec.shapes if len(s) >= 2 and s[-1] == s[-2] == T]
-    grads = (xx.grad, attn.c_attn.weight.grad, attn.c_proj.weight.grad)
-    return (out.detach(), *grads, square)
+    if not ran:
+        return {
+            "out": out if out is None else out.detach(),
+            "dx": None,
+            "dw_attn": None,
+            "dw_proj": None,
+            "shapes": list(rec.shapes),
+        }
+    return {
+        "out": out.detach(),
+        "dx": xx.grad,
+        "dw_attn": attn.c_attn.weight.grad,
+        "dw_proj": attn.c_proj.weight.grad,
+        "shapes": list(rec.shapes),
+    }
+
+
+def _square(shapes, T: int) -> list:
+    """The (op, shape) among ``shapes`` whose last two dims are both T."""
+    return [(op, tuple(s)) for op, s in shapes if len(s) >= 2 and s[-1] == s[-2] == T]
 
 
 def check_sdpa_attention(fn: Callable[..., Any]) -> None:
@@ -75,7 +100,10 @@ def check_sdpa_attention(fn: Callable[..., Any]) -> None:
 
     gid = "ch06_sdpa_attention"
     attn, x, grad_out = _attention_block()
-    out, dx, dw_attn, dw_proj, square = _forward_backward(fn, attn, x, grad_out)
+    # forward and backward run beside the learner's function (in the submission's kernel when
+    # grading); the output and gradients are judged here against the reference computed here
+    ran = run_learner(fn, _harness_forward_backward, attn, x, grad_out)
+    out, dx, dw_attn, dw_proj = (ran[k] for k in ("out", "dx", "dw_attn", "dw_proj"))
     B, T, C = x.shape
     if out is None:
         raise AssertionError(
@@ -87,11 +115,12 @@ def check_sdpa_attention(fn: Callable[..., Any]) -> None:
             f"(B, T, C): merge the heads back with y.transpose(1, 2).contiguous().view(B, T, C). "
             f"{_reread(gid)}"
         )
-    ref, *ref_grads, _ = _forward_backward(lambda a, t: a(t), attn, x, grad_out)
+    manual = _harness_forward_backward(lambda a, t: a(t), attn, x, grad_out)
+    ref, ref_grads = manual["out"], [manual[k] for k in ("dx", "dw_attn", "dw_proj")]
     err = attention.relative_error(out, ref)
     if not err < 1e-4:
         for mistake, hint in _BLOCK_MISTAKES:
-            wrong = _forward_backward(mistake, attn, x, grad_out)[0]
+            wrong = _harness_forward_backward(mistake, attn, x, grad_out)["out"]
             if attention.relative_error(out, wrong) < 1e-4:
                 raise AssertionError(f"the output matches {hint} {_reread(gid)}")
         raise AssertionError(
@@ -110,6 +139,7 @@ def check_sdpa_attention(fn: Callable[..., Any]) -> None:
                 f"(relative error {grad_err:.2e}): build the output from attn's layers with "
                 f"differentiable ops only (no torch.no_grad, .detach() or .data). {_reread(gid)}"
             )
+    square = _square(ran["shapes"], T)
     if square:
         ops = sorted({op for op, _ in square})
         raise AssertionError(
@@ -251,12 +281,10 @@ def check_online_softmax(fn: Callable[..., Any]) -> None:
         s1, s2 = torch.randn(N, t1, generator=g) * scale, torch.randn(N, t2, generator=g) * scale
         v1, v2 = torch.randn(t1, d, generator=g), torch.randn(t2, d, generator=g)
         ref = torch.cat([s1, s2], dim=1).double().softmax(dim=1) @ torch.cat([v1, v2]).double()
-        rec = attention.TensorShapeRecorder()
-        with rec:
-            out = fn(s1, v1, s2, v2)
+        out, shapes = run_learner(fn, _harness_recorded, s1, v1, s2, v2)
         if out is None:
             raise AssertionError(f"combine_two_tiles returned None. {_reread(gid)}")
-        if any(len(shape) >= 1 and shape[-1] == t1 + t2 for _, shape in rec.shapes):
+        if any(len(shape) >= 1 and shape[-1] == t1 + t2 for _, shape in shapes):
             raise AssertionError(
                 f"a tensor with {t1 + t2} = t1 + t2 columns was built: that is the full score row. "
                 "Keep one tile at a time: a running max, a running denominator and a running "
@@ -278,6 +306,22 @@ def check_online_softmax(fn: Callable[..., Any]) -> None:
         gid,
         "two tiles combined exactly (also with scores of 1e4), never building the full score row",
     )
+
+
+def _harness_recorded(fn, *args):
+    """``fn(*args)`` with the shape of every tensor an ATen op returned meanwhile; the harness of
+    ``ch06_online_softmax``.
+
+    Returns:
+        (what ``fn`` returned (an (N, d) tensor for a right answer), the list of (op name, shape
+        tuple) of every tensor the ops returned, in order).
+    """
+    from helpers.chapters import ch06_attention as attention
+
+    rec = attention.TensorShapeRecorder()
+    with rec:
+        out = fn(*args)
+    return out, list(rec.shapes)
 
 
 def _tiles_concatenate(s1, v1, s2, v2):

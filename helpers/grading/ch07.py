@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from helpers.grading.common import passed, reread
+from helpers.grading.common import passed, reread, run_learner
 
 SECTIONS = {
     "ch07_pad_vocab": "chapter 07, section 2 (Padding the vocabulary)",
@@ -57,19 +57,19 @@ def check_pad_vocab(fn: Callable[..., Any]) -> None:
         with torch.no_grad():
             ref_logits, _ = gpt(idx)  # (B, T, V)
         call = f"pad_model_vocab(gpt with V={V}, {m})"
-        returned = fn(gpt, m)
-        if isinstance(returned, torch.nn.Module):  # padded in place and returned: either is fine
-            gpt = returned
-        head, wte = gpt.lm_head.weight, gpt.transformer.wte.weight
-        if head is not wte:
+        # the learner pads a copy of gpt in the submission's kernel when grading: what comes back
+        # is the padded weights, the config's size and a forward's logits, judged here
+        got = run_learner(fn, _harness_pad_vocab, gpt, m, idx)
+        head, wte = got["lm_head"], got["wte"]
+        if not (got["tied"] and torch.equal(head, wte)):
             raise AssertionError(
                 f"{call}: gpt.lm_head.weight and gpt.transformer.wte.weight are no longer one "
                 "tensor: weight tying is broken (two copies to store, update and keep apart). "
                 f"Make one nn.Parameter and assign that same object to both. {_reread(gid)}"
             )
-        if not isinstance(head, torch.nn.Parameter) or not head.requires_grad:
+        if not (got["is_parameter"] and got["requires_grad"]):
             raise AssertionError(
-                f"{call}: the padded weight is a {type(head).__name__} without gradients: wrap it "
+                f"{call}: the padded weight is a {got['type']} without gradients: wrap it "
                 f"in nn.Parameter so that the optimizer trains it. {_reread(gid)}"
             )
         rows = head.shape[0]
@@ -83,27 +83,30 @@ def check_pad_vocab(fn: Callable[..., Any]) -> None:
             else:
                 why = f"expected {want}, the *smallest* multiple of {m} that is >= {V}"
             raise AssertionError(f"{call}: the weight has {rows} rows: {why}. {_reread(gid)}")
-        new = head.detach()
-        if not torch.equal(new[:V], old):
+        if tuple(head.shape) != (want, old.shape[1]) or not torch.equal(head[:V], old):
             raise AssertionError(
                 f"{call}: rows 0..{V - 1} are not the old weight's rows: copy the old (V, C) "
                 f"weight into the first V rows, so that token id i keeps row i. {_reread(gid)}"
             )
-        if rows > V and new[V:].abs().max() > 0:
+        if rows > V and head[V:].abs().max() > 0:
             raise AssertionError(
                 f"{call}: the padded rows are not zero: start them at zero, as the course's "
                 "model does (their logits start at 0, and training only pushes them down). "
                 f"{_reread(gid)}"
             )
-        if gpt.config.padded_vocab_size != rows:
+        if got["padded_vocab_size"] != rows:
             raise AssertionError(
-                f"{call}: gpt.config.padded_vocab_size is {gpt.config.padded_vocab_size}, but the "
+                f"{call}: gpt.config.padded_vocab_size is {got['padded_vocab_size']}, but the "
                 f"weight has {rows} rows: set gpt.config.vocab_multiple = {m}, so that code "
                 "reading the config (chapter 03's memory estimate, for one) sees the padded size. "
                 f"{_reread(gid)}"
             )
-        with torch.no_grad():
-            logits, _ = gpt(idx)
+        logits = got["logits"]
+        if not isinstance(logits, torch.Tensor):
+            raise AssertionError(
+                f"{call}: the padded model's forward raised {' '.join(str(logits).split())}. "
+                f"{_reread(gid)}"
+            )
         if tuple(logits.shape) != (*idx.shape, want) or not (
             torch.allclose(logits[..., :V], ref_logits, atol=1e-6) and (logits[..., V:] == 0).all()
         ):
@@ -116,6 +119,59 @@ def check_pad_vocab(fn: Callable[..., Any]) -> None:
         f"{len(PAD_CASES)} tiny GPTs padded in place (aligned one included): one tied "
         "weight, old rows kept, zero padded rows, the same logits for real ids",
     )
+
+
+def _harness_pad_vocab(fn, gpt, multiple, idx):
+    """``fn(gpt, multiple)`` (padding ``gpt`` in place; a module it returns is taken as the padded
+    model), then a forward of ``idx``; the harness of ``ch07_pad_vocab``.
+
+    Returns a dict of what the padded model holds:
+        ``"lm_head"``, ``"wte"``: ``gpt.lm_head.weight`` and ``gpt.transformer.wte.weight``,
+        detached ((rows, C) fp32 for a right answer);
+        ``"tied"``: whether they are one object (bool); ``"type"``: the class name of
+        ``gpt.lm_head.weight``; ``"is_parameter"``: whether it is an ``nn.Parameter`` (bool);
+        ``"requires_grad"``: its requires_grad (bool);
+        ``"padded_vocab_size"``: ``gpt.config.padded_vocab_size`` (int);
+        ``"logits"``: ``gpt(idx)``'s logits under no_grad ((B, T, rows) fp32), or the text of the
+        exception that forward raised (str).
+    """
+    import torch
+
+    returned = fn(gpt, multiple)
+    if isinstance(returned, torch.nn.Module):  # padded in place and returned: either is fine
+        gpt = returned
+    head, wte = gpt.lm_head.weight, gpt.transformer.wte.weight
+    try:
+        with torch.no_grad():
+            logits = gpt(idx)[0]
+    except Exception as exc:  # e.g. an embedding with fewer rows than the ids: the check says
+        logits = f"{type(exc).__name__}: {exc}"[:500]
+    return {
+        "lm_head": head.detach(),
+        "wte": wte.detach(),
+        "tied": head is wte,
+        "type": type(head).__name__,
+        "is_parameter": isinstance(head, torch.nn.Parameter),
+        "requires_grad": bool(head.requires_grad),
+        "padded_vocab_size": gpt.config.padded_vocab_size,
+        "logits": logits,
+    }
+
+
+def _harness_draws(fn, logits, vocab_size, seed, n):
+    """``n`` calls ``fn(logits.clone(), vocab_size, generator)``, all with one ``torch.Generator``
+    seeded with ``seed`` here (a generator sent from the checker would arrive in the same state at
+    every call, so every call would draw the same ids); the harness of ``ch07_masked_sampling``.
+
+    Returns:
+        a list of ``n``: what each call returned, as a tensor (``torch.as_tensor``; (B, 1) int64
+        for a right answer), or None where it returned None.
+    """
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    samples = [fn(logits.clone(), vocab_size, g) for _ in range(n)]
+    return [None if s is None else torch.as_tensor(s) for s in samples]
 
 
 def check_masked_sampling(fn: Callable[..., Any]) -> None:
@@ -145,8 +201,8 @@ def check_masked_sampling(fn: Callable[..., Any]) -> None:
     logits = logits[:, -1, :]  # (8, 128)
     if logits.argmax(dim=-1).max() < 100:
         raise AssertionError("internal: the padded ids are not the most likely ones")
-    g = torch.Generator().manual_seed(0)
-    samples = [fn(logits.clone(), 100, g) for _ in range(25)]
+    # the 25 draws run beside the learner's function, from one generator seeded there with 0
+    samples = run_learner(fn, _harness_draws, logits, 100, 0, 25)
     if any(s is None for s in samples):
         raise AssertionError(f"sample_next returned None. {_reread(gid)}")
     ids = torch.cat([torch.as_tensor(s).reshape(-1) for s in samples])

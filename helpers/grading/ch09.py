@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from helpers.grading.common import as_number, is_close, passed, reread
+from helpers.grading.common import as_number, is_close, passed, reread, run_learner
 
 SECTIONS = {
     "ch09_accumulation_step": (
@@ -74,14 +74,10 @@ def check_accumulation_step(fn: Callable[..., Any]) -> None:
         micro = list(zip(x.chunk(n), y.chunk(n), strict=True))
         _, big = ref(x, y)
         big.backward()
-        seen: list[int] = []
-        hook = model.register_forward_pre_hook(
-            lambda _m, args, seen=seen: seen.append(args[0].shape[0])
-        )
-        try:
-            logged = fn(model, micro)
-        finally:
-            hook.remove()
+        # the learner's step runs on a copy of the model in the submission's kernel when grading:
+        # the forwards' batch sizes, the gradients and the logged loss come back, judged here
+        got = run_learner(fn, _harness_accumulation, model, micro)
+        seen, logged = got["forward_batches"], got["logged"]
         call = f"accumulation_step(model, {n} micro-batches of {B // n})"
         if seen != [B // n] * n:
             raise AssertionError(
@@ -89,8 +85,8 @@ def check_accumulation_step(fn: Callable[..., Any]) -> None:
                 f"expected {n} forwards of {B // n}: run one forward + backward per micro-batch "
                 f"(that is what keeps the memory of one micro-batch). {_reread(gid)}"
             )
-        grads = {k: p.grad for k, p in model.named_parameters()}
         want = {k: p.grad for k, p in ref.named_parameters()}
+        grads = {k: got["grads"].get(k) for k in want}
         missing = [k for k, v in grads.items() if v is None]
         if missing:
             raise AssertionError(
@@ -198,6 +194,30 @@ def _accum_one_big_batch(model, micro_batches):
     return loss.detach()
 
 
+def _harness_accumulation(fn, model, micro_batches):
+    """``fn(model, micro_batches)`` with a forward pre-hook on ``model`` that records each forward's
+    batch size; the harness of ``ch09_accumulation_step``.
+
+    Returns a dict:
+        ``"forward_batches"``: the batch size of each forward of ``model``, in order (list of int);
+        ``"grads"``: ``{name: p.grad}`` over ``model.named_parameters()`` (fp32 tensors of the
+        parameters' shapes, or None where a parameter got no gradient);
+        ``"logged"``: what ``fn`` returned, the logged loss (a float or a 0-d fp32 tensor, which
+        keeps its requires_grad flag).
+    """
+    seen: list[int] = []
+    hook = model.register_forward_pre_hook(lambda _m, args: seen.append(int(args[0].shape[0])))
+    try:
+        logged = fn(model, micro_batches)
+    finally:
+        hook.remove()
+    return {
+        "forward_batches": seen,
+        "grads": {k: p.grad for k, p in model.named_parameters()},
+        "logged": logged,
+    }
+
+
 # --------------------------------------------------------------------------------------------
 # ch09_checkpointed_block
 # --------------------------------------------------------------------------------------------
@@ -240,63 +260,61 @@ def check_checkpointed_block(fn: Callable[..., Any]) -> None:
 
     for x_needs_grad in (True, False):
         want_y, want_xg, want_grads = reference(x_needs_grad)
-        block.zero_grad(set_to_none=True)
-        x = x0.clone().requires_grad_(x_needs_grad)
-        calls = [0]
-        hook = block.register_forward_pre_hook(
-            lambda *_, calls=calls: calls.__setitem__(0, calls[0] + 1)
-        )
         where = (
             "an input that requires grad"
             if x_needs_grad
             else "an input that does not require grad (e.g. frozen embeddings)"
         )
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                y = fn(block, x)
-                if y is None:
-                    raise AssertionError(
-                        "checkpointed(block, x) returned None: "
-                        f"return the block's output. {_reread(gid)}"
-                    )
-                if rel(y.detach(), want_y) > 1e-5:
-                    raise AssertionError(
-                        "checkpointed(block, x) differs from block(x) "
-                        f"(rel. error {rel(y.detach(), want_y):.1e}): "
-                        f"call the block on x itself. {_reread(gid)}"
-                    )
-                if not y.requires_grad:
-                    raise AssertionError(
-                        f"with {where}, the output does not require grad, "
-                        "so the block's parameters get no gradient (PyTorch warned: "
-                        f"{str(caught[0].message).splitlines()[0] if caught else 'nothing'}): "
-                        "this is the trap of use_reentrant=True; "
-                        f"pass use_reentrant=False. {_reread(gid)}"
-                    )
-                (y * w).sum().backward()
-        finally:
-            hook.remove()
-        if calls[0] < 2:
+        # the learner's function runs forward + backward on a copy of the block in the
+        # submission's kernel when grading: the output and gradients come back, judged here
+        got = run_learner(fn, _harness_checkpointed, block, x0, w, x_needs_grad)
+        y = got["y"]
+        if got["type"] == "NoneType":
             raise AssertionError(
-                f"the block ran its forward {calls[0]} time(s) for forward + backward: "
+                f"checkpointed(block, x) returned None: return the block's output. {_reread(gid)}"
+            )
+        if not isinstance(y, torch.Tensor) or tuple(y.shape) != tuple(want_y.shape):
+            raise AssertionError(
+                f"checkpointed(block, x) returned a {got['type']} of shape {got['shape']}, "
+                f"expected the block's output {tuple(want_y.shape)}. {_reread(gid)}"
+            )
+        if rel(y, want_y) > 1e-5:
+            raise AssertionError(
+                "checkpointed(block, x) differs from block(x) "
+                f"(rel. error {rel(y, want_y):.1e}): "
+                f"call the block on x itself. {_reread(gid)}"
+            )
+        if not got["requires_grad"]:
+            caught = got["warnings"]
+            raise AssertionError(
+                f"with {where}, the output does not require grad, "
+                "so the block's parameters get no gradient (PyTorch warned: "
+                f"{caught[0] if caught else 'nothing'}): "
+                "this is the trap of use_reentrant=True; "
+                f"pass use_reentrant=False. {_reread(gid)}"
+            )
+        if got["forwards"] < 2:
+            raise AssertionError(
+                f"the block ran its forward {got['forwards']} time(s) for forward + backward: "
                 "nothing was recomputed, so its activations were stored as usual. "
                 f"Wrap the call in torch.utils.checkpoint.checkpoint. {_reread(gid)}"
             )
-        if x_needs_grad and x.grad is None:
+        x_grad = got["x_grad"]
+        if x_needs_grad and x_grad is None:
             raise AssertionError(
                 "the input x got no gradient, so every layer below this block would stop learning: "
                 f"pass x itself to checkpoint, not x.detach(). {_reread(gid)}"
             )
-        missing = [k for k, p in block.named_parameters() if p.grad is None]
+        grads = {k: got["grads"].get(k) for k in want_grads}
+        missing = [k for k, g in grads.items() if g is None]
         if missing:
             raise AssertionError(
                 f"with {where}, {len(missing)} of the block's parameters got no gradient "
                 f"(e.g. {missing[0]}): use use_reentrant=False. {_reread(gid)}"
             )
-        errs = [rel(p.grad, want_grads[k]) for k, p in block.named_parameters()]
+        errs = [rel(grads[k], want_grads[k]) for k in want_grads]
         if x_needs_grad:
-            errs.append(rel(x.grad, want_xg))
+            errs.append(rel(x_grad, want_xg))
         if max(errs) > 1e-5:
             raise AssertionError(
                 f"the gradients differ from the plain block's (rel. error {max(errs):.1e}) with "
@@ -307,6 +325,50 @@ def check_checkpointed_block(fn: Callable[..., Any]) -> None:
         "same output and gradients as the plain block, forward recomputed in "
         "backward, every parameter gets a gradient even when the input needs none",
     )
+
+
+def _harness_checkpointed(fn, block, x0, w, x_needs_grad):
+    """``y = fn(block, x)`` with ``x = x0.clone().requires_grad_(x_needs_grad)``, then
+    ``(y * w).sum().backward()`` where y requires grad, with a forward pre-hook on ``block`` that
+    counts its forwards and the warnings caught; the harness of ``ch09_checkpointed_block``.
+
+    Returns a dict:
+        ``"type"``: the class name of what ``fn`` returned (``"NoneType"`` for None);
+        ``"shape"``: its shape (tuple of int) if a tensor, else None;
+        ``"y"``: the output, detached ((B, T, C) fp32, like x0), or None if not a tensor;
+        ``"requires_grad"``: whether the output required grad (bool);
+        ``"warnings"``: the first line of each warning raised in forward and backward (list of str);
+        ``"forwards"``: how many times the block's forward ran in forward + backward (int);
+        ``"x_grad"``: x's gradient ((B, T, C) fp32) or None;
+        ``"grads"``: ``{name: p.grad}`` over ``block.named_parameters()`` (fp32 tensors of the
+        parameters' shapes, or None where a parameter got no gradient).
+    """
+    import torch
+
+    block.zero_grad(set_to_none=True)
+    x = x0.clone().requires_grad_(x_needs_grad)
+    calls = [0]
+    hook = block.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            y = fn(block, x)
+            is_tensor = isinstance(y, torch.Tensor)
+            requires_grad = is_tensor and y.requires_grad
+            if requires_grad and y.shape == w.shape:
+                (y * w).sum().backward()
+    finally:
+        hook.remove()
+    return {
+        "type": type(y).__name__,
+        "shape": tuple(y.shape) if is_tensor else None,
+        "y": y.detach() if is_tensor else None,
+        "requires_grad": bool(requires_grad),
+        "warnings": [str(c.message).splitlines()[0] for c in caught if str(c.message)],
+        "forwards": calls[0],
+        "x_grad": x.grad,
+        "grads": {k: p.grad for k, p in block.named_parameters()},
+    }
 
 
 def _ckpt_reentrant(block, x):

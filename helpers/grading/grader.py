@@ -29,18 +29,9 @@ from helpers.grading.student import (
     is_check_cell,
     make_student,
     nbgrader_metadata,
+    read_notebook,
 )
 from helpers.tools import cli
-
-# Prepended to every check cell when grading: re-executes the checks' modules (common, then each
-# chapter, then the package that lists them) in the kernel, so that checks a submission replaced are
-# restored (a limit, not a sandbox: grade untrusted code in a container, docs/grading.md).
-FRESH_CHECKS_PRELUDE = (
-    "import importlib as _il, helpers.grading as _hg\n"
-    "_hg = _il.reload(_hg)\n"  # restores its list of chapter modules
-    "for _m in (_hg.common, *_hg.CHAPTERS): _il.reload(_m)\n"
-    "grading = _il.reload(_hg)\n"  # binds the re-executed checks
-)
 
 REPO_ROOT = helpers.REPO_ROOT
 
@@ -51,7 +42,43 @@ class Reference:
 
     path: Path
     points: dict[str, float]  # grade_id -> points, in notebook order
-    sources: dict[str, str]  # grade_id -> the check cell's code (hidden tests included)
+    functions: dict[str, str]  # grade_id -> the name of the learner's function it checks
+
+
+def check_call(source: str, grade_id: str) -> str:
+    """The name of the learner's function that a check cell ``grading.check_x(name)`` checks.
+
+    A check cell is run by the grader's checker process, not by the kernel
+    (:mod:`helpers.grading.remote`), so it must be exactly that one call, of the check that
+    ``grading.CHECKS`` registers under ``grade_id``.
+
+    Raises:
+        ValueError: the cell is anything else (hidden tests included: the course's grader does
+            not run them; nbgrader does).
+    """
+    import ast
+
+    from helpers import grading
+
+    check = grading.CHECKS.get(grade_id)
+    expected = f"grading.{check.__name__}(<function name>)" if check else None
+    try:
+        body = ast.parse(source).body
+    except SyntaxError:
+        body = []
+    call = body[0].value if len(body) == 1 and isinstance(body[0], ast.Expr) else None
+    if (
+        check is not None
+        and isinstance(call, ast.Call)
+        and ast.unparse(call.func) == f"grading.{check.__name__}"
+        and len(call.args) == 1
+        and not call.keywords
+        and isinstance(call.args[0], ast.Name)
+    ):
+        return call.args[0].id
+    if check is None:
+        raise ValueError(f"the check cell {grade_id!r} names no check of helpers.grading")
+    raise ValueError(f"the check cell {grade_id!r} must be exactly `{expected}`")
 
 
 def load_references(folder: Path) -> dict[str, Reference]:
@@ -59,18 +86,22 @@ def load_references(folder: Path) -> dict[str, Reference]:
 
     Raises:
         FileNotFoundError: when ``folder`` holds no such notebook.
+        ValueError: a check cell is not one call of its check (:func:`check_call`).
     """
-    import nbformat
 
     refs = {}
     for path in _notebooks_in(folder):
-        nb = nbformat.read(path, as_version=4)
+        nb = read_notebook(path)
         cells = check_cells(nb)
         if cells:
+            try:
+                functions = {
+                    gid: check_call(nb.cells[i].source, gid) for gid, (i, _) in cells.items()
+                }
+            except ValueError as exc:
+                raise ValueError(f"{path.name}: {exc}") from None
             refs[path.name] = Reference(
-                path,
-                {gid: pts for gid, (_, pts) in cells.items()},
-                {gid: nb.cells[i].source for gid, (i, _) in cells.items()},
+                path, {gid: pts for gid, (_, pts) in cells.items()}, functions
             )
     if not refs:
         raise FileNotFoundError(
@@ -135,10 +166,6 @@ def grade_notebook(
     for index, cell in enumerate(nb.cells):
         gid = nbgrader_metadata(cell).get("grade_id")
         if gid in ref.points and is_check_cell(cell):
-            # The reference's check code, run against a freshly re-executed helpers.grading: a
-            # submission that reassigned grading.check_* (or the name `grading`) cannot pass
-            # that way.
-            cell.source = FRESH_CHECKS_PRELUDE + ref.sources[gid]
             where[gid] = index
     with tempfile.TemporaryDirectory(prefix="grading-") as folder:
         own = Path(folder)
@@ -151,6 +178,8 @@ def grade_notebook(
             sandbox=prefix,
             private=own,
             guarded=frozenset(where.values()),  # restored before each check: helpers.grading.guard
+            # each check runs in the grader's checker process, on the learner's function
+            checks={index: (gid, ref.functions[gid]) for gid, index in where.items()},
         )
 
     out = []
@@ -515,6 +544,17 @@ def totals_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _seconds(text: str) -> int:
+    """``--timeout``: a whole number of seconds, at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of seconds") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} s: give at least 1 second per cell")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``make-student``, ``grade`` and ``leaderboard`` (see docs/grading.md)."""
     parser = argparse.ArgumentParser(
@@ -548,7 +588,9 @@ def main(argv: list[str] | None = None) -> int:
     gr = sub.add_parser("grade", help="execute and grade submissions/<student>/<notebook>.ipynb")
     gr.add_argument("submissions", help="folder with one sub-folder per student id")
     gr.add_argument("--out", default="grades.csv", help="CSV to write (default: grades.csv)")
-    gr.add_argument("--timeout", type=int, default=600, help="seconds per cell (default: 600)")
+    gr.add_argument(
+        "--timeout", type=_seconds, default=600, help="seconds per cell (default: 600)"
+    )
     gr.add_argument(
         "--reference", default="notebooks", help="folder of solution notebooks (default: notebooks)"
     )

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import helpers
+from helpers.grading import remote
 
 TIMEOUT_ENAME = "CellTimeoutError"
 REPO_ROOT = helpers.REPO_ROOT
@@ -124,6 +125,7 @@ def execute_notebook(
     sandbox: tuple[str, ...] = (),
     private: Path | None = None,
     guarded: frozenset[int] = frozenset(),
+    checks: dict[int, tuple[str, str]] | None = None,
 ) -> NotebookRun:
     """Run every code cell of ``nb`` (in place) in a fresh kernel;
     never raises for the notebook's faults.
@@ -145,6 +147,11 @@ def execute_notebook(
             builtins and IPython's cell machinery are restored as they were at its start
             (:mod:`helpers.grading.guard`); when that fails, the cell is not run and is recorded
             as an error ``GraderGuardError``.
+        checks: ``{cell index: (grade_id, function name)}``: cells run as checks in a process of
+            their own (:mod:`helpers.grading.remote`): the cell's code becomes
+            :func:`~helpers.grading.remote.serve_code`, which serves the learner's function to the
+            checker, and the cell's status is the checker's verdict, not the kernel's reply (a
+            timeout or a dead kernel still counts as such).
     """
     from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
@@ -174,6 +181,9 @@ def execute_notebook(
         resources={"metadata": {"path": str(cwd)}},
         on_cell_executed=on_cell_executed,
     )
+    checks = checks or {}
+    checker = remote.Checker()
+    address = str((private or cwd) / "check.sock")
     code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.strip()]
     for i in code_cells:
         run.cells[i] = CellRun(i, "not run")
@@ -187,6 +197,14 @@ def execute_notebook(
                     if problem:
                         run.cells[i] = CellRun(i, "error", GUARD_ENAME, problem)
                         continue
+                if i in checks:
+                    grade_id, function = checks[i]
+                    try:
+                        token = checker.begin(grade_id, address, function, timeout)
+                    except RuntimeError as exc:
+                        run.cells[i] = CellRun(i, "error", "GraderError", str(exc))
+                        continue
+                    nb.cells[i].source = remote.serve_code(address, token, function)
                 try:
                     client.execute_cell(nb.cells[i], i)
                 except DeadKernelError:
@@ -199,9 +217,15 @@ def execute_notebook(
                 reply = replies.get(i, {})
                 if reply.get("status") == "error" and reply.get("ename") == TIMEOUT_ENAME:
                     run.cells[i] = CellRun(i, "timeout")
+                    if i in checks:
+                        checker.close()  # its verdict is moot; the next check starts a new one
                     if not _kernel_answers(client, min(timeout, 30)):
                         run.stuck_after_timeout_in = i
                         break
+                elif i in checks:  # the checker's verdict; the kernel's reply says nothing
+                    verdict = checker.finish(address, timeout)
+                    status = "ok" if verdict["status"] == "ok" else "error"
+                    run.cells[i] = CellRun(i, status, verdict["ename"], verdict["evalue"])
                 elif reply.get("status") == "error":
                     run.cells[i] = CellRun(
                         i, "error", str(reply.get("ename", "")), str(reply.get("evalue", ""))
@@ -215,6 +239,8 @@ def execute_notebook(
             run.startup_error = f"{type(exc).__name__}: {first_line(str(exc))}"
         elif run.kernel_died_in is None:
             run.kernel_died_in = -1
+    finally:
+        checker.close()
     return run
 
 

@@ -325,8 +325,9 @@ class RemoteFunction:
                 try:
                     body = pickle.dumps(answer)
                 except Exception:  # an exception that does not pickle: its class name and text
-                    body = pickle.dumps(("raise", RuntimeError(f"{_exception_name(answer[1])}: "
-                                                               f"{answer[1]}")))
+                    body = pickle.dumps(
+                        ("raise", RuntimeError(f"{_exception_name(answer[1])}: {answer[1]}"))
+                    )
                 _send(self.sock, body)
                 continue
             raise ProtocolError(f"the kernel sent an unexpected reply {kind!r}")
@@ -427,25 +428,38 @@ def serve_code(address: str, token: str, function: str) -> str:
     )
 
 
-def run_check(grade_id: str, listener: socket.socket, token: str, function: str,
-              timeout: float) -> dict[str, str]:
+def run_check(
+    grade_id: str,
+    listener: socket.socket,
+    token: str,
+    function: str,
+    timeout: float,
+    on_accept: Callable[[], None] = lambda: None,
+) -> dict[str, str]:
     """Accept the kernel's connection on ``listener`` and run ``grading.CHECKS[grade_id]`` on
-    the learner's function there. Returns ``{"status": "ok" | "error", "ename", "evalue",
-    "output"}``: what the check printed, or the exception it raised (a NotImplementedError the
-    learner's function raised included)."""
+    the learner's function there; ``on_accept`` is called once a connection came.
+
+    Returns ``{"status": "ok" | "error", "ename", "evalue", "output"}``: what the check printed,
+    or the exception it raised (a NotImplementedError the learner's function raised included);
+    ``GraderError`` when the kernel did not connect, did not say hello with ``token``, broke the
+    protocol or did not answer within ``timeout`` seconds."""
     from helpers import grading
 
     out = io.StringIO()
+    not_run = "the submission's kernel did not run the check"
     listener.settimeout(timeout)
     try:
         try:
             sock, _ = listener.accept()
         except TimeoutError:
-            return _verdict("error", "GraderError",
-                            "the submission's kernel did not run the check", out)
+            return _verdict("error", "GraderError", not_run, out)
+        on_accept()
         with sock:
             sock.settimeout(timeout)
-            hello = decode(_recv(sock))
+            try:
+                hello = decode(_recv(sock))
+            except ProtocolError:
+                return _verdict("error", "GraderError", not_run, out)
             if hello != ["hello", token]:
                 return _verdict("error", "GraderError", "the kernel did not say hello", out)
             fn = RemoteFunction(sock, function, timeout)
@@ -456,22 +470,26 @@ def run_check(grade_id: str, listener: socket.socket, token: str, function: str,
                 fn.stop()
         return _verdict("ok", "", "", out)
     except (ProtocolError, OSError) as exc:
-        why = "the kernel's answer did not come in time" if isinstance(exc, TimeoutError) else (
-            f"the kernel's connection broke ({type(exc).__name__}: {exc})")
+        why = (
+            "the kernel's answer did not come in time"
+            if isinstance(exc, TimeoutError)
+            else f"the kernel's connection broke ({type(exc).__name__}: {exc})"
+        )
         return _verdict("error", "GraderError", why, out)
     except Exception as exc:
         return _verdict("error", type(exc).__name__, str(exc), out)
 
 
 def _verdict(status: str, ename: str, evalue: str, out: io.StringIO) -> dict[str, str]:
-    return {"status": status, "ename": ename, "evalue": evalue, "output": out.getvalue()}
+    return {"status": status, "ename": ename, "evalue": evalue, "output": out.getvalue()[:65536]}
 
 
 def checker_main(argv: list[str] | None = None) -> int:
     """``python -m helpers.grading.remote``: the grader's checker process. Reads one JSON request
-    per line on stdin, ``{"grade_id", "socket", "token", "function", "timeout"}``; for each, listens
-    on the Unix socket ``socket`` (mode 0600: the kernel's user), answers ``{"listening": true}``,
-    runs the check (:func:`run_check`) and answers the verdict, one JSON line each on stdout."""
+    per line on stdin, ``{"grade_id", "socket", "token", "function", "timeout"}``; for each,
+    listens on the Unix socket ``socket``, answers ``{"listening": true}``, then
+    ``{"accepted": true}`` when a connection comes, then the verdict (:func:`run_check`), one JSON
+    line each on stdout."""
     proto = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     sys.stdout = sys.stderr  # nothing a check prints outside its capture can break the protocol
     for line in sys.stdin:
@@ -483,12 +501,17 @@ def checker_main(argv: list[str] | None = None) -> int:
             listener.listen(1)
             proto.write(json.dumps({"listening": True}) + "\n")
             try:
-                verdict = run_check(request["grade_id"], listener, request["token"],
-                                    request["function"], float(request["timeout"]))
+                verdict = run_check(
+                    request["grade_id"],
+                    listener,
+                    request["token"],
+                    request["function"],
+                    float(request["timeout"]),
+                    on_accept=lambda: proto.write(json.dumps({"accepted": True}) + "\n"),
+                )
             except Exception:  # a fault of the checker itself: say so, keep serving
-                verdict = {"status": "error", "ename": "GraderError",
-                           "evalue": traceback.format_exc(limit=1).strip().splitlines()[-1],
-                           "output": ""}
+                last = traceback.format_exc(limit=1).strip().splitlines()[-1]
+                verdict = {"status": "error", "ename": "GraderError", "evalue": last, "output": ""}
         finally:
             listener.close()
             with contextlib.suppress(OSError):
@@ -497,8 +520,133 @@ def checker_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(checker_main())
+_CHECKER_MAIN = "import sys; from helpers.grading import remote; sys.exit(remote.checker_main())"
+
+
+class Checker:
+    """The grader's side of the checker process (:func:`checker_main`): started on the first
+    check, a fresh interpreter of this Python that imports the checks from the course on disk and
+    never runs a line of any submission. One per submission notebook.
+
+    Use: ``token = checker.begin(grade_id, socket_path, function, timeout)``, run
+    :func:`serve_code` with that token in the kernel, then ``checker.finish(socket_path)``.
+    """
+
+    def __init__(self) -> None:
+        self.proc: Any = None
+        self._buffer = b""
+        self._accepted = False
+
+    def _start(self) -> None:
+        import subprocess
+        import tempfile
+
+        import helpers
+
+        env = dict(os.environ)
+        paths = [
+            str(helpers.REPO_ROOT),
+            *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p),
+        ]
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _CHECKER_MAIN],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            cwd=tempfile.gettempdir(),
+            env=env,
+        )
+        self._buffer = b""
+
+    def _line(self, seconds: float) -> dict | None:
+        """The checker's next JSON line, or None after ``seconds`` or when it ended."""
+        import selectors
+        import time
+
+        deadline = time.monotonic() + seconds
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            while b"\n" not in self._buffer:
+                left = deadline - time.monotonic()
+                if left <= 0 or not sel.select(left):
+                    return None
+                chunk = os.read(self.proc.stdout.fileno(), 65536)
+                if not chunk:
+                    return None
+                self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        try:
+            return json.loads(line)
+        except ValueError:
+            return None
+
+    def begin(self, grade_id: str, address: str, function: str, timeout: float) -> str:
+        """Have the checker listen on ``address`` for the check ``grade_id`` of the learner's
+        ``function`` (a name in the kernel); returns the token the kernel must say hello with.
+
+        Raises:
+            RuntimeError: the checker process did not start or did not answer within 120 s.
+        """
+        import secrets
+
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        token = secrets.token_hex(16)
+        request = dict(
+            grade_id=grade_id, socket=address, token=token, function=function, timeout=timeout
+        )
+        self._accepted = False
+        try:
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            self.proc.stdin.flush()
+        except OSError:
+            pass
+        if self._line(120) != {"listening": True}:
+            self.close()
+            raise RuntimeError("the grader's checker process did not start")
+        return token
+
+    def finish(self, address: str, timeout: float) -> dict[str, str]:
+        """The verdict of the check begun last, once the kernel's cell has ended: when the kernel
+        never connected, the grader connects to end the wait; a checker that gives no verdict
+        within ``timeout`` seconds is stopped (the next :meth:`begin` starts a new one)."""
+        answer = self._line(0.5)
+        if answer == {"accepted": True}:
+            self._accepted = True
+            answer = None
+        if answer is None and not self._accepted:
+            with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as poke:
+                poke.connect(address)  # the cell ended without connecting: end the wait
+        while answer is None or answer == {"accepted": True}:
+            answer = self._line(timeout)
+            if answer is None:
+                self.close()
+                return {
+                    "status": "error",
+                    "ename": "GraderError",
+                    "evalue": "the check did not finish",
+                    "output": "",
+                }
+        if not (isinstance(answer, dict) and answer.get("status") in ("ok", "error")):
+            self.close()
+            return {
+                "status": "error",
+                "ename": "GraderError",
+                "evalue": "the checker's answer was malformed",
+                "output": "",
+            }
+        return answer
+
+    def close(self) -> None:
+        """Stop the checker process."""
+        if self.proc is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+            with contextlib.suppress(Exception):
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+            self.proc = None
 
 
 def check_over_socket(grade_id: str, fn: Callable[..., Any], timeout: float = 300.0) -> dict:
@@ -528,3 +676,10 @@ def check_over_socket(grade_id: str, fn: Callable[..., Any], timeout: float = 30
 def _serve_quietly(address: str, token: str, fn: Callable[..., Any]) -> None:
     with contextlib.suppress(ProtocolError, OSError):
         serve(address, token, lambda: fn)
+
+
+if __name__ == "__main__":
+    # The package's copy of this module, whose RemoteFunction the checks test for, not __main__.
+    from helpers.grading import remote as _remote
+
+    raise SystemExit(_remote.checker_main())

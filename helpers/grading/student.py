@@ -167,6 +167,31 @@ def _notebooks_in(path: Path) -> list[Path]:
     return sorted(p for p in path.glob("*.ipynb") if not p.name.startswith("."))
 
 
+def read_notebook(path: Path) -> Any:
+    """``path`` read as an nbformat v4 notebook.
+
+    Raises:
+        ValueError: it is not a notebook nbformat can read, or has no list of cells (a one-line
+            message naming the file, never a traceback of nbformat's).
+    """
+    import nbformat
+
+    try:
+        nb = nbformat.read(path, as_version=4)
+        cells = nb.get("cells")
+        if not isinstance(cells, list) or not all(
+            isinstance(c, dict) and "cell_type" in c and "source" in c for c in cells
+        ):
+            raise ValueError("it has no list of cells")
+    except Exception as exc:
+        why = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+        raise ValueError(
+            f"{path} is not a notebook ({type(exc).__name__}{': ' + why if why else ''}): "
+            "fix it or move it out of the folder"
+        ) from None
+    return nb
+
+
 # Notebook metadata make_student writes into each student version: a fingerprint of its cells, so a
 # later run can tell its own unchanged output (safe to replace) from a file someone has worked in.
 STUDENT_MARK = "fast_gpt2_student_version"
@@ -235,7 +260,7 @@ def make_student(
         )
     versions = []
     for path in notebooks:
-        nb = nbformat.read(path, as_version=4)
+        nb = read_notebook(path)
         if not has_exercises(nb):
             print(f"skipped {path} (no nbgrader cells)")
             continue
