@@ -68,6 +68,8 @@ def test_mfu_refuses_a_throughput_that_is_not_positive_and_finite(tokens_per_s):
         (855e6, torch.ones(2), 989.4e12),
         (855e6, [467_000], 989.4e12),
         (855e6, torch.tensor(True), 989.4e12),
+        (10**400, 1, 989.4e12),  # an int beyond float's range
+        (855e6, torch.empty((), device="meta"), 989.4e12),  # a tensor without data
     ],
 )
 def test_mfu_refuses_any_argument_that_is_not_a_positive_finite_real(

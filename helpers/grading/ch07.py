@@ -205,6 +205,13 @@ def check_masked_sampling(fn: Callable[..., Any]) -> None:
     samples = run_learner(fn, _harness_draws, logits, 100, 0, 25)
     if any(s is None for s in samples):
         raise AssertionError(f"sample_next returned None. {_reread(gid)}")
+    shapes = {tuple(torch.as_tensor(s).shape) for s in samples}
+    if shapes != {(8, 1)}:
+        raise AssertionError(
+            f"sample_next(logits of shape (8, 128), ...) returned shape "
+            f"{sorted(shapes)[0]}, expected (8, 1): one next id per row, as generate() appends "
+            f"it (torch.multinomial(probs, num_samples=1)). {_reread(gid)}"
+        )
     ids = torch.cat([torch.as_tensor(s).reshape(-1) for s in samples])
     if ids.max().item() >= 100:
         raise AssertionError(
@@ -310,6 +317,13 @@ def _sample_argmax(logits, vocab_size, generator):
     return logits[:, :vocab_size].argmax(dim=-1, keepdim=True)
 
 
+def _sample_three(logits, vocab_size, generator):
+    import torch
+
+    probs = torch.softmax(logits[:, :vocab_size].float(), dim=-1)
+    return torch.multinomial(probs, num_samples=3, generator=generator)
+
+
 CHECKS: dict[str, Callable[[Callable[..., Any]], None]] = {
     "ch07_pad_vocab": check_pad_vocab,
     "ch07_masked_sampling": check_masked_sampling,
@@ -325,5 +339,5 @@ WRONG_ANSWERS: dict[str, list[Callable[..., Any]]] = {
         _pad_rows_in_front,
         _pad_config_unchanged,
     ],
-    "ch07_masked_sampling": [_sample_unmasked, _sample_off_by_one, _sample_argmax],
+    "ch07_masked_sampling": [_sample_unmasked, _sample_off_by_one, _sample_argmax, _sample_three],
 }

@@ -126,10 +126,13 @@ def _real(value: object) -> float | None:
     one-element 0-d tensor; None for anything else (a bool, a string, a list, a bigger tensor)."""
     if type(value).__name__ in ("bool", "bool_"):  # Python's and NumPy's booleans
         return None
-    if isinstance(value, torch.Tensor):
-        ok = value.ndim == 0 and not value.is_complex() and value.dtype != torch.bool
-        return float(value) if ok else None
-    return float(value) if isinstance(value, numbers.Real) else None  # np.float32, np.int64...
+    try:
+        if isinstance(value, torch.Tensor):
+            ok = value.ndim == 0 and not value.is_complex() and value.dtype != torch.bool
+            return float(value) if ok and value.device.type != "meta" else None
+        return float(value) if isinstance(value, numbers.Real) else None  # np.float32, np.int64
+    except (OverflowError, RuntimeError):  # an int beyond float's range; a tensor without data
+        return None
 
 
 def mfu(
@@ -162,8 +165,8 @@ def mfu(
     if not math.isfinite(value) or value > 1.0:
         return (
             None,
-            f"achieved {achieved / 1e12:.1f} TFLOP/s exceeds the peak "
-            f"{peak / 1e12:.1f}: timing or peak is wrong",
+            f"achieved {achieved / 1e12:.4g} TFLOP/s exceeds the peak "
+            f"{peak / 1e12:.4g}: timing or peak is wrong",
         )
     return value, "ok"
 
