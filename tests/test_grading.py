@@ -15,6 +15,7 @@ import notebook_slice
 import pytest
 
 from helpers import grading
+from helpers.grading import sandbox
 
 FIXTURE = Path(__file__).parent / "fixtures" / "grading_demo.ipynb"
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
@@ -1301,7 +1302,6 @@ def test_every_folder_of_the_checkout_but_the_package_results_and_environment_is
 ):
     """A copy of the solutions anywhere in the checkout (an old checkout, a backup) is hidden
     from submissions too, not only notebooks/ and tests/."""
-    from helpers.grading import grader
 
     for name in (
         "helpers",
@@ -1314,10 +1314,10 @@ def test_every_folder_of_the_checkout_but_the_package_results_and_environment_is
         "pkg.egg-info",
     ):
         (tmp_path / name).mkdir(parents=True)
-    monkeypatch.setattr(grader, "REPO_ROOT", tmp_path)
-    monkeypatch.setattr(grader.sys, "prefix", str(tmp_path / ".venv"))
+    monkeypatch.setattr(sandbox, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(sandbox.sys, "prefix", str(tmp_path / ".venv"))
     monkeypatch.setenv("COURSE_DATA_DIR", str(tmp_path / "data"))
-    hidden = {p.name for p in grader.hidden_repo_folders()}
+    hidden = {p.name for p in sandbox.hidden_repo_folders()}
     assert hidden == {"notebooks", "tests", "backup-of-2025"}
 
 
@@ -1326,7 +1326,6 @@ def test_another_checkout_the_environment_was_installed_from_is_hidden_too(tmp_p
     path is in the environment's site-packages, so B's solutions are hidden like A's."""
     from importlib import metadata
 
-    from helpers.grading import grader
 
     other = tmp_path / "other clone"
     for name in ("notebooks", "tests", "helpers", "results"):
@@ -1339,31 +1338,30 @@ def test_another_checkout_the_environment_was_installed_from_is_hidden_too(tmp_p
             return json.dumps({"url": url[0], "dir_info": url[1]})
 
     monkeypatch.setattr(metadata, "distribution", lambda name: Dist())
-    assert grader.installed_checkouts() == [other.resolve()]
+    assert sandbox.installed_checkouts() == [other.resolve()]
     subs, ref = tmp_path / "subs", tmp_path / "ref"
-    paths = grader.sandbox_paths(subs, ref, None)
+    paths = sandbox.sandbox_paths(subs, ref, None)
     hidden = set(paths["hidden"])
     assert {other / "notebooks", other / "tests"} <= hidden
     assert other.resolve() in paths["read_only"]  # its checks cannot be rewritten either
     assert not {other / "helpers", other / "results"} & hidden
     # the checkout grading is not listed twice, and no record means nothing more to hide
-    monkeypatch.setattr(grader, "REPO_ROOT", other.resolve())
-    assert grader.installed_checkouts() == []
+    monkeypatch.setattr(sandbox, "REPO_ROOT", other.resolve())
+    assert sandbox.installed_checkouts() == []
     monkeypatch.setattr(
         metadata,
         "distribution",
         lambda name: (_ for _ in ()).throw(metadata.PackageNotFoundError(name)),
     )
-    assert grader.installed_checkouts() == []
+    assert sandbox.installed_checkouts() == []
 
 
 def test_the_distribution_name_the_grader_looks_up_is_pyprojects():
     import tomllib
 
-    from helpers.grading import grader
 
-    project = tomllib.loads((grader.REPO_ROOT / "pyproject.toml").read_text())["project"]
-    assert grader.DIST_NAME == project["name"]
+    project = tomllib.loads((sandbox.REPO_ROOT / "pyproject.toml").read_text())["project"]
+    assert sandbox.DIST_NAME == project["name"]
 
 
 def test_links_fifos_and_huge_files_are_refused_before_any_kernel_runs(tmp_path, monkeypatch):

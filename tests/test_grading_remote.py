@@ -1,6 +1,7 @@
-"""Tests of helpers/grading/remote.py: checks run the way the grader runs them, in a checker of
-their own, the learner's function called over the socket protocol (``remote.check_over_socket``),
-so only data comes back from the submission's kernel; and the protocol refusing what is not data."""
+"""Tests of helpers/grading/remote.py and wire.py: checks run the way the grader runs them, in
+a checker of their own, the learner's function called over the socket protocol
+(``remote.check_over_socket``), so only data comes back from the submission's kernel; and the
+wire format refusing what is not data."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 from test_grading import RIGHT_ANSWERS
 
 from helpers import grading
-from helpers.grading import remote
+from helpers.grading import remote, wire
 
 
 @pytest.mark.parametrize("grade_id", sorted(grading.CHECKS))
@@ -67,7 +68,7 @@ def test_data_round_trips_and_tensors_keep_dtype_shape_and_values():
         "d": torch.float16,
         (1, 2): (3, torch.Size([4])),
     }
-    back = remote.decode(remote.encode(value))
+    back = wire.decode(wire.encode(value))
     assert torch.equal(back["t"], value["t"]) and back["t"].dtype == torch.bfloat16
     assert back["n"] == value["n"] and back["d"] is torch.float16 and back[(1, 2)] == (3, (4,))
 
@@ -77,15 +78,15 @@ def test_what_the_kernel_sends_is_never_unpickled_and_must_be_data():
         def __reduce__(self):
             return (os.system, ("echo never",))
 
-    with pytest.raises(remote.ProtocolError):
-        remote.decode(pickle.dumps(["result", Evil()]))
+    with pytest.raises(wire.ProtocolError):
+        wire.decode(pickle.dumps(["result", Evil()]))
     for forged in (b'{"__tensor": ["float32", [2], "AAAA"], "requires_grad": false}',
                    b'{"__dtype": "os.system"}', b'{"__class": "os.system"}'):
-        with pytest.raises(remote.ProtocolError):
-            remote.decode(forged)
+        with pytest.raises(wire.ProtocolError):
+            wire.decode(forged)
     for not_data in (print, os, object(), torch.nn.Linear(1, 1)):
         with pytest.raises(TypeError, match="not data the grader can receive"):
-            remote.encode(not_data)
+            wire.encode(not_data)
 
 
 def test_only_a_harness_of_helpers_grading_can_be_asked_to_run_in_the_kernel():
@@ -113,7 +114,7 @@ def test_the_checker_process_gives_a_verdict_when_the_kernel_never_connects_or_l
             checker.begin("ch00_matmul_flops", address, "matmul_flops", timeout=60)
             with socket.socket(socket.AF_UNIX) as kernel:  # a kernel that guesses the token
                 kernel.connect(address)
-                remote._send(kernel, remote.encode(["hello", "guessed"]))
+                wire.send(kernel, wire.encode(["hello", "guessed"]))
                 verdict = checker.finish(address, timeout=60)
             assert verdict["evalue"] == "the kernel did not say hello"
     finally:

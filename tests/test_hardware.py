@@ -636,6 +636,7 @@ def test_gpu_power_sampler_says_what_is_missing(monkeypatch):
     with pytest.raises(RuntimeError, match="not a CUDA device"):
         power.GPUPowerSampler("cpu").__enter__()
     monkeypatch.setattr(hardware.shutil, "which", lambda name: None)
+    monkeypatch.setattr(hardware.torch.cuda, "is_available", lambda: False)  # on a GPU host too
     with pytest.raises(
         RuntimeError, match="cannot see a CUDA GPU"
     ):  # a CPU-only torch: the first thing to say

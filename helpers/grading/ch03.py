@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from helpers.grading.common import as_number, passed, reread, run_learner
+from helpers.grading.wire import data_or_type_name
 
 SECTIONS = {
     "ch03_adamw_bytes": "chapter 03, section 1 (Memory accounting for GPT-2 124M)",
@@ -124,8 +125,6 @@ def _harness_batch_probe(
 
     import torch
 
-    from helpers.grading import remote
-
     live: weakref.WeakSet[_FakeBlock] = weakref.WeakSet()
 
     def try_step(B):
@@ -142,12 +141,7 @@ def _harness_batch_probe(
             raise torch.cuda.OutOfMemoryError(f"CUDA out of memory (fake): B={B} does not fit")
         del block
 
-    got = find_max_batch(try_step, start=start)
-    try:
-        remote.encode(got)
-    except (TypeError, ValueError):
-        return f"<a {type(got).__name__}>"
-    return got
+    return data_or_type_name(find_max_batch(try_step, start=start))
 
 
 PROBE_CASES = [(37, 1), (1, 1), (100, 3), (64, 1)]  # (hidden largest B, start)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from helpers.grading.common import as_number, is_close, passed, reread, run_learner
+from helpers.grading.wire import data_or_type_name
 
 SECTIONS = {
     "ch04_autocast_step": "chapter 04, section 6 (Exercise: a correct autocast training step)",
@@ -134,17 +135,6 @@ def _training(model, dtype):
     return opt, scaler, _grads_at_step(opt)
 
 
-def _plain_or_type(value: Any) -> Any:
-    """``value`` if it is data the checker can receive, else the str ``"<a TYPE>"``."""
-    from helpers.grading import remote
-
-    try:
-        remote.encode(value)
-    except (TypeError, ValueError):
-        return f"<a {type(value).__name__}>"
-    return value
-
-
 def _harness_autocast_steps(
     autocast_step: Callable[..., Any], model, x, y, dtype, steps: int
 ) -> list[dict[str, Any]]:
@@ -188,7 +178,7 @@ def _harness_autocast_steps(
             {
                 "raised": None,
                 "calls": list(spy.calls),
-                "loss": _plain_or_type(loss),
+                "loss": data_or_type_name(loss),
                 "dtypes": sorted({str(p.dtype) for p in model.parameters()}),
                 "scale": float(scaler.get_scale()),
                 "weights": _flat(model),

@@ -1,7 +1,8 @@
-"""Checks that run outside the submission's kernel: the learner's function is called over a socket.
+"""Checks that run outside the submission's kernel: the learner's function is called over a
+socket.
 
 When grading, a check never runs in the interpreter that ran the submission. The grader starts a
-*checker* process of its own (``python -m helpers.grading.remote``, :func:`checker_main`) that
+*checker* process of its own (:class:`Checker`, running :func:`checker_main`) that
 imports the checks from the read-only course and calls ``CHECKS[grade_id](fn)`` with ``fn`` a
 :class:`RemoteFunction`; the submission's kernel runs :func:`serve`, which calls the learner's
 function on the arguments the checker sends and sends back what it returned. So the verdict,
@@ -12,9 +13,10 @@ The two directions are not alike:
 
 - checker -> kernel: :mod:`pickle` (the arguments, tensors included, and the answers of callbacks).
   The kernel trusts the grader.
-- kernel -> checker: :func:`encode`'s JSON, which can only hold data (None, bool, int, float, str,
-  lists, tuples, dicts, tensors, dtypes), is limited in size, and is decoded by :func:`decode`
-  without running anything. The checker never unpickles what the kernel sends.
+- kernel -> checker: :func:`helpers.grading.wire.encode`'s JSON, which can only hold data (None,
+  bool, int, float, str, lists, tuples, dicts, tensors, dtypes), is limited in size, and is
+  decoded by :func:`helpers.grading.wire.decode` without running anything. The checker never
+  unpickles what the kernel sends.
 
 Arguments that are callables (``try_step``, ``synchronize``, ``parts_for_batch``) stay in the
 checker: the kernel gets a stub that calls back over the same socket. A check that needs the
@@ -26,188 +28,19 @@ the submission's own account, and the check judges it with references it compute
 
 from __future__ import annotations
 
-import base64
 import builtins
 import contextlib
 import io
 import json
-import math
-import numbers
 import os
 import pickle
 import socket
-import struct
 import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
 
-MAX_FRAME = 64 * 2**20  # bytes of one message: a reply larger than this is refused
-_HEADER = struct.Struct("!I")
-
-
-class ProtocolError(ConnectionError):
-    """The other side sent something that is not a message of this protocol, or hung up."""
-
-
-def _send(sock: socket.socket, body: bytes) -> None:
-    if len(body) > MAX_FRAME:
-        raise ValueError(f"a message of {len(body):,} bytes is over the {MAX_FRAME:,}-byte limit")
-    sock.sendall(_HEADER.pack(len(body)) + body)
-
-
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    chunks, got = [], 0
-    while got < n:
-        chunk = sock.recv(min(n - got, 2**20))
-        if not chunk:
-            raise ProtocolError("the other side closed the connection")
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
-
-
-def _recv(sock: socket.socket) -> bytes:
-    (n,) = _HEADER.unpack(_recv_exactly(sock, _HEADER.size))
-    if n > MAX_FRAME:
-        raise ProtocolError(f"a message of {n:,} bytes is over the {MAX_FRAME:,}-byte limit")
-    return _recv_exactly(sock, n)
-
-
-# ----------------------------------------------------------------------------------------------
-# Data only: what the kernel may send
-# ----------------------------------------------------------------------------------------------
-
-_DTYPES = (
-    "float64 float32 float16 bfloat16 int64 int32 int16 int8 uint8 bool "
-    "float8_e4m3fn float8_e5m2 complex64 complex128"
-).split()
-_MAX_DEPTH = 32
-
-
-def _plain(value: Any, depth: int = 0) -> Any:
-    """``value`` as JSON-ready data; TypeError for anything that is not data."""
-    import torch
-
-    if depth > _MAX_DEPTH:
-        raise TypeError(f"it is nested more than {_MAX_DEPTH} levels deep")
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, numbers.Integral):  # int, numpy integers
-        return int(value)
-    if isinstance(value, numbers.Real):  # float, numpy floats, Fraction
-        x = float(value)
-        return x if math.isfinite(x) else {"__float": repr(x)}
-    if isinstance(value, torch.dtype):
-        return {"__dtype": str(value).removeprefix("torch.")}
-    if isinstance(value, torch.Tensor):
-        t = value.detach().cpu().contiguous()
-        name = str(t.dtype).removeprefix("torch.")
-        if name not in _DTYPES:
-            raise TypeError(f"a tensor of dtype {t.dtype} cannot be sent")
-        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        return {
-            "__tensor": [name, list(t.shape), base64.b64encode(raw).decode("ascii")],
-            "requires_grad": bool(value.requires_grad),
-        }
-    if isinstance(value, tuple):  # torch.Size included
-        return {"__tuple": [_plain(v, depth + 1) for v in value]}
-    if isinstance(value, list):
-        return [_plain(v, depth + 1) for v in value]
-    if isinstance(value, dict):
-        if all(isinstance(k, str) and not k.startswith("__") for k in value):
-            return {k: _plain(v, depth + 1) for k, v in value.items()}
-        return {"__items": [[_plain(k, depth + 1), _plain(v, depth + 1)] for k, v in value.items()]}
-    raise TypeError(
-        f"a {type(value).__module__}.{type(value).__qualname__} is not data the grader can "
-        "receive (numbers, strings, None, tensors, dtypes, and lists, tuples and dicts of them)"
-    )
-
-
-def encode(value: Any) -> bytes:
-    """``value`` as bytes that only :func:`decode` reads back: JSON of data, tensors as
-    (dtype, shape, base64 of their bytes).
-
-    Raises:
-        TypeError: ``value`` holds something that is not data (a function, a module, an object).
-    """
-    return json.dumps(_plain(value), allow_nan=False, separators=(",", ":")).encode()
-
-
-def _unplain(value: Any, depth: int = 0) -> Any:
-    import torch
-
-    if depth > _MAX_DEPTH + 2:
-        raise ProtocolError("nested too deep")
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, list):
-        return [_unplain(v, depth + 1) for v in value]
-    if not isinstance(value, dict):
-        raise ProtocolError(f"unexpected {type(value).__name__}")
-    if set(value) == {"__float"} and value["__float"] in ("inf", "-inf", "nan"):
-        return float(value["__float"])
-    if set(value) == {"__dtype"} and value["__dtype"] in _DTYPES:
-        return getattr(torch, value["__dtype"])
-    if set(value) == {"__tuple"} and isinstance(value["__tuple"], list):
-        return tuple(_unplain(v, depth + 1) for v in value["__tuple"])
-    if set(value) == {"__items"} and isinstance(value["__items"], list):
-        pairs = [_unplain(p, depth + 1) for p in value["__items"]]
-        if not all(isinstance(p, list) and len(p) == 2 for p in pairs):
-            raise ProtocolError("malformed items")
-        try:
-            return {k: v for k, v in pairs}
-        except TypeError as exc:  # an unhashable key
-            raise ProtocolError(str(exc)) from None
-    if set(value) == {"__tensor", "requires_grad"}:
-        return _tensor(value["__tensor"], value["requires_grad"])
-    if any(k.startswith("__") for k in value):
-        raise ProtocolError("unknown marker")
-    return {k: _unplain(v, depth + 1) for k, v in value.items()}
-
-
-def _tensor(spec: Any, requires_grad: Any):
-    import torch
-
-    if not (isinstance(spec, list) and len(spec) == 3 and spec[0] in _DTYPES):
-        raise ProtocolError("malformed tensor")
-    name, shape, data = spec
-    if not (
-        isinstance(shape, list)
-        and len(shape) <= 16
-        and all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s for s in shape)
-        and isinstance(data, str)
-        and isinstance(requires_grad, bool)
-    ):
-        raise ProtocolError("malformed tensor")
-    dtype = getattr(torch, name)
-    raw = base64.b64decode(data, validate=True)
-    n = math.prod(shape)
-    if len(raw) != n * torch.empty((), dtype=dtype).element_size():
-        raise ProtocolError("a tensor's bytes do not match its shape")
-    flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0)
-    t = (flat.view(dtype) if raw else torch.empty(0, dtype=dtype)).reshape(shape).clone()
-    return t.requires_grad_(requires_grad) if t.is_floating_point() else t
-
-
-def decode(body: bytes) -> Any:
-    """What :func:`encode` wrote. Runs no code of the sender; tensors come back as CPU tensors.
-
-    Raises:
-        ProtocolError: ``body`` is not such data.
-    """
-    try:
-        return _unplain(json.loads(body.decode()))
-    except ProtocolError:
-        raise
-    except (ValueError, UnicodeDecodeError, RecursionError, TypeError, OverflowError) as exc:
-        raise ProtocolError(f"not data: {type(exc).__name__}") from None
-
-
-def _round_trip(value: Any) -> Any:
-    """``value`` as the checker would receive it from a kernel."""
-    return decode(encode(value))
-
+from helpers.grading import wire
 
 # ----------------------------------------------------------------------------------------------
 # Exceptions across the boundary
@@ -302,11 +135,11 @@ class RemoteFunction:
         if not name.startswith("helpers.grading."):
             raise ValueError(f"{name} is not a harness of helpers.grading")
         message = ("run", name, ref(args), ref(kwargs))
-        _send(self.sock, pickle.dumps(message))
+        wire.send(self.sock, pickle.dumps(message))
         while True:
-            reply = decode(_recv(self.sock))
+            reply = wire.decode(wire.recv(self.sock))
             if not (isinstance(reply, list) and reply and isinstance(reply[0], str)):
-                raise ProtocolError("the kernel sent a malformed reply")
+                raise wire.ProtocolError("the kernel sent a malformed reply")
             kind = reply[0]
             if kind == "result" and len(reply) == 2:
                 return reply[1]
@@ -315,9 +148,9 @@ class RemoteFunction:
             if kind == "call" and len(reply) == 4 and isinstance(reply[1], int):
                 index, cargs, ckwargs = reply[1], reply[2], reply[3]
                 if not (0 <= index < len(callbacks) and isinstance(cargs, list)):
-                    raise ProtocolError("the kernel called back a function it was not given")
+                    raise wire.ProtocolError("the kernel called back a function it was not given")
                 if not (isinstance(ckwargs, dict) and all(isinstance(k, str) for k in ckwargs)):
-                    raise ProtocolError("malformed keyword arguments")
+                    raise wire.ProtocolError("malformed keyword arguments")
                 try:
                     answer = ("return", callbacks[index](*cargs, **ckwargs))
                 except Exception as exc:
@@ -328,14 +161,14 @@ class RemoteFunction:
                     body = pickle.dumps(
                         ("raise", RuntimeError(f"{_exception_name(answer[1])}: {answer[1]}"))
                     )
-                _send(self.sock, body)
+                wire.send(self.sock, body)
                 continue
-            raise ProtocolError(f"the kernel sent an unexpected reply {kind!r}")
+            raise wire.ProtocolError(f"the kernel sent an unexpected reply {kind!r}")
 
     def stop(self) -> None:
         """Tell the kernel's :func:`serve` to return."""
         with contextlib.suppress(OSError):
-            _send(self.sock, pickle.dumps(("stop",)))
+            wire.send(self.sock, pickle.dumps(("stop",)))
 
 
 def _is_data(value: Any) -> bool:
@@ -356,8 +189,8 @@ class _Callback:
         self._sock, self._index = sock, index
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        _send(self._sock, encode(["call", self._index, list(args), kwargs]))
-        kind, value = pickle.loads(_recv(self._sock))
+        wire.send(self._sock, wire.encode(["call", self._index, list(args), kwargs]))
+        kind, value = pickle.loads(wire.recv(self._sock))
         if kind == "raise":
             raise value
         return value
@@ -380,9 +213,9 @@ def serve(address: str, token: str, learner: Callable[[], Any]) -> None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(address)
     try:
-        _send(sock, encode(["hello", token]))
+        wire.send(sock, wire.encode(["hello", token]))
         while True:
-            message = pickle.loads(_recv(sock))
+            message = pickle.loads(wire.recv(sock))
             if message[0] != "run":
                 return
             _, name, args, kwargs = message
@@ -399,14 +232,14 @@ def serve(address: str, token: str, learner: Callable[[], Any]) -> None:
             try:
                 value = _resolve(name)(learner(), *stubs(args), **stubs(kwargs))
                 try:
-                    body = encode(["result", value])
+                    body = wire.encode(["result", value])
                 except (TypeError, ValueError) as exc:
-                    body = encode(["raise", "TypeError", f"returned {_what(value)}: {exc}"])
-            except ProtocolError:
+                    body = wire.encode(["raise", "TypeError", f"returned {_what(value)}: {exc}"])
+            except wire.ProtocolError:
                 raise
             except Exception as exc:
-                body = encode(["raise", _exception_name(exc), str(exc)[:4000]])
-            _send(sock, body)
+                body = wire.encode(["raise", _exception_name(exc), str(exc)[:4000]])
+            wire.send(sock, body)
     finally:
         sock.close()
 
@@ -457,8 +290,8 @@ def run_check(
         with sock:
             sock.settimeout(timeout)
             try:
-                hello = decode(_recv(sock))
-            except ProtocolError:
+                hello = wire.decode(wire.recv(sock))
+            except wire.ProtocolError:
                 return _verdict("error", "GraderError", not_run, out)
             if hello != ["hello", token]:
                 return _verdict("error", "GraderError", "the kernel did not say hello", out)
@@ -469,7 +302,7 @@ def run_check(
             finally:
                 fn.stop()
         return _verdict("ok", "", "", out)
-    except (ProtocolError, OSError) as exc:
+    except (wire.ProtocolError, OSError) as exc:
         why = (
             "the kernel's answer did not come in time"
             if isinstance(exc, TimeoutError)
@@ -674,7 +507,7 @@ def check_over_socket(grade_id: str, fn: Callable[..., Any], timeout: float = 30
 
 
 def _serve_quietly(address: str, token: str, fn: Callable[..., Any]) -> None:
-    with contextlib.suppress(ProtocolError, OSError):
+    with contextlib.suppress(wire.ProtocolError, OSError):
         serve(address, token, lambda: fn)
 
 

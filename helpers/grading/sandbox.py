@@ -16,10 +16,15 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+import helpers
+from helpers.grading import kernel
 from helpers.grading.kernel import first_line
+
+REPO_ROOT = helpers.REPO_ROOT
 
 # Run by this Python (-I -S: no site, no environment) inside the new namespaces, as their PID 1:
 # argv = [mode, path, mode, path, ..., "--", command...] with mode ro (bind read-only), rw (bind as
@@ -179,3 +184,109 @@ def sandbox_available() -> tuple[bool, str]:
 def _last_line(text: str) -> str:
     lines = [ln for ln in text.splitlines() if ln.strip()]
     return first_line(lines[-1] if lines else text)
+
+
+# What a grading run hides, shows read-only and gives as scratch space (grader.grade).
+
+def hidden_repo_folders(root: Path | None = None) -> list[Path]:
+    """The folders of a course checkout ``root`` (default: the one grading) a submission's kernel
+    must not see: every top-level folder except ``helpers`` (the package it imports),
+    ``results`` (committed measurements the notebooks show), package metadata (``*.egg-info``)
+    and any folder holding this Python environment or ``$COURSE_DATA_DIR``. So the solution
+    notebooks, the right answers in tests/, and any other copy of them in the checkout (an old
+    checkout, a backup) look empty, whatever their names."""
+    root = REPO_ROOT if root is None else root
+    keep = {root / "helpers", root / "results"}
+    needed = [Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()]
+    data = os.environ.get("COURSE_DATA_DIR", "").strip()
+    if data:
+        needed.append(Path(data).resolve())
+    hidden = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        inside = [n for n in needed if n == folder.resolve() or folder.resolve() in n.parents]
+        if folder not in keep and not inside and not folder.name.endswith(".egg-info"):
+            hidden.append(folder)
+    return hidden
+
+
+DIST_NAME = "fast-gpt2-course"  # pyproject.toml's [project] name
+
+
+def installed_checkouts() -> list[Path]:
+    """The course checkouts this Python environment was installed from, other than the one
+    grading: the source folder pip records in the distribution's ``direct_url.json`` (PEP 610,
+    written by ``pip install -e DIR`` and ``pip install DIR``). An editable install's checkout is
+    named in the environment's ``site-packages`` (the editable finder's mapping), so a
+    submission can find it and read its solutions unless it is hidden as well."""
+    import json
+    from importlib import metadata
+    from urllib.parse import unquote, urlparse
+
+    try:
+        text = metadata.distribution(DIST_NAME).read_text("direct_url.json")
+        url = urlparse(json.loads(text or "{}").get("url", ""))
+    except (metadata.PackageNotFoundError, ValueError, AttributeError):
+        return []
+    if url.scheme != "file":
+        return []
+    folder = Path(unquote(url.path)).resolve()
+    return [folder] if folder.is_dir() and folder != REPO_ROOT.resolve() else []
+
+
+def needed_paths() -> list[Path]:
+    """What a submission's kernel must be able to read: the checkout, this Python environment
+    and its base installation, the site-packages folders, ``$PYTHONPATH``, ``$COURSE_DATA_DIR``
+    and the Hugging Face cache."""
+    import site
+
+    paths = [REPO_ROOT, Path(sys.prefix), Path(sys.base_prefix), kernel.hf_home()]
+    paths += [Path(p) for p in [*site.getsitepackages(), site.getusersitepackages()]]
+    paths += [Path(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    data = os.environ.get("COURSE_DATA_DIR", "").strip()
+    if data:
+        paths.append(Path(data))
+    return [p.resolve() for p in paths if p.is_dir()]
+
+
+def git_stores(root: Path | None = None) -> list[Path]:
+    """The git object stores of a checkout ``root`` (default: the one grading) when it is a
+    worktree or a submodule (its ``.git`` is a file naming them): they hold every committed
+    solution."""
+    root = REPO_ROOT if root is None else root
+    dot_git = root / ".git"
+    if not dot_git.is_file():
+        return []  # a plain checkout: .git is a top-level folder, hidden_repo_folders has it
+    text = dot_git.read_text(errors="replace").strip()
+    if not text.startswith("gitdir:"):
+        return []
+    gitdir = (root / text.split(":", 1)[1].strip()).resolve()
+    common = gitdir / "commondir"
+    stores = [gitdir]
+    if common.is_file():
+        stores.append((gitdir / common.read_text().strip()).resolve())
+    return [s for s in stores if s.is_dir()]
+
+
+def sandbox_paths(submissions: Path, reference: Path, out: Path | None) -> dict[str, list[Path]]:
+    """:func:`sandbox_prefix`'s ``read_only``, ``hidden`` and ``scratch`` paths for grading:
+    read-only, what the kernel needs (:func:`needed_paths`); hidden, the reference and
+    submissions folders, the other folders (:func:`hidden_repo_folders`) and git stores of the
+    checkout and of any other checkout the environment was installed from
+    (:func:`installed_checkouts`, which is read-only as well), the teacher's home and the folder
+    of ``out`` (read-only instead when it holds something the kernel needs); private and empty,
+    ``/tmp``, ``/var/tmp``, ``/dev/shm`` and this process's temporary folder."""
+    needed = needed_paths()
+    home = Path.home().resolve()
+    hidden = [reference, submissions]
+    others = installed_checkouts()
+    for root in (REPO_ROOT, *others):
+        hidden += [*hidden_repo_folders(root), *git_stores(root)]
+    hidden += [home] if len(home.parts) > 1 else []  # never "/" (HOME=/ in some containers)
+    # read-only too: a later grading run from that checkout imports its checks from there
+    read_only = [*needed, *others]
+    if out is not None:
+        folder = out.parent.resolve()
+        holds_needed = any(folder == n or folder in n.parents for n in needed)
+        (read_only if holds_needed else hidden).append(folder)
+    scratch = [*SCRATCH, Path(tempfile.gettempdir())]  # the kernel's own folder is kept in it
+    return {"read_only": read_only, "hidden": hidden, "scratch": scratch}
