@@ -1200,6 +1200,66 @@ def test_attacks_on_the_check_itself_score_nothing_because_it_runs_in_another_pr
     assert all(r.startswith("GraderError: the kernel's connection broke") for r in reasons), reasons
 
 
+# Takes the checker's socket: unlinks it as soon as it appears, listens there with a full
+# backlog, and refuses the kernel's own connection (the grader's wait must still end).
+TAKE_THE_SOCKET = """
+import os, socket, threading, time
+_own = os.path.dirname(os.environ['HOME'])
+_addr = os.path.join(_own, 'checker', 'check.sock')
+_orig_connect = socket.socket.connect
+def _connect(self, a):
+    if a == _addr:
+        raise ConnectionRefusedError('attacker: refused')
+    return _orig_connect(self, a)
+socket.socket.connect = _connect
+_keep = []
+def _trap():
+    while True:
+        try:
+            os.lstat(_addr)
+        except FileNotFoundError:
+            time.sleep(0.005)
+            continue
+        try:
+            os.unlink(_addr)
+            L = socket.socket(socket.AF_UNIX); L.bind(_addr); L.listen(0)
+            c = socket.socket(socket.AF_UNIX); c.setblocking(False)
+            try:
+                _orig_connect(c, _addr)
+            except BlockingIOError:
+                pass
+            _keep.extend([L, c])
+        except OSError as e:
+            _keep.append(e)
+        return
+threading.Thread(target=_trap, daemon=True).start()
+"""
+DEEP_TREE = (
+    "import os\n_d = os.getcwd(); os.makedirs('deep', exist_ok=True); os.chdir('deep')\n"
+    "for _i in range(3000):\n    os.makedirs('a', exist_ok=True); os.chdir('a')\n"
+    "os.chdir(_d)\n"
+)
+
+
+@needs_sandbox
+def test_a_submission_that_takes_the_socket_or_leaves_a_deep_tree_stops_nobody(tmp_path):
+    """Neither hangs the grader (the socket's folder is read-only for the kernel; the grader's
+    own connection never blocks) nor crashes it (a tree 3000 folders deep is removed with rm -rf):
+    the submissions graded after them get their points."""
+    subs = tmp_path / "subs"
+    for name, nb in (
+        ("a_socket", _blank_with(TAKE_THE_SOCKET)),
+        ("b_deep", _blank_with(DEEP_TREE)),
+        ("c_good", nbformat.read(FIXTURE, as_version=4)),
+    ):
+        (subs / name).mkdir(parents=True)
+        nbformat.write(nb, subs / name / FIXTURE.name)
+    rows = _grade(subs, tmp_path)
+    assert all(r["points"] == "0" for r in rows["a_socket"].values()), rows["a_socket"]
+    assert all(r["points"] == "0" for r in rows["b_deep"].values()), rows["b_deep"]
+    assert all(r["status"] == "passed" for r in rows["c_good"].values()), rows["c_good"]
+
+
 @needs_sandbox
 def test_a_submission_cannot_change_another_submission_or_the_checks(tmp_path):
     """aaa is graded first and tries to blank zzz's notebook and to rewrite a check on disk."""

@@ -119,3 +119,17 @@ def test_the_checker_process_gives_a_verdict_when_the_kernel_never_connects_or_l
             assert verdict["evalue"] == "the kernel did not say hello"
     finally:
         checker.close()
+
+
+def test_a_socket_file_left_by_a_stopped_checker_does_not_stop_the_next_check():
+    checker = remote.Checker()
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            address = os.path.join(folder, "check.sock")
+            stale = socket.socket(socket.AF_UNIX)
+            stale.bind(address)  # a checker killed mid-check leaves its file behind
+            stale.close()
+            checker.begin("ch00_matmul_flops", address, "matmul_flops", timeout=30)
+            assert "did not run" in checker.finish(address, timeout=30)["evalue"]
+    finally:
+        checker.close()

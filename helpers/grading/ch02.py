@@ -26,22 +26,33 @@ def _reread(grade_id: str) -> str:
 
 class FakeAsyncDevice:
     """A stand-in for a GPU, for :func:`check_step_timer`: ``step()`` returns at once but queues
-    ``work_ms`` of "device" work that only ``synchronize()`` waits for, like a CUDA launch. The
-    first ``slow_calls`` steps queue ``first_extra_ms`` more, like a first CUDA step."""
+    device work that only ``synchronize()`` waits for, like a CUDA launch. Each step's work is
+    drawn at random from ``work_ms`` (so only a timer that measures can report it; ``work`` keeps
+    what each call queued); the first ``slow_calls`` steps queue ``first_extra_ms`` more, like a
+    first CUDA step."""
 
-    def __init__(self, work_ms: float = 20.0, first_extra_ms: float = 150.0, slow_calls: int = 2):
+    def __init__(
+        self,
+        work_ms: tuple[float, ...] = (15.0, 25.0, 35.0),
+        first_extra_ms: float = 150.0,
+        slow_calls: int = 2,
+    ):
+        import random
         import time
 
         self._clock = time.perf_counter
         self._sleep = time.sleep
+        self._draw = random.Random().choice
         self.work_ms, self.first_extra_ms, self.slow_calls = work_ms, first_extra_ms, slow_calls
         self.busy_until = self._clock()
         self.calls = 0
+        self.work: list[float] = []  # ms of work each call queued, in call order
 
     def step(self) -> None:
         self.calls += 1
         extra = self.first_extra_ms if self.calls <= self.slow_calls else 0.0
-        self.busy_until = max(self.busy_until, self._clock()) + (self.work_ms + extra) / 1e3
+        self.work.append(self._draw(self.work_ms) + extra)
+        self.busy_until = max(self.busy_until, self._clock()) + self.work[-1] / 1e3
 
     def synchronize(self) -> None:
         delay = self.busy_until - self._clock()
@@ -51,8 +62,8 @@ class FakeAsyncDevice:
 
 def check_step_timer(fn: Callable[..., list[float]]) -> None:
     """Check ``time_steps(step, synchronize, warmup, iters) -> list[float]`` (ms per timed step)
-    against :class:`FakeAsyncDevice`: 2 warm-up calls of ~170 ms, then steps of 20 ms of queued
-    work.
+    against :class:`FakeAsyncDevice`: 2 warm-up calls of ~170-185 ms, then steps of 15, 25 or
+    35 ms of queued work, drawn at random: each returned time must be its own step's.
 
     Raises:
         AssertionError: with a hint, for a timer that does not synchronise, reports warm-up steps,
@@ -81,25 +92,26 @@ def check_step_timer(fn: Callable[..., list[float]]) -> None:
     if max(times) < 5:
         raise AssertionError(
             f"your times are {[round(t, 2) for t in times]} ms, "
-            "but each step queues 20 ms of device work: step() only launched it. "
+            "but each step queues 15 to 35 ms of device work: step() only launched it. "
             f"Call synchronize() before reading the clock. {_reread(gid)}"
         )
     if max(times) > 100:
         raise AssertionError(
-            f"a timed step took {max(times):.0f} ms although each step is 20 ms: "
+            f"a timed step took {max(times):.0f} ms although each step is 15 to 35 ms: "
             "warm-up work leaked into it. Synchronize after the warm-up steps and exclude them "
             f"from the times. {_reread(gid)}"
         )
-    if not all(12 < t < 60 for t in times):
+    work = dev.work[warmup:]
+    if not all(0.6 * w < t < w + 15 for t, w in zip(times, work)):
         raise AssertionError(
-            f"times {[round(t, 1) for t in times]} ms: each should be about 20 ms "
-            "(one step's work). Start the clock after the previous step finished and stop it after "
-            f"synchronize(). {_reread(gid)}"
+            f"times {[round(t, 1) for t in times]} ms, but the timed steps queued "
+            f"{[round(w) for w in work]} ms of work: time each step on its own. Start the clock "
+            f"after the previous step finished and stop it after synchronize(). {_reread(gid)}"
         )
     passed(
         gid,
         f"time_steps synchronises, skips {warmup} warm-up steps and times each step "
-        "(fake 20 ms device)",
+        "(a fake device of 15 to 35 ms steps)",
     )
 
 
@@ -143,6 +155,13 @@ def check_mfu(fn: Callable[[float, int, float, float], float]) -> None:
         gid,
         f"mfu(...) == flops_per_token * tokens_per_s / peak_flops for {len(MFU_CASES)} cases",
     )
+
+
+def _timer_made_up(step, synchronize, warmup, iters):
+    for _ in range(warmup + iters):
+        step()
+    synchronize()
+    return [20.0] * iters  # the number the exercise text used to give, not a measurement
 
 
 def _timer_no_sync(step, synchronize, warmup, iters):
@@ -198,6 +217,11 @@ CHECKS: dict[str, Callable[[Callable[..., Any]], None]] = {
 }
 
 WRONG_ANSWERS: dict[str, list[Callable[..., Any]]] = {
-    "ch02_step_timer": [_timer_no_sync, _timer_includes_warmup, _timer_no_sync_after_warmup],
+    "ch02_step_timer": [
+        _timer_no_sync,
+        _timer_includes_warmup,
+        _timer_no_sync_after_warmup,
+        _timer_made_up,
+    ],
     "ch02_mfu": [_mfu_ms_as_s, _mfu_percent],
 }

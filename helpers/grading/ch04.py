@@ -350,7 +350,7 @@ def check_autocast_step(fn: Callable[..., Any]) -> None:
                     f"unscale_ found inf/nan. {_reread(gid)}"
                 )
             err = float((w - ref_w).norm() / (ref_w - w0).norm())
-            if err > 1e-4:
+            if not err <= 1e-4:  # a NaN error fails too
                 why = _why_weights_differ(report["grad"], want[-1], calls, logits, dtype)
                 raise AssertionError(
                     f"{at}: the weights differ from a correct step's (relative error {err:.1e}): "

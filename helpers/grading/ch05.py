@@ -152,7 +152,7 @@ def check_fused_chain(make_fused_chain: Callable[[], Callable]) -> None:
         return float((out.detach().double() - ref).norm() / ref.norm())
 
     err = rel(_reference_chain(x, bias, residual))
-    if err > 1e-5:
+    if not err <= 1e-5:  # a NaN output fails too
         if rel(_reference_chain(x, bias, residual, exact=True)) < 1e-5:
             why = (
                 "your GELU is the exact (erf) one; GPT-2 uses the tanh approximation "
@@ -189,6 +189,10 @@ def check_fused_chain(make_fused_chain: Callable[[], Callable]) -> None:
         "one compiled graph, at most one kernel, output equals "
         "residual + GELU_tanh(x + bias) (rel. error < 1e-5)",
     )
+
+
+def _fused_nan() -> Callable:
+    return torch.compile(lambda x, bias, residual: x * float("nan"))
 
 
 def _fused_returns_eager() -> Callable:
@@ -346,6 +350,7 @@ WRONG_ANSWERS = {
         _fused_missing_half,
         _fused_graph_break,
         _fused_no_residual,
+        _fused_nan,
     ],
     "ch05_compile_pays_off": [
         _pays_forgot_ms_to_s,

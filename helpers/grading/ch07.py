@@ -88,7 +88,7 @@ def check_pad_vocab(fn: Callable[..., Any]) -> None:
                 f"{call}: rows 0..{V - 1} are not the old weight's rows: copy the old (V, C) "
                 f"weight into the first V rows, so that token id i keeps row i. {_reread(gid)}"
             )
-        if rows > V and head[V:].abs().max() > 0:
+        if rows > V and bool((head[V:] != 0).any()):  # NaN rows are not zero either
             raise AssertionError(
                 f"{call}: the padded rows are not zero: start them at zero, as the course's "
                 "model does (their logits start at 0, and training only pushes them down). "
@@ -174,6 +174,9 @@ def _harness_draws(fn, logits, vocab_size, seed, n):
     return [None if s is None else torch.as_tensor(s) for s in samples]
 
 
+FAVOURITE = 5  # the real id check_masked_sampling makes far more likely than the others
+
+
 def check_masked_sampling(fn: Callable[..., Any]) -> None:
     """Check ``sample_next(logits, vocab_size, generator) -> (B, 1) int64``: samples from the
     softmax of the logits of real ids only. Run on a seeded untrained GPT with padded vocab whose
@@ -197,6 +200,7 @@ def check_masked_sampling(fn: Callable[..., Any]) -> None:
         model.transformer.ln_f.weight.zero_()
         model.transformer.ln_f.bias.fill_(1.0)
         model.lm_head.weight[100:] = 1.0
+        model.lm_head.weight[FAVOURITE] = 0.25  # logit 4.0 over the other real ids' ~0
         logits, _ = model(torch.zeros(8, 4, dtype=torch.long))
     logits = logits[:, -1, :]  # (8, 128)
     if logits.argmax(dim=-1).max() < 100:
@@ -222,6 +226,14 @@ def check_masked_sampling(fn: Callable[..., Any]) -> None:
         raise AssertionError(
             f"only {ids.unique().numel()} distinct ids in {ids.numel()} draws: "
             f"sample with torch.multinomial from the softmax, not argmax. {_reread(gid)}"
+        )
+    p = torch.softmax(logits[:, :100].float(), dim=-1)[:, FAVOURITE].mean().item()
+    drawn = (ids == FAVOURITE).float().mean().item()
+    if drawn < p / 2:  # a right sampler draws it about p of the time (p ~0.35: ~70 of 200)
+        raise AssertionError(
+            f"id {FAVOURITE} has probability {p:.2f} under the softmax of the real ids' logits "
+            f"but was drawn in {drawn:.0%} of the draws: sample from softmax(logits) with "
+            f"torch.multinomial, not uniformly. {_reread(gid)}"
         )
     # The PASS line names no count of distinct ids: torch.multinomial draws differently across torch
     # versions, and a compared notebook output must depend only on what the learner wrote.
@@ -317,6 +329,12 @@ def _sample_argmax(logits, vocab_size, generator):
     return logits[:, :vocab_size].argmax(dim=-1, keepdim=True)
 
 
+def _sample_uniform(logits, vocab_size, generator):
+    import torch
+
+    return torch.randint(0, vocab_size, (logits.shape[0], 1), generator=generator)
+
+
 def _sample_three(logits, vocab_size, generator):
     import torch
 
@@ -339,5 +357,11 @@ WRONG_ANSWERS: dict[str, list[Callable[..., Any]]] = {
         _pad_rows_in_front,
         _pad_config_unchanged,
     ],
-    "ch07_masked_sampling": [_sample_unmasked, _sample_off_by_one, _sample_argmax, _sample_three],
+    "ch07_masked_sampling": [
+        _sample_unmasked,
+        _sample_off_by_one,
+        _sample_argmax,
+        _sample_three,
+        _sample_uniform,
+    ],
 }

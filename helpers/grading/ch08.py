@@ -176,6 +176,10 @@ def step_parts(
     per_sample = {k: one[k] for k in ("activations", "logits")}
 
     def parts_for_batch(B: int) -> dict[str, int]:
+        # When grading this runs in the checker on what the submission sent: numbers only (a
+        # string times the bytes per sample would be gigabytes of text).
+        if isinstance(B, bool) or not isinstance(B, int) or not 0 <= B <= 10**9:
+            raise TypeError(f"parts_for_batch takes a batch size, an int >= 0, not {B!r:.40}")
         return {**fixed, **{k: B * v for k, v in per_sample.items()}}
 
     return parts_for_batch

@@ -278,7 +278,7 @@ def check_checkpointed_block(fn: Callable[..., Any]) -> None:
                 f"checkpointed(block, x) returned a {got['type']} of shape {got['shape']}, "
                 f"expected the block's output {tuple(want_y.shape)}. {_reread(gid)}"
             )
-        if rel(y, want_y) > 1e-5:
+        if not rel(y, want_y) <= 1e-5:  # a NaN output fails too
             raise AssertionError(
                 "checkpointed(block, x) differs from block(x) "
                 f"(rel. error {rel(y, want_y):.1e}): "
@@ -315,9 +315,10 @@ def check_checkpointed_block(fn: Callable[..., Any]) -> None:
         errs = [rel(grads[k], want_grads[k]) for k in want_grads]
         if x_needs_grad:
             errs.append(rel(x_grad, want_xg))
-        if max(errs) > 1e-5:
+        if not all(e <= 1e-5 for e in errs):  # NaN gradients fail too
             raise AssertionError(
-                f"the gradients differ from the plain block's (rel. error {max(errs):.1e}) with "
+                f"the gradients differ from the plain block's (rel. error "
+                f"{max(errs, key=lambda e: e if e == e else float('inf')):.1e}) with "
                 f"{where}. {_reread(gid)}"
             )
     passed(
@@ -381,6 +382,13 @@ def _ckpt_plain(block, x):
     return block(x)
 
 
+def _ckpt_nan(block, x):
+    import torch.utils.checkpoint
+
+    block(x)  # a second forward, as if recomputed
+    return torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False) * float("nan")
+
+
 def _ckpt_detached_input(block, x):
     import torch.utils.checkpoint
 
@@ -400,5 +408,5 @@ WRONG_ANSWERS = {
         _accum_keeps_graph,
         _accum_one_big_batch,
     ],
-    "ch09_checkpointed_block": [_ckpt_reentrant, _ckpt_plain, _ckpt_detached_input],
+    "ch09_checkpointed_block": [_ckpt_reentrant, _ckpt_plain, _ckpt_detached_input, _ckpt_nan],
 }

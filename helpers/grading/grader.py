@@ -19,7 +19,13 @@ from typing import Any
 
 import helpers
 from helpers.grading.intake import csv_cell, modified, read_submission, shown, submitted_notebooks
-from helpers.grading.kernel import CellRun, NotebookRun, execute_notebook, first_line
+from helpers.grading.kernel import (
+    CHECKER_FOLDER,
+    CellRun,
+    NotebookRun,
+    execute_notebook,
+    first_line,
+)
 from helpers.grading.sandbox import sandbox_available, sandbox_paths, sandbox_prefix
 from helpers.grading.student import (
     _notebooks_in,
@@ -164,10 +170,14 @@ def grade_notebook(
         gid = nbgrader_metadata(cell).get("grade_id")
         if gid in ref.points and is_check_cell(cell):
             where[gid] = index
-    with tempfile.TemporaryDirectory(prefix="grading-") as folder:
-        own = Path(folder)
+    own = Path(tempfile.mkdtemp(prefix="grading-"))
+    try:
         (own / "work").mkdir()
-        prefix = sandbox_prefix(**sandbox, writable=[own]) if sandbox else ()
+        (own / CHECKER_FOLDER).mkdir()  # the checker's socket: read-only for the kernel
+        prefix: tuple[str, ...] = ()
+        if sandbox:
+            ro = [*sandbox["read_only"], own / CHECKER_FOLDER]
+            prefix = sandbox_prefix(ro, sandbox["hidden"], [own], sandbox["scratch"])
         run = execute_notebook(
             nb,
             cwd=own / "work",
@@ -178,6 +188,8 @@ def grade_notebook(
             # each check runs in the grader's checker process, on the learner's function
             checks={index: (gid, ref.functions[gid]) for gid, index in where.items()},
         )
+    finally:
+        remove_tree(own)
 
     out = []
     for gid, pts in ref.points.items():
@@ -190,6 +202,23 @@ def grade_notebook(
             status, reason = _verdict(run, index, timeout, frozenset(where.values()))
         out.append(_row(student, name, gid, pts if status == "passed" else 0, pts, status, reason))
     return out
+
+
+def remove_tree(folder: Path) -> None:
+    """Remove a kernel's folder whatever a submission left in it; never raises. ``rm -rf`` first
+    (a tree thousands of folders deep makes ``shutil.rmtree`` recurse past Python's limit), then
+    ``shutil.rmtree`` for what is left (no ``rm`` on the machine)."""
+    import shutil
+    import subprocess
+
+    try:
+        subprocess.run(["rm", "-rf", "--", str(folder)], capture_output=True, timeout=600)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        shutil.rmtree(folder, ignore_errors=True)
+    except Exception:  # RecursionError
+        pass
 
 
 def _broke(cell: CellRun) -> bool:
@@ -362,7 +391,15 @@ def grade(
                     for g, p in ref.points.items()
                 )
                 continue
-            rows.extend(grade_notebook(path, ref, folder.name, timeout, text=text, sandbox=sandbox))
+            try:
+                rows.extend(
+                    grade_notebook(path, ref, folder.name, timeout, text=text, sandbox=sandbox)
+                )
+            except Exception as exc:  # a fault of the grader's: this notebook only, say which
+                why = f"grader error: {type(exc).__name__}: {first_line(str(exc))}"
+                rows.extend(
+                    _row(folder.name, name, g, 0, p, "error", why) for g, p in ref.points.items()
+                )
     return rows
 
 
@@ -481,9 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     gr = sub.add_parser("grade", help="execute and grade submissions/<student>/<notebook>.ipynb")
     gr.add_argument("submissions", help="folder with one sub-folder per student id")
     gr.add_argument("--out", default="grades.csv", help="CSV to write (default: grades.csv)")
-    gr.add_argument(
-        "--timeout", type=_seconds, default=600, help="seconds per cell (default: 600)"
-    )
+    gr.add_argument("--timeout", type=_seconds, default=600, help="seconds per cell (default: 600)")
     gr.add_argument(
         "--reference", default="notebooks", help="folder of solution notebooks (default: notebooks)"
     )

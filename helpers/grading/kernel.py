@@ -18,6 +18,9 @@ import helpers
 from helpers.grading import remote
 
 TIMEOUT_ENAME = "CellTimeoutError"
+# The folder, in a kernel's private folder, of the checker's socket (helpers.grading.remote): the
+# grader makes it read-only in the sandbox, so a submission cannot replace the socket.
+CHECKER_FOLDER = "checker"
 REPO_ROOT = helpers.REPO_ROOT
 
 
@@ -183,7 +186,9 @@ def execute_notebook(
     )
     checks = checks or {}
     checker = remote.Checker()
-    address = str((private or cwd) / "check.sock")
+    sockets = (private or cwd) / CHECKER_FOLDER  # read-only for a sandboxed kernel (grader)
+    sockets.mkdir(exist_ok=True)
+    address = str(sockets / "check.sock")
     code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.strip()]
     for i in code_cells:
         run.cells[i] = CellRun(i, "not run")

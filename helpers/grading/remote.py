@@ -34,6 +34,7 @@ import io
 import json
 import os
 import pickle
+import shutil
 import socket
 import sys
 import traceback
@@ -329,6 +330,8 @@ def checker_main(argv: list[str] | None = None) -> int:
         request = json.loads(line)
         path = request["socket"]
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with contextlib.suppress(OSError):  # left by a checker stopped mid-check
+            os.unlink(path)
         try:
             listener.bind(path)
             listener.listen(1)
@@ -353,7 +356,12 @@ def checker_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-_CHECKER_MAIN = "import sys; from helpers.grading import remote; sys.exit(remote.checker_main())"
+# sys.path loses the working folder ('' for -c) before anything is imported: a json.py or
+# helpers/ planted there would otherwise be imported in place of the real ones.
+_CHECKER_MAIN = (
+    "import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
+    "from helpers.grading import remote; sys.exit(remote.checker_main())"
+)
 
 
 class Checker:
@@ -369,6 +377,7 @@ class Checker:
         self.proc: Any = None
         self._buffer = b""
         self._accepted = False
+        self._folder = ""
 
     def _start(self) -> None:
         import subprocess
@@ -382,12 +391,13 @@ class Checker:
             *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p),
         ]
         env["PYTHONPATH"] = os.pathsep.join(paths)
+        self._folder = tempfile.mkdtemp(prefix="checker-")  # mode 0700: nobody else writes there
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _CHECKER_MAIN],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            cwd=tempfile.gettempdir(),
+            cwd=self._folder,
             env=env,
         )
         self._buffer = b""
@@ -448,19 +458,20 @@ class Checker:
         if answer == {"accepted": True}:
             self._accepted = True
             answer = None
+        why = "the check did not finish"
         if answer is None and not self._accepted:
+            # The cell ended without connecting: end the checker's wait by connecting ourselves,
+            # never blocking (the kernel may have put a listener of its own at that path), and
+            # give it a few seconds to answer before it is stopped.
             with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as poke:
-                poke.connect(address)  # the cell ended without connecting: end the wait
+                poke.settimeout(2)
+                poke.connect(address)
+            timeout, why = min(timeout, 10), "the submission's kernel did not run the check"
         while answer is None or answer == {"accepted": True}:
             answer = self._line(timeout)
             if answer is None:
                 self.close()
-                return {
-                    "status": "error",
-                    "ename": "GraderError",
-                    "evalue": "the check did not finish",
-                    "output": "",
-                }
+                return {"status": "error", "ename": "GraderError", "evalue": why, "output": ""}
         if not (isinstance(answer, dict) and answer.get("status") in ("ok", "error")):
             self.close()
             return {
@@ -472,7 +483,7 @@ class Checker:
         return answer
 
     def close(self) -> None:
-        """Stop the checker process."""
+        """Stop the checker process (a later :meth:`begin` starts a new one)."""
         if self.proc is not None:
             with contextlib.suppress(OSError):
                 self.proc.stdin.close()
@@ -480,6 +491,9 @@ class Checker:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
             self.proc = None
+        if self._folder:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = ""
 
 
 def check_over_socket(grade_id: str, fn: Callable[..., Any], timeout: float = 300.0) -> dict:
