@@ -401,7 +401,9 @@ def main(argv: list[str] | None = None) -> int:
         # matplotlib would add ".png" itself, silently
         if args.plot is not None and not Path(args.plot).is_dir() and not Path(args.plot).suffix:
             args.plot = Path(args.plot).with_suffix(".png")
-        args.plot = cli.out_path(args.plot, "--plot", suffix=".png", force=args.force)
+        args.plot = cli.out_path(
+            args.plot, "--plot", suffix=".png", force=args.force, png_kind="ladder"
+        )
         emulated = (
             hardware.emulate(args.emulate, args.device or "cuda")
             if args.emulate

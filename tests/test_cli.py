@@ -122,7 +122,7 @@ def test_an_existing_file_is_replaced_only_when_it_is_an_earlier_output_of_that_
     ):
         with pytest.raises(ValueError, match=match):
             cli.out_path(path, suffix=suffix, **kind)
-    with pytest.raises(ValueError, match="figure.png exists and is not a figure a course tool"):
+    with pytest.raises(ValueError, match="figure.png exists and is not a figure this tool wrote"):
         cli.out_path(png, "--plot", ".png")  # a PNG it did not write: only with --force
     assert cli.out_path(png, "--plot", ".png", force=True) == png
     with pytest.raises(ValueError, match="notebook's name"):

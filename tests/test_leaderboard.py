@@ -180,7 +180,9 @@ def test_save_writes_what_collect_reads_also_in_nbgraders_layout(tmp_path: Path)
     assert entry.record == record and entry.problems == [] and entry.notes == []
 
 
-def test_the_command_writes_csv_and_png_and_refuses_to_overwrite(classroom: Path, capsys):
+def test_the_command_writes_csv_and_png_and_replaces_only_its_own_without_force(
+    classroom: Path, capsys
+):
     out = classroom.parent / "board"
     args = [str(classroom), "--csv", str(out / "board.csv"), "--png", str(out / "board.png")]
     assert main(["leaderboard", *args]) == 0
@@ -189,6 +191,8 @@ def test_the_command_writes_csv_and_png_and_refuses_to_overwrite(classroom: Path
     assert [r["student"] for r in rows][:3] == ["bob", "alice", "carol"]
     assert (out / "board.png").read_bytes()[:4] == b"\x89PNG"
     assert "(3 ranked, 11 refused)" in capsys.readouterr().out
+    assert main(["leaderboard", *args]) == 0  # its own CSV and PNG: replaced without --force
+    capsys.readouterr()
 
     before = (out / "board.csv").read_text()
     (out / "board.csv").write_text("a teacher's notes")

@@ -73,9 +73,9 @@ def test_grad_scale_marks_skipped_steps_at_the_scale_that_overflowed():
     assert lo < 16 and hi > 30
 
 
-def test_a_course_png_is_replaced_without_force_and_any_other_file_is_not(tmp_path):
+def test_a_tools_own_png_is_replaced_without_force_and_any_other_file_is_not(tmp_path):
     """Re-running README's main command (--plot ladder.png) replaces the figure it wrote before;
-    a PNG from elsewhere, or any other file, needs --force."""
+    another tool's figure (a leaderboard), a PNG from elsewhere, or any other file needs --force."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -84,17 +84,20 @@ def test_a_course_png_is_replaced_without_force_and_any_other_file_is_not(tmp_pa
     from helpers.measure import plots
     from helpers.tools import cli
 
-    ours, theirs = tmp_path / "ours.png", tmp_path / "theirs.png"
+    ours, other, theirs = tmp_path / "ours.png", tmp_path / "board.png", tmp_path / "theirs.png"
     fig = plt.figure()
-    plots.save_png(fig, ours)
+    plots.save_png(fig, ours, "ladder")
+    plots.save_png(fig, other, "leaderboard")
     fig.savefig(theirs)  # a PNG, but not one a course tool wrote
     plt.close(fig)
-    assert plots.is_course_png(ours) and not plots.is_course_png(theirs)
+    assert plots.is_course_png(ours, "ladder") and not plots.is_course_png(theirs)
+    assert not plots.is_course_png(other, "ladder") and plots.is_course_png(other)
     assert not plots.is_course_png(tmp_path / "missing.png")
-    assert cli.out_path(ours, "--plot", suffix=".png") == ours
-    with pytest.raises(ValueError, match="pass --force"):
-        cli.out_path(theirs, "--plot", suffix=".png")
-    assert cli.out_path(theirs, "--plot", suffix=".png", force=True) == theirs
+    assert cli.out_path(ours, "--plot", suffix=".png", png_kind="ladder") == ours
+    for path in (other, theirs):
+        with pytest.raises(ValueError, match="is not a figure this tool wrote: pass --force"):
+            cli.out_path(path, "--plot", suffix=".png", png_kind="ladder")
+        assert cli.out_path(path, "--plot", suffix=".png", force=True) == path
 
 
 def test_memory_timeline_marks_the_peak_and_names_the_phases():

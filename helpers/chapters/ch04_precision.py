@@ -514,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.precisions is not None and len(args.precisions) == 0:
         raise ValueError("--precisions needs at least one of fp32, tf32, bf16, fp16")
     cli.result_out(args.out, ("precisions",), force=args.force)
-    cli.out_path(args.plot, "--plot", suffix=".png", force=args.force)
+    cli.out_path(args.plot, "--plot", suffix=".png", force=args.force, png_kind="ch04-precision")
     cfg, B, T = train.default_shapes(device)
     B = B if args.batch_size is None else args.batch_size
     T = T if args.seq_len is None else args.seq_len
@@ -573,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
         title = f"Same model, seed and batches in each precision, on {name}"
         fig = plots.loss_differences(losses, "fp32", title)
         args.plot.parent.mkdir(parents=True, exist_ok=True)
-        plots.save_png(fig, args.plot)
+        plots.save_png(fig, args.plot, "ch04-precision")
         print(f"wrote {args.plot}")
     return 0
 

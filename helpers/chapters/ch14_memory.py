@@ -568,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{run_title(summary)}, step {s['step']}",
         {"max_memory_allocated": s["max_allocated"]},
     )
-    plots.save_png(fig, plot)
+    plots.save_png(fig, plot, "ch14-memory")
     print(f"wrote {out} ({out.stat().st_size / 1e3:.0f} kB) and {plot}")
     return 0
 

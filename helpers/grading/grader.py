@@ -413,14 +413,6 @@ def _prefer(new: Path, old: Path, ref: Reference) -> bool:
     return modified(new) > modified(old)
 
 
-def _is_grades_csv(path: Path) -> bool:
-    try:
-        with open(path, newline="") as f:
-            return f.readline().strip() == ",".join(COLUMNS)
-    except (OSError, UnicodeDecodeError):
-        return False
-
-
 def check_csv_out(path: Path, submissions: Path, reference: Path, force: bool = False) -> Path:
     """``grade --out path``, checked before any grading (:func:`helpers.tools.cli.out_path`): not
     a notebook's name, not in the submissions or reference folder, not a folder, writable, and an
@@ -436,7 +428,7 @@ def check_csv_out(path: Path, submissions: Path, reference: Path, force: bool = 
         "--out",
         ".csv",
         force=force,
-        same_kind=_is_grades_csv,
+        same_kind=lambda p: cli.csv_has_header(p, COLUMNS),
         what=" and is not a grades CSV",
         folders=folders,
     )

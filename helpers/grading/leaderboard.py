@@ -421,7 +421,7 @@ def plot(rows: list[dict[str, Any]], path: str | Path | None = None):
     fig.text(0.01, 0.01, foot, fontsize=8, va="bottom")
     fig.tight_layout(rect=(0, 0.04 + 0.02 * foot.count("\n"), 1, 1))
     if path is not None:
-        plots.save_png(fig, path)
+        plots.save_png(fig, path, "leaderboard")
         plt.close(fig)
     return fig
 
@@ -447,7 +447,16 @@ def command(args: argparse.Namespace) -> None:
         raise ValueError(f"--csv and --png both name {out_csv}: give two files")
     for path, flag, suffix in ((out_csv, "--csv", ".csv"), (out_png, "--png", ".png")):
         # makes the folders; refuses unwritable ones and existing files without --force
-        cli.out_path(path, flag, suffix, force=args.force, folders={submissions: "submissions"})
+        cli.out_path(
+            path,
+            flag,
+            suffix,
+            force=args.force,
+            folders={submissions: "submissions"},
+            png_kind="leaderboard",
+            # its own earlier CSV (same columns) is replaced; any other needs --force
+            same_kind=(lambda p: cli.csv_has_header(p, COLUMNS)) if suffix == ".csv" else None,
+        )
     rows = rank(collect(submissions))
     write_csv(rows, out_csv)
     plot(rows, out_png)

@@ -9,19 +9,22 @@ from pathlib import Path
 PNG_SOFTWARE = "fast-gpt2-course"
 
 
-def save_png(fig, path: str | Path, dpi: int = 120) -> None:
-    """Save ``fig`` as a PNG at ``path``, marked as the course's (:data:`PNG_SOFTWARE`)."""
-    fig.savefig(path, dpi=dpi, format="png", metadata={"Software": PNG_SOFTWARE})
+def save_png(fig, path: str | Path, kind: str, dpi: int = 120) -> None:
+    """Save ``fig`` as a PNG at ``path``, marked as the course's (:data:`PNG_SOFTWARE`) and as
+    ``kind``'s (its "Title" text chunk: the tool that wrote it, e.g. ``"ladder"``)."""
+    fig.savefig(path, dpi=dpi, format="png", metadata={"Software": PNG_SOFTWARE, "Title": kind})
 
 
-def is_course_png(path: str | Path) -> bool:
-    """Whether ``path`` is a PNG that :func:`save_png` wrote (its "Software" text chunk); False
-    for any other file, including one that cannot be read."""
+def is_course_png(path: str | Path, kind: str | None = None) -> bool:
+    """Whether ``path`` is a PNG that :func:`save_png` wrote (its "Software" text chunk), as
+    ``kind``'s when ``kind`` is given; False for any other file, including one that cannot be
+    read."""
     try:
         from PIL import Image  # matplotlib depends on Pillow
 
         with Image.open(path) as im:
-            return im.format == "PNG" and im.info.get("Software") == PNG_SOFTWARE
+            ours = im.format == "PNG" and im.info.get("Software") == PNG_SOFTWARE
+            return ours and (kind is None or im.info.get("Title") == kind)
     except (OSError, ValueError):
         return False
 
@@ -60,7 +63,7 @@ def ladder_bars(results: dict, path: str | Path | None = None):
     ax.set_title(_ladder_title(results), fontsize=9)
     fig.tight_layout()
     if path is not None:
-        save_png(fig, path)
+        save_png(fig, path, "ladder")
         plt.close(fig)
     return fig
 

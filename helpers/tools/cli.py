@@ -13,7 +13,7 @@ import functools
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO
 
@@ -56,6 +56,16 @@ def _committed_results(folder: Path) -> bool:
     return folder.name == "results" and (folder.parent / "helpers" / "__init__.py").is_file()
 
 
+def csv_has_header(path: Path, columns: Iterable[str]) -> bool:
+    """Whether the first line of ``path`` is exactly ``columns`` joined by commas (a CSV that the
+    tool with those columns wrote); False for anything unreadable."""
+    try:
+        with open(path, newline="") as f:
+            return f.readline().strip() == ",".join(columns)
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def out_path(
     path: str | Path | None,
     flag: str = "--out",
@@ -65,6 +75,7 @@ def out_path(
     same_kind: Callable[[Path], bool] | None = None,
     what: str = "",
     folders: dict[Path, str] | None = None,
+    png_kind: str | None = None,
 ) -> Path | None:
     """An output file path, checked before the run by the one rule every tool that writes files
     follows (the ladder, the chapter tools, ``grade``, ``leaderboard``):
@@ -76,7 +87,8 @@ def out_path(
       this checkout's or any other course checkout's) is replaced only with ``force``;
     - an existing file is replaced only when ``same_kind(path)`` recognises it as an earlier
       output of the same kind (a JSON result of the same tool, :func:`result_out`; a grades
-      CSV; for ".png" a figure :func:`helpers.measure.plots.save_png` wrote), or with ``force``:
+      CSV; for ".png" a figure :func:`helpers.measure.plots.save_png` wrote as ``png_kind``, the
+      same tool's), or with ``force``:
       the message then ends "pass --force to replace it" (``what`` says what the file is not);
     - its folder is created, and a new file is created and removed again, so a place that refuses
       new files fails now, not after the run.
@@ -106,7 +118,10 @@ def out_path(
     if same_kind is None and suffix == ".png":
         from helpers.measure import plots
 
-        same_kind, what = plots.is_course_png, what or " and is not a figure a course tool wrote"
+        def same_kind(p: Path) -> bool:
+            return plots.is_course_png(p, png_kind)
+
+        what = what or " and is not a figure this tool wrote"
     if (path.exists() or path.is_symlink()) and not force:
         if any(_committed_results(folder) for folder in where.parents):
             raise ValueError(
