@@ -436,6 +436,13 @@ def test_make_student_never_overwrites_work_it_did_not_write(tmp_path, capsys):
     assert "return 0  #" in (student / FIXTURE.name).read_text()
     assert _make_student(solutions, student, "--force") == 0
     assert "return 0  #" not in (student / FIXTURE.name).read_text()
+    # a learner ran it without editing a cell: its outputs are theirs, so refused as well
+    ran = nbformat.read(student / FIXTURE.name, as_version=4)
+    code = next(c for c in ran.cells if c.cell_type == "code")
+    code.outputs = [nbformat.v4.new_output("stream", name="stdout", text="a learner's run\n")]
+    nbformat.write(ran, student / FIXTURE.name)
+    assert _make_student(solutions, student) == 2
+    assert "changed after make-student wrote it" in capsys.readouterr().err
 
 
 def test_make_student_never_writes_through_a_link_in_out(tmp_path, capsys):

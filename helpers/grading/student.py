@@ -198,12 +198,13 @@ STUDENT_MARK = "fast_gpt2_student_version"
 
 
 def fingerprint(nb: Any) -> str:
-    """SHA-256 of the notebook's cell types and sources (outputs and metadata left out)."""
+    """SHA-256 of the notebook's cell types, sources and outputs (metadata left out): a learner
+    who edited a cell or ran the notebook has changed it."""
     import hashlib
     import json
 
-    cells = [(c.cell_type, c.source) for c in nb.cells]
-    return hashlib.sha256(json.dumps(cells).encode()).hexdigest()
+    cells = [(c.cell_type, c.source, c.get("outputs", [])) for c in nb.cells]
+    return hashlib.sha256(json.dumps(cells, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def overwrite_problem(target: Path) -> str | None:
