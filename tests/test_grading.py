@@ -487,6 +487,22 @@ def test_a_file_that_is_not_a_notebook_stops_the_tools_in_one_line(tmp_path, cap
     assert err.startswith("error: ") and "\n" not in err and "broken.ipynb" in err, err
 
 
+def test_a_temporary_folder_too_long_for_the_socket_stops_grading_in_one_line(
+    tmp_path, capsys, monkeypatch
+):
+    import tempfile
+
+    long = tmp_path / ("t" * 120)
+    long.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(long))
+    (tmp_path / "subs" / "alice").mkdir(parents=True)
+    argv = ["grade", str(tmp_path / "subs"), "--reference", str(FIXTURE.parent),
+            "--out", str(tmp_path / "grades.csv")]  # fmt: skip
+    assert grading.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "set TMPDIR to a shorter folder" in err and "\n" not in err
+
+
 @pytest.mark.parametrize("timeout", ["0", "-5", "ten"])
 def test_grade_refuses_a_timeout_that_is_not_a_positive_number_of_seconds(timeout, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -1267,6 +1283,47 @@ def test_a_submission_that_takes_the_socket_or_leaves_a_deep_tree_stops_nobody(t
     assert all(r["status"] == "passed" for r in rows["c_good"].values()), rows["c_good"]
 
 
+def test_a_notebook_of_many_slow_cells_is_cut_at_its_time_budget(tmp_path):
+    """Every cell may take --timeout seconds, but a notebook only --timeout x (the reference's
+    code cells + 10): 40 cells that sleep do not hold up the students graded after it."""
+    nb = _blank_version()
+    for _ in range(40):
+        nb.cells.insert(0, nbformat.v4.new_code_cell("import time\ntime.sleep(60)"))
+    (tmp_path / "subs" / "slow").mkdir(parents=True)
+    nbformat.write(nb, tmp_path / "subs" / "slow" / FIXTURE.name)
+    out = tmp_path / "grades.csv"
+    argv = ["grade", str(tmp_path / "subs"), "--out", str(out), "--reference",
+            str(FIXTURE.parent), "--timeout", "1"]  # fmt: skip
+    assert grading.main(argv) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert rows and all("ran past its time budget" in r["reason"] for r in rows), rows
+
+
+@needs_sandbox
+def test_a_kernel_run_as_root_cannot_plant_programs_for_the_grader(tmp_path):
+    """uid 0 owns /usr, /etc and /opt: a kernel as root (without capabilities) could write a
+    program there that the grader runs outside the sandbox (rm, unshare) or /etc/ld.so.preload;
+    every system folder is read-only in the sandbox."""
+    targets = [Path("/usr/local/bin/grader-probe"), Path("/etc/grader-probe"),
+               Path("/opt/grader-probe")]  # fmt: skip
+    plant = (
+        "import pathlib\n"
+        f"for t in {[str(t) for t in targets]!r}:\n"
+        "    try:\n"
+        "        pathlib.Path(t).write_text('#!/bin/sh\\n')\n"
+        "    except OSError as e:\n"
+        "        print(t, e)\n"
+    )
+    (tmp_path / "subs" / "root").mkdir(parents=True)
+    nbformat.write(_blank_with(plant), tmp_path / "subs" / "root" / FIXTURE.name)
+    try:
+        _grade(tmp_path / "subs", tmp_path)
+        assert not [t for t in targets if t.exists()]
+    finally:
+        for t in targets:
+            t.unlink(missing_ok=True)
+
+
 @needs_sandbox
 def test_a_submission_cannot_change_another_submission_or_the_checks(tmp_path):
     """aaa is graded first and tries to blank zzz's notebook and to rewrite a check on disk."""
@@ -1360,7 +1417,7 @@ def test_the_masked_sampling_pass_line_does_not_depend_on_the_draws(capsys):
     for k in (0, 1):  # two right answers whose draws differ
         grading.check_masked_sampling(sampler(k))
         lines.append(capsys.readouterr().out)
-    assert len(drawn[0]) != len(drawn[1])  # the draws differ, so a count in the line would too
+    assert drawn[0] != drawn[1]  # the draws differ, so a count of them in the line could too
     assert lines[0] == lines[1] and lines[0].startswith("PASS ch07_masked_sampling")
 
 
@@ -1555,6 +1612,8 @@ def test_csv_cells_never_start_a_spreadsheet_formula(tmp_path):
     for v in (" =1+1", "\n=1+1", "\uff1d1+1", " \uff20SUM(A1)"):
         assert intake.csv_cell(v) == "'" + v
     assert intake.csv_cell("a = b") == "a = b"
+    # a learner's exception text with NUL and terminal escapes (clear screen, bell)
+    assert intake.csv_cell("\x00\x1b[2J\x07x") == "\\x00\\x1b[2J\\x07x"
     assert intake.csv_cell(-1.5) == -1.5 and intake.csv_cell("passed") == "passed"
     out = tmp_path / "grades.csv"
     row = grading.grader._row("s", "nb", "g", 0, 1, "error", "=1+1")

@@ -9,6 +9,7 @@ points to), the ``check_*`` functions (run the learner's function on small CPU i
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -174,9 +175,6 @@ def _harness_draws(fn, logits, vocab_size, seed, n):
     return [None if s is None else torch.as_tensor(s) for s in samples]
 
 
-FAVOURITE = 5  # the real id check_masked_sampling makes far more likely than the others
-
-
 def check_masked_sampling(fn: Callable[..., Any]) -> None:
     """Check ``sample_next(logits, vocab_size, generator) -> (B, 1) int64``: samples from the
     softmax of the logits of real ids only. Run on a seeded untrained GPT with padded vocab whose
@@ -191,6 +189,9 @@ def check_masked_sampling(fn: Callable[..., Any]) -> None:
     from helpers.core.model import GPT, GPTConfig
 
     gid = "ch07_masked_sampling"
+    # a real id made far more likely than the others, chosen afresh each time (a sampler cannot
+    # know it without reading the logits)
+    favourite = random.Random().randrange(100)
     torch.manual_seed(0)
     cfg = GPTConfig(
         block_size=16, vocab_size=100, vocab_multiple=64, n_layer=1, n_head=2, n_embd=16
@@ -200,7 +201,7 @@ def check_masked_sampling(fn: Callable[..., Any]) -> None:
         model.transformer.ln_f.weight.zero_()
         model.transformer.ln_f.bias.fill_(1.0)
         model.lm_head.weight[100:] = 1.0
-        model.lm_head.weight[FAVOURITE] = 0.25  # logit 4.0 over the other real ids' ~0
+        model.lm_head.weight[favourite] = 0.25  # logit 4.0 over the other real ids' ~0
         logits, _ = model(torch.zeros(8, 4, dtype=torch.long))
     logits = logits[:, -1, :]  # (8, 128)
     if logits.argmax(dim=-1).max() < 100:
@@ -227,11 +228,11 @@ def check_masked_sampling(fn: Callable[..., Any]) -> None:
             f"only {ids.unique().numel()} distinct ids in {ids.numel()} draws: "
             f"sample with torch.multinomial from the softmax, not argmax. {_reread(gid)}"
         )
-    p = torch.softmax(logits[:, :100].float(), dim=-1)[:, FAVOURITE].mean().item()
-    drawn = (ids == FAVOURITE).float().mean().item()
+    p = torch.softmax(logits[:, :100].float(), dim=-1)[:, favourite].mean().item()
+    drawn = (ids == favourite).float().mean().item()
     if drawn < p / 2:  # a right sampler draws it about p of the time (p ~0.35: ~70 of 200)
         raise AssertionError(
-            f"id {FAVOURITE} has probability {p:.2f} under the softmax of the real ids' logits "
+            f"id {favourite} has probability {p:.2f} under the softmax of the real ids' logits "
             f"but was drawn in {drawn:.0%} of the draws: sample from softmax(logits) with "
             f"torch.multinomial, not uniformly. {_reread(gid)}"
         )

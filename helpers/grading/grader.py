@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import sys
 import tempfile
 from collections.abc import Iterable
@@ -47,6 +48,7 @@ class Reference:
     path: Path
     points: dict[str, float]  # grade_id -> points, in notebook order
     functions: dict[str, str]  # grade_id -> the name of the learner's function it checks
+    code_cells: int = 0  # how many code cells the reference has (the time budget of a submission)
 
 
 def check_call(source: str, grade_id: str) -> str:
@@ -104,9 +106,9 @@ def load_references(folder: Path) -> dict[str, Reference]:
                 }
             except ValueError as exc:
                 raise ValueError(f"{path.name}: {exc}") from None
-            refs[path.name] = Reference(
-                path, {gid: pts for gid, (_, pts) in cells.items()}, functions
-            )
+            points = {gid: pts for gid, (_, pts) in cells.items()}
+            code = sum(c.cell_type == "code" for c in nb.cells)
+            refs[path.name] = Reference(path, points, functions, code)
     if not refs:
         raise FileNotFoundError(
             f"No notebook in {folder} has graded cells (nbgrader metadata with grade: true). "
@@ -187,6 +189,7 @@ def grade_notebook(
             guarded=frozenset(where.values()),  # restored before each check: helpers.grading.guard
             # each check runs in the grader's checker process, on the learner's function
             checks={index: (gid, ref.functions[gid]) for gid, index in where.items()},
+            budget_s=notebook_budget(ref, timeout),
         )
     finally:
         remove_tree(own)
@@ -202,6 +205,13 @@ def grade_notebook(
             status, reason = _verdict(run, index, timeout, frozenset(where.values()))
         out.append(_row(student, name, gid, pts if status == "passed" else 0, pts, status, reason))
     return out
+
+
+def notebook_budget(ref: Reference, timeout: int) -> int:
+    """Seconds a submission of ``ref`` may run in all: ``timeout`` for each of the reference's code
+    cells and 10 more (every cell of an honest submission fits; hundreds of slow extra cells do
+    not hold up the students graded after it)."""
+    return timeout * (ref.code_cells + 10)
 
 
 def remove_tree(folder: Path) -> None:
@@ -253,6 +263,11 @@ def _verdict(
                 what = "timed out" if first.status == "timeout" else f"raised {first.ename}"
                 reason += f" (cell {first.index + 1} {what} before)"
         return "failed", reason
+    if run.over_budget_at is not None and index >= run.over_budget_at:
+        return (
+            "failed",
+            f"the notebook ran past its time budget before cell {run.over_budget_at + 1}",
+        )
     if run.kernel_died_in is not None:
         at = f" in cell {run.kernel_died_in + 1}" if run.kernel_died_in >= 0 else ""
         return "failed", f"kernel died{at}"
@@ -298,6 +313,14 @@ def grade(
             or ``reference`` no graded notebook.
     """
     submissions, reference = Path(submissions).resolve(), Path(reference).resolve()
+    # the checker's socket lies in each kernel's folder under the temporary folder, and a Unix
+    # socket's path has at most 107 bytes: say so now, not as a failed check for every student
+    socket_path = Path(tempfile.gettempdir(), "grading-xxxxxxxx", CHECKER_FOLDER, "check.sock")
+    if len(os.fsencode(str(socket_path))) > 107:
+        raise ValueError(
+            f"the temporary folder {tempfile.gettempdir()} is too long a path for the grader's "
+            "socket (at most 107 bytes): set TMPDIR to a shorter folder, e.g. /tmp"
+        )
     refs = load_references(reference)
     if not submissions.is_dir():
         raise FileNotFoundError(f"{submissions} is not a folder of student folders.")

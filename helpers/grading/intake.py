@@ -107,9 +107,17 @@ def csv_cell(value: Any) -> Any:
     spreadsheets show as text (OWASP, "CSV Injection"): one that starts with a tab, a carriage
     return or a line feed, or whose first other character is one of :data:`FORMULA_START` (a
     submission controls the error text in the grades' ``reason`` column and the device name in a
-    leaderboard). Numbers are kept."""
+    leaderboard). Other control characters than tab and line breaks (NUL, an escape sequence
+    that would clear or recolour a terminal showing the file) are written escaped, e.g. ``\x1b``.
+    Numbers are kept."""
     if not isinstance(value, str):
         return value
+    value = "".join(
+        c.encode("unicode_escape").decode()
+        if ord(c) < 32 and c not in "\t\r\n" or c == "\x7f"
+        else c
+        for c in value
+    )
     if value[:1] in ("\t", "\r", "\n") or value.lstrip(" \t\r\n")[:1] in FORMULA_START:
         return "'" + value
     return value

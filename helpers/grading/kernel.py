@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ class NotebookRun:
     kernel_died_in: int | None = None  # 0-based index of the cell during which the kernel died
     stuck_after_timeout_in: int | None = None  # a timeout the interrupt could not end
     startup_error: str | None = None  # the kernel never started
+    over_budget_at: int | None = None  # the first cell not run: the notebook's time was up
 
 
 def _kernel_manager_class(
@@ -129,6 +131,7 @@ def execute_notebook(
     private: Path | None = None,
     guarded: frozenset[int] = frozenset(),
     checks: dict[int, tuple[str, str]] | None = None,
+    budget_s: float | None = None,
 ) -> NotebookRun:
     """Run every code cell of ``nb`` (in place) in a fresh kernel;
     never raises for the notebook's faults.
@@ -155,6 +158,8 @@ def execute_notebook(
             :func:`~helpers.grading.remote.serve_code`, which serves the learner's function to the
             checker, and the cell's status is the checker's verdict, not the kernel's reply (a
             timeout or a dead kernel still counts as such).
+        budget_s: seconds for the whole notebook; once past it, no further cell is run (a
+            submission of hundreds of slow cells cannot hold up the others for days).
     """
     from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
@@ -196,7 +201,11 @@ def execute_notebook(
         with client.setup_kernel(env=kernel_env(private)):
             nonce = secrets.token_hex(8)
             guard_problem = _guard(client, "snapshot", nonce) if guarded else None
+            started = time.monotonic()
             for i in code_cells:
+                if budget_s is not None and time.monotonic() - started > budget_s:
+                    run.over_budget_at = i
+                    break
                 if i in guarded:
                     problem = guard_problem or _guard(client, "restore", nonce)
                     if problem:

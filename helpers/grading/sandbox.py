@@ -54,7 +54,7 @@ KEEP = {2: 2, 4: 4, 8: 8, 1024: 1024, 2048: 2048, 4096: 2097152}  # statvfs flag
 for mode, path in sorted(ops, key=lambda op: (op[1].rstrip("/").count("/"), order[op[0]])):
     os.makedirs(path, exist_ok=True)  # its folder may be covered by now
     if mode in ("hide", "scratch"):
-        data = "size=1m,mode=755" if mode == "hide" else "mode=1777"
+        data = "size=1m,mode=755" if mode == "hide" else "size=2g,mode=1777"  # memory: capped
         mount("grader-" + mode, path, "tmpfs", 2 | 4, data)  # nosuid, nodev
         continue
     mount(f"/proc/self/fd/{fds[path]}", path, None, BIND, None)
@@ -267,9 +267,22 @@ def git_stores(root: Path | None = None) -> list[Path]:
     return [s for s in stores if s.is_dir()]
 
 
+def system_folders() -> list[Path]:
+    """The top-level folders of ``/`` but ``/proc``, ``/sys``, ``/dev`` and ``/tmp`` (which the
+    sandbox mounts afresh or as scratch) and links (``/bin`` -> ``usr/bin``): made read-only for
+    a sandboxed kernel."""
+    own = {"proc", "sys", "dev", "tmp"}
+    try:
+        return sorted(p for p in Path("/").iterdir()
+                      if p.name not in own and p.is_dir() and not p.is_symlink())
+    except OSError:
+        return []
+
+
 def sandbox_paths(submissions: Path, reference: Path, out: Path | None) -> dict[str, list[Path]]:
     """:func:`sandbox_prefix`'s ``read_only``, ``hidden`` and ``scratch`` paths for grading:
-    read-only, what the kernel needs (:func:`needed_paths`); hidden, the reference and
+    read-only, what the kernel needs (:func:`needed_paths`) and every system folder
+    (:func:`system_folders`); hidden, the reference and
     submissions folders, the other folders (:func:`hidden_repo_folders`) and git stores of the
     checkout and of any other checkout the environment was installed from
     (:func:`installed_checkouts`, which is read-only as well), the teacher's home and the folder
@@ -282,8 +295,10 @@ def sandbox_paths(submissions: Path, reference: Path, out: Path | None) -> dict[
     for root in (REPO_ROOT, *others):
         hidden += [*hidden_repo_folders(root), *git_stores(root)]
     hidden += [home] if len(home.parts) > 1 else []  # never "/" (HOME=/ in some containers)
-    # read-only too: a later grading run from that checkout imports its checks from there
-    read_only = [*needed, *others]
+    # read-only too: a later grading run from that checkout imports its checks from there; and
+    # every other top-level folder, so that a kernel run as root (uid 0 owns /usr, /etc, /opt)
+    # cannot plant a program or /etc/ld.so.preload that the grader would run outside the sandbox
+    read_only = [*needed, *others, *system_folders()]
     if out is not None:
         folder = out.parent.resolve()
         holds_needed = any(folder == n or folder in n.parents for n in needed)
