@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import helpers
+from helpers.grading import kernel, remote
 from helpers.grading.intake import csv_cell, modified, read_submission, shown, submitted_notebooks
 from helpers.grading.kernel import (
     CHECKER_FOLDER,
@@ -143,11 +144,14 @@ def grade_notebook(
     timeout: int,
     text: str | None = None,
     sandbox: dict[str, list[Path]] | None = None,
+    checker: Any = None,
 ) -> list[dict[str, Any]]:
     """Execute one submission and return one CSV row per graded cell of its reference.
 
-    The check cells' code is restored from the reference before running (as ``nbgrader autograde``
-    does), so an edited check cannot pass; points always come from the reference. ``text`` is the
+    Each check cell runs the reference's check in the grader's checker process on the learner's
+    function (:mod:`helpers.grading.remote`; ``checker``: a :class:`~helpers.grading.remote.Checker`
+    the grading run shares, else one of this notebook's own), so an edited check cannot pass;
+    points always come from the reference. ``text`` is the
     submission as read before any submission ran (default: read ``path`` now). The kernel runs in a
     fresh temporary folder that holds its working folder, home and temporary files, under the OS
     sandbox when ``sandbox`` gives :func:`sandbox_prefix`'s ``read_only`` and ``hidden`` paths
@@ -190,9 +194,10 @@ def grade_notebook(
             # each check runs in the grader's checker process, on the learner's function
             checks={index: (gid, ref.functions[gid]) for gid, index in where.items()},
             budget_s=notebook_budget(ref, timeout),
+            checker=checker,
         )
     finally:
-        remove_tree(own)
+        kernel.remove_tree(own)
 
     out = []
     for gid, pts in ref.points.items():
@@ -212,23 +217,6 @@ def notebook_budget(ref: Reference, timeout: int) -> int:
     cells and 10 more (every cell of an honest submission fits; hundreds of slow extra cells do
     not hold up the students graded after it)."""
     return timeout * (ref.code_cells + 10)
-
-
-def remove_tree(folder: Path) -> None:
-    """Remove a kernel's folder whatever a submission left in it; never raises. ``rm -rf`` first
-    (a tree thousands of folders deep makes ``shutil.rmtree`` recurse past Python's limit), then
-    ``shutil.rmtree`` for what is left (no ``rm`` on the machine)."""
-    import shutil
-    import subprocess
-
-    try:
-        subprocess.run(["rm", "-rf", "--", str(folder)], capture_output=True, timeout=600)
-    except (OSError, subprocess.SubprocessError):
-        pass
-    try:
-        shutil.rmtree(folder, ignore_errors=True)
-    except Exception:  # RecursionError
-        pass
 
 
 def _broke(cell: CellRun) -> bool:
@@ -388,6 +376,20 @@ def grade(
             file=sys.stderr,
         )
 
+    # One checker process for the whole run: it never runs a submission's code (each check is
+    # a request of its own), and a fresh interpreter per notebook costs seconds of imports.
+    checker = remote.Checker()
+    try:
+        _grade_all(students, assignment, refs, chosen, texts, unreadable, timeout, sandbox,
+                   checker, rows)
+    finally:
+        checker.close()
+    return rows
+
+
+def _grade_all(students, assignment, refs, chosen, texts, unreadable, timeout, sandbox,
+               checker, rows) -> None:  # fmt: skip
+    """:func:`grade`'s loop: every student's notebooks, in order, appended to ``rows``."""
     for folder in students:
         for name in assignment:
             ref = refs[name]
@@ -416,14 +418,15 @@ def grade(
                 continue
             try:
                 rows.extend(
-                    grade_notebook(path, ref, folder.name, timeout, text=text, sandbox=sandbox)
+                    grade_notebook(
+                        path, ref, folder.name, timeout, text=text, sandbox=sandbox, checker=checker
+                    )
                 )
             except Exception as exc:  # a fault of the grader's: this notebook only, say which
                 why = f"grader error: {type(exc).__name__}: {first_line(str(exc))}"
                 rows.extend(
                     _row(folder.name, name, g, 0, p, "error", why) for g, p in ref.points.items()
                 )
-    return rows
 
 
 def _prefer(new: Path, old: Path, ref: Reference) -> bool:

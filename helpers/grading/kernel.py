@@ -132,6 +132,7 @@ def execute_notebook(
     guarded: frozenset[int] = frozenset(),
     checks: dict[int, tuple[str, str]] | None = None,
     budget_s: float | None = None,
+    checker: remote.Checker | None = None,
 ) -> NotebookRun:
     """Run every code cell of ``nb`` (in place) in a fresh kernel;
     never raises for the notebook's faults.
@@ -160,6 +161,9 @@ def execute_notebook(
             timeout or a dead kernel still counts as such).
         budget_s: seconds for the whole notebook; once past it, no further cell is run (a
             submission of hundreds of slow cells cannot hold up the others for days).
+        checker: the checker process to run ``checks`` in (one a grading run shares: it never runs
+            a submission's code, and each check is a request of its own); None: one of this
+            notebook's own, stopped at the end.
     """
     from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
@@ -190,7 +194,9 @@ def execute_notebook(
         on_cell_executed=on_cell_executed,
     )
     checks = checks or {}
-    checker = remote.Checker()
+    own_checker = checker is None
+    checker = remote.Checker() if checker is None else checker
+    pending = False  # a check begun whose verdict was not read: its checker must be stopped
     sockets = (private or cwd) / CHECKER_FOLDER  # read-only for a sandboxed kernel (grader)
     sockets.mkdir(exist_ok=True)
     address = str(sockets / "check.sock")
@@ -219,6 +225,7 @@ def execute_notebook(
                         run.cells[i] = CellRun(i, "error", "GraderError", str(exc))
                         continue
                     nb.cells[i].source = remote.serve_code(address, token, function)
+                    pending = True
                 try:
                     client.execute_cell(nb.cells[i], i)
                 except DeadKernelError:
@@ -233,11 +240,13 @@ def execute_notebook(
                     run.cells[i] = CellRun(i, "timeout")
                     if i in checks:
                         checker.close()  # its verdict is moot; the next check starts a new one
+                        pending = False
                     if not _kernel_answers(client, min(timeout, 30)):
                         run.stuck_after_timeout_in = i
                         break
                 elif i in checks:  # the checker's verdict; the kernel's reply says nothing
                     verdict = checker.finish(address, timeout)
+                    pending = False
                     status = "ok" if verdict["status"] == "ok" else "error"
                     run.cells[i] = CellRun(i, status, verdict["ename"], verdict["evalue"])
                 elif reply.get("status") == "error":
@@ -254,7 +263,8 @@ def execute_notebook(
         elif run.kernel_died_in is None:
             run.kernel_died_in = -1
     finally:
-        checker.close()
+        if own_checker or pending:
+            checker.close()
     return run
 
 
@@ -315,3 +325,20 @@ def _kernel_answers(client: Any, timeout: int) -> bool:
 def first_line(text: str, limit: int = 200) -> str:
     line = next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def remove_tree(folder: Path) -> None:
+    """Remove a kernel's folder whatever a submission left in it; never raises. ``rm -rf`` first
+    (a tree thousands of folders deep makes ``shutil.rmtree`` recurse past Python's limit), then
+    ``shutil.rmtree`` for what is left (no ``rm`` on the machine)."""
+    import shutil
+    import subprocess
+
+    try:
+        subprocess.run(["rm", "-rf", "--", str(folder)], capture_output=True, timeout=600)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        shutil.rmtree(folder, ignore_errors=True)
+    except Exception:  # RecursionError
+        pass
