@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -1154,6 +1155,10 @@ def test_in_kernel_tricks_do_not_make_a_blank_notebook_pass(tmp_path):
     }
 
 
+# What the pickle attack below would create if the checker unpickled it: the system's temporary
+# folder, which the checker (outside the sandbox) shares with this test.
+PWNED = str(Path(tempfile.gettempdir(), "pwned-by-submission"))
+
 # Attacks that beat the checks while they ran in the submission's kernel (the documented
 # in-process limit): each now meets a check that runs in the grader's checker process.
 OUT_OF_PROCESS_CHEATS = {
@@ -1193,7 +1198,7 @@ OUT_OF_PROCESS_CHEATS = {
         "import socket as _s, struct as _st, pickle as _p, os as _os\n"
         "class _Evil:\n"
         "    def __reduce__(self):\n"
-        "        return (_os.system, ('touch /tmp/pwned-by-submission',))\n"
+        f"        return (_os.system, ('touch {PWNED}',))\n"
         "_s.socket.real_sendall = getattr(_s.socket, 'real_sendall', _s.socket.sendall)\n"
         "def _sendall(self, data, *a):\n"
         "    if b'\"raise\"' in data[4:20] or b'\"result\"' in data[4:20]:\n"
@@ -1215,7 +1220,7 @@ def test_attacks_on_the_check_itself_score_nothing_because_it_runs_in_another_pr
     rows = _grade(tmp_path / "subs", tmp_path)
     scored = {s: [g for g, r in per.items() if r["points"] != "0"] for s, per in rows.items()}
     assert scored == {name: [] for name in OUT_OF_PROCESS_CHEATS}, rows
-    assert not Path("/tmp/pwned-by-submission").exists()
+    assert not Path(PWNED).exists()
     for name in ("fake_answers", "pickle_reply"):  # the rewritten answers reached the checker
         reasons = {r["reason"] for r in rows[name].values()}
         assert "NotImplementedError: not attempted" not in reasons, (name, reasons)
