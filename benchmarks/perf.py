@@ -33,6 +33,9 @@ from helpers.core.model import GPTConfig, flops_per_token
 from helpers.ladder import last_runnable
 from helpers.measure import power, results
 
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import fp8_linears  # noqa: E402  (this folder's experiment module)
+
 VARIANTS = {
     "final": {},
     "reduce-overhead": {"compile": "reduce-overhead"},
@@ -72,6 +75,8 @@ VARIANTS = {
     "fused-chunk-8192": {},
     "fused-chunk-16384": {},
     "fused-chunk-32768": {},
+    # the blocks' linears through benchmarks/fp8_linears.py (matmuls in fp8; not kept)
+    **{name: {} for name in fp8_linears.VARIANTS},
 }
 FUSED_CHUNKS = {
     "fused-unchunked": None,
@@ -101,6 +106,8 @@ def experiment(name: str):
         from helpers.core.kernels import fused_ce
 
         return mock.patch.object(fused_ce, "FUSED_CHUNK_ROWS", FUSED_CHUNKS[name])
+    if name in fp8_linears.VARIANTS:
+        return fp8_linears.experiment(name)
     if name == "no-cudnn-attention":
 
         @contextlib.contextmanager

@@ -1,0 +1,207 @@
+"""An experiment, not a rung (results/perf-log.md, 2026-12-03): the transformer blocks' linears
+with their forward and input-gradient matmuls on fp8 tensor cores, the weight gradient in bf16.
+
+    python benchmarks/perf.py --batch-size 64 --variants final fp8-linears-fwd-mv --profile
+
+``benchmarks/perf.py``'s ``fp8-linears*`` variants run the ladder's last rung with every
+``nn.Linear`` the step calls (the blocks' four; the LM head goes through the fused LM-head CE)
+replaced by :func:`fp8_linear` (:func:`experiment`). On the H200 the matmuls got 9-14 ms faster
+per B=64 step and the casts around them cost more than that, so it is not a switch.
+
+Each block has four linears (``c_attn``, the attention's ``c_proj``, ``c_fc``, the MLP's
+``c_proj``); each runs three matmuls per step: the forward ``y = x @ W.T``, the input gradient
+``dx = dy @ W`` and the weight gradient ``dW = dy.T @ x``. :func:`fp8_linear` runs the first two
+in fp8 (``torch._scaled_mm``) and keeps the third in bf16. That is torchao's float8 recipe
+"rowwise with the weight gradient in high precision" (``ROWWISE_WITH_GW_HP``,
+https://github.com/pytorch/ao/tree/main/torchao/float8), chosen for two reasons:
+
+- **Rowwise scales** (one fp32 scale per row of each operand, :func:`rowwise_e4m3`): a row's
+  largest magnitude is a reduction over that row only, so torch.compile fuses the amax and the
+  cast into the kernel that makes the tensor (the LayerNorm, the GELU, the residual gradient). A
+  tensorwise scale needs the whole tensor's amax first: a pass of its own, which made an earlier
+  fp8 MLP slower than bf16 (``results/perf-log.md``, 2026-12-02). Rowwise also keeps each row's
+  precision when rows differ in size, so the gradients use e4m3 too, not e5m2.
+- **No fp8 weight gradient**: Hopper's fp8 matmul takes both operands with the summed dimension
+  contiguous; for ``dy.T @ x`` that is the token dimension, so both would need a transposed copy
+  (the fp8 LM head's ``transpose_fp8``). bf16 matmuls take transposed operands as they are.
+
+fp8 tensor cores need compute capability >= 8.9 (:func:`helpers.core.kernels.fp8.fp8_available`).
+On a CPU the same arithmetic runs emulated in fp32 (:func:`scaled_mm`), for the tests only.
+
+Variant names: ``-fwd`` keeps the input gradient in bf16 (fp8 forward only); ``-mv`` computes the
+bias gradient as a matrix-vector product instead of a sum inductor fuses where it likes; ``-mk``
+turns on inductor's ``triton.multi_kernel`` (persistent reductions for rows wider than 1024).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from unittest import mock
+
+import torch
+
+from helpers.core.kernels.fp8 import E4M3_MAX
+
+VARIANTS = (
+    "fp8-linears",
+    "fp8-linears-mv",
+    "fp8-linears-mv-mk",
+    "fp8-linears-fwd",
+    "fp8-linears-fwd-mv",
+)
+
+
+def rowwise_e4m3(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``t`` in float8_e4m3fn with one scale per row, and the scales that undo it.
+
+    Each row's largest magnitude (amax) maps to e4m3's largest value, 448 (:data:`E4M3_MAX`), as in
+    torchao's rowwise float8 recipe; within a row, values are rounded to 3 mantissa bits (at most
+    1/16 of themselves, relative) and magnitudes below ~2.2e-6 of the row's amax become zero.
+
+    Args:
+        t: (R, K) floating tensor (fp32 or bf16).
+
+    Returns:
+        (t8, inv_scale): t8 (R, K) float8_e4m3fn, contiguous; inv_scale (R, 1) fp32 with
+        ``t8.float() * inv_scale ≈ t`` (what ``torch._scaled_mm`` takes as a rowwise scale). An
+        all-zero row gives zeros and a finite scale.
+
+    Raises:
+        ValueError: if ``t`` is not 2-D.
+    """
+    if t.dim() != 2:
+        raise ValueError(f"rowwise_e4m3 expects a 2-D tensor (rows, K), got shape {tuple(t.shape)}")
+    amax = t.detach().abs().amax(dim=1, keepdim=True).float()  # (R, 1)
+    scale = E4M3_MAX / amax.clamp(min=1e-12)
+    t8 = (t.float() * scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return t8.contiguous(), scale.reciprocal()
+
+
+def scaled_mm(
+    a8: torch.Tensor,
+    b8: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    fast_accum: bool,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``(a8 * scale_a) @ (b8 * scale_b)`` in bf16: ``torch._scaled_mm`` with rowwise scales.
+
+    Args:
+        a8: (M, K) float8_e4m3fn, row-major; scale_a: (M, 1) fp32.
+        b8: (K, N) float8_e4m3fn, column-major (``w8.t()`` of a contiguous (N, K) ``w8``);
+            scale_b: (1, N) fp32.
+        fast_accum: Hopper's faster fp8 accumulation (the forward matmul only, as torchao).
+
+    Returns:
+        (M, N) bf16. On a CPU (no fp8 tensor cores) the same product in fp32 then rounded to bf16:
+        the tests' path, never a speed path (the switch refuses CPUs).
+    """
+    if a8.device.type == "cuda":
+        return torch._scaled_mm(
+            a8,
+            b8,
+            scale_a=scale_a,
+            scale_b=scale_b,
+            out_dtype=torch.bfloat16,
+            use_fast_accum=fast_accum,
+            bias=bias,
+        )
+    out = (a8.float() * scale_a) @ (b8.float() * scale_b)
+    return (out if bias is None else out + bias.float()).to(torch.bfloat16)
+
+
+# The variants' knobs (set by experiment())
+BACKWARD_FP8 = True  # the input gradient in fp8 too (False: forward only)
+BIAS_GRAD_MATMUL = False  # the bias gradient as a matrix-vector product (not an inductor sum)
+
+
+class _Fp8Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        lead, K = x.shape[:-1], x.shape[-1]
+        x_bf16 = x.reshape(-1, K).to(torch.bfloat16)  # (M, K): kept for the bf16 weight gradient
+        x8, x_inv = rowwise_e4m3(x_bf16)  # (M, K), (M, 1)
+        w8, w_inv = rowwise_e4m3(weight)  # (N, K), (N, 1): one scale per output feature
+        b16 = None if bias is None else bias.to(torch.bfloat16)
+        y = scaled_mm(x8, w8.t(), x_inv, w_inv.t(), fast_accum=True, bias=b16)  # (M, N) bf16
+        ctx.save_for_backward(x_bf16, weight)
+        ctx.x_dtype = x.dtype
+        ctx.has_bias = bias is not None
+        return y.view(*lead, weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        x_bf16, weight = ctx.saved_tensors
+        lead, N = dy.shape[:-1], dy.shape[-1]
+        dy2 = dy.reshape(-1, N).to(torch.bfloat16)  # (M, N)
+        if BACKWARD_FP8:
+            dy8, dy_inv = rowwise_e4m3(dy2)  # (M, N), (M, 1)
+            wt8, wt_inv = rowwise_e4m3(weight.t())  # (K, N), (K, 1): one scale per input feature
+            dx = scaled_mm(dy8, wt8.t(), dy_inv, wt_inv.t(), fast_accum=False)  # (M, K) bf16
+        else:
+            dx = dy2 @ weight.to(torch.bfloat16)
+        dw = (dy2.t() @ x_bf16).to(weight.dtype)  # (N, K): bf16 matmul, fp32 accumulation
+        if not ctx.has_bias:
+            db = None
+        elif BIAS_GRAD_MATMUL:
+            ones = torch.ones(dy2.shape[0], 1, dtype=dy2.dtype, device=dy2.device)
+            db = (dy2.t() @ ones).view(-1).to(weight.dtype)
+        else:
+            db = dy2.float().sum(0).to(weight.dtype)
+        return dx.view(*lead, x_bf16.shape[1]).to(ctx.x_dtype), dw, db
+
+
+def fp8_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` with the forward and input-gradient matmuls in fp8 (rowwise
+    e4m3 scales) and the weight gradient in bf16 (see the module's text).
+
+    Args:
+        x: (..., K) fp32 or bf16 (under bf16 autocast the LayerNorm hands over fp32).
+        weight: (N, K) parameter (fp32 master weights); bias: (N,) or None. K and N must be
+            multiples of 16 (fp8 tensor cores), and the rows of x (the product of its leading
+            dimensions) too.
+
+    Returns:
+        (..., N) bf16 (the dtype autocast gives a linear). The gradients reaching ``x``,
+        ``weight`` and ``bias`` have their dtypes.
+
+    Raises:
+        ValueError: K or N not a multiple of 16.
+    """
+    N, K = weight.shape
+    if K % 16 or N % 16:
+        raise ValueError(
+            f"fp8_linear needs in_features and out_features that are multiples of 16, got "
+            f"{K} and {N}"
+        )
+    return _Fp8Linear.apply(x, weight, bias)
+
+
+def experiment(name: str) -> contextlib.ExitStack:
+    """The context of ``benchmarks/perf.py``'s variant ``name`` (one of :data:`VARIANTS`): every
+    ``nn.Linear.forward`` goes through :func:`fp8_linear`, with the variant's knobs.
+
+    Raises:
+        ValueError: an unknown variant name.
+    """
+    if name not in VARIANTS:
+        raise ValueError(f"unknown fp8-linears variant {name!r}; known: {VARIANTS}")
+    import sys
+
+    import torch._inductor.config as inductor_config
+
+    module = sys.modules[__name__]
+
+    def forward(self, x):
+        return fp8_linear(x, self.weight, self.bias)
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(mock.patch.object(torch.nn.Linear, "forward", forward))
+    stack.enter_context(mock.patch.object(module, "BACKWARD_FP8", "-fwd" not in name))
+    stack.enter_context(mock.patch.object(module, "BIAS_GRAD_MATMUL", "-mv" in name))
+    if name.endswith("-mk"):
+        stack.enter_context(inductor_config.patch({"triton.multi_kernel": 1}))
+    return stack
