@@ -3,6 +3,12 @@
 nbval compares every stored output of a notebook cell (strict mode). stderr (progress bars,
 library warnings) and widget/HTML outputs depend on the machine, so they are not compared;
 the hook is guarded to notebook files (nbval docs, "Skipping certain output types").
+
+The test command runs on two pytest-xdist workers with ``--dist loadscope``: a test module, or a
+notebook (its cells share one kernel and run in order), is one unit of work on one worker. Each
+worker's share of the CPU threads (its own torch and the notebook kernels it starts, through
+``OMP_NUM_THREADS``) is the machine's cores divided by the workers: two workers that each use
+every core slow each other down.
 """
 
 import os
@@ -12,6 +18,9 @@ _data = Path(__file__).resolve().parent.parent / "shared" / "data"
 if not os.environ.get("COURSE_DATA_DIR") and _data.is_dir():
     os.environ["COURSE_DATA_DIR"] = str(_data)
 os.environ.setdefault("MPLBACKEND", "Agg")
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # an xdist worker, before torch is imported
+    _share = (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _share)))
 
 
 def pytest_collectstart(collector):
@@ -21,7 +30,8 @@ def pytest_collectstart(collector):
                                    "application/vnd.jupyter.widget-view+json")
 
 
-_seconds: dict[str, float] = {}  # wall time of the test items, per group (see pytest_terminal_summary)
+# wall time of the test items, per group (see pytest_terminal_summary)
+_seconds: dict[str, float] = {}
 
 
 def _group(nodeid: str) -> str:
@@ -42,7 +52,8 @@ def pytest_terminal_summary(terminalreporter):
     if not _seconds:
         return
     terminalreporter.section("time per group (s)")
-    for group, seconds in sorted(_seconds.items(), key=lambda kv: (kv[0].startswith("nbval"), kv[0])):
+    order = sorted(_seconds.items(), key=lambda kv: (kv[0].startswith("nbval"), kv[0]))
+    for group, seconds in order:
         terminalreporter.write_line(f"{seconds:8.1f}  {group}")
     nbval = sum(s for g, s in _seconds.items() if g.startswith("nbval"))
     if nbval:
