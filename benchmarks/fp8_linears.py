@@ -189,19 +189,15 @@ def experiment(name: str) -> contextlib.ExitStack:
     """
     if name not in VARIANTS:
         raise ValueError(f"unknown fp8-linears variant {name!r}; known: {VARIANTS}")
-    import sys
-
     import torch._inductor.config as inductor_config
-
-    module = sys.modules[__name__]
 
     def forward(self, x):
         return fp8_linear(x, self.weight, self.bias)
 
+    knobs = {"BACKWARD_FP8": "-fwd" not in name, "BIAS_GRAD_MATMUL": "-mv" in name}
     stack = contextlib.ExitStack()
     stack.enter_context(mock.patch.object(torch.nn.Linear, "forward", forward))
-    stack.enter_context(mock.patch.object(module, "BACKWARD_FP8", "-fwd" not in name))
-    stack.enter_context(mock.patch.object(module, "BIAS_GRAD_MATMUL", "-mv" in name))
+    stack.enter_context(mock.patch.dict(globals(), knobs))
     if name.endswith("-mk"):
         stack.enter_context(inductor_config.patch({"triton.multi_kernel": 1}))
     return stack

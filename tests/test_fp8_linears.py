@@ -82,3 +82,14 @@ def test_shapes_that_fp8_tensor_cores_cannot_take_are_refused(fp8_linears):
         fp8_linears.fp8_linear(torch.randn(4, 24), torch.randn(16, 24))
     with pytest.raises(ValueError, match="unknown fp8-linears variant"):
         fp8_linears.experiment("fp8-everything")
+
+
+def test_a_variant_routes_every_linear_through_fp8_and_restores_it(fp8_linears):
+    plain = torch.nn.Linear.forward
+    layer = torch.nn.Linear(32, 16)
+    x = torch.randn(4, 32)
+    with fp8_linears.experiment("fp8-linears-fwd"):
+        assert fp8_linears.BACKWARD_FP8 is False
+        assert layer(x).dtype == torch.bfloat16  # the fp8 path returns bf16
+    assert torch.nn.Linear.forward is plain and fp8_linears.BACKWARD_FP8 is True
+    assert layer(x).dtype == torch.float32

@@ -23,10 +23,13 @@ def test_loss_starts_near_ln_vocab_and_falls_on_real_text():
     assert losses[-1] < losses[0] - 1.0
 
 
+BASE = train.RunConfig(batch_size=4, seq_len=64)
+
+
 @functools.cache
 def _base_losses(steps):
     """The fp32 baseline's losses, computed once for every switch compared with it."""
-    return _losses(train.RunConfig(batch_size=4, seq_len=64), steps)
+    return _losses(BASE, steps)
 
 
 @pytest.mark.parametrize(
@@ -41,12 +44,11 @@ def _base_losses(steps):
     ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()),
 )
 def test_same_seed_and_data_give_close_losses_across_switches(changes):
-    base = train.RunConfig(batch_size=4, seq_len=64)
     # bf16 matmuls are ~30x slower than fp32 on CPUs without bf16 instructions (AVX2 only): three
     # steps there, eight for the others
     steps = 3 if changes.get("autocast") else 8
     ref = _base_losses(steps)
-    other = _losses(base.replace(**changes), steps)
+    other = _losses(BASE.replace(**changes), steps)
     tol = 0.05 if changes.get("autocast") else 0.01  # bf16: ~3 significant digits
     for a, b in zip(ref, other, strict=False):
         assert abs(a - b) / a < tol, (ref, other)
