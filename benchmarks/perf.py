@@ -34,7 +34,8 @@ from helpers.ladder import last_runnable
 from helpers.measure import power, results
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import fp8_linears  # noqa: E402  (this folder's experiment module)
+import fp8_linears  # noqa: E402  (this folder's experiment modules)
+import fp8_mlp  # noqa: E402
 
 VARIANTS = {
     "final": {},
@@ -77,6 +78,8 @@ VARIANTS = {
     "fused-chunk-32768": {},
     # the blocks' linears through benchmarks/fp8_linears.py (matmuls in fp8; not kept)
     **{name: {} for name in fp8_linears.VARIANTS},
+    # the MLP through benchmarks/fp8_mlp.py (fp8 matmuls, hand-written one-pass GELU casts)
+    **{name: {} for name in fp8_mlp.VARIANTS},
 }
 FUSED_CHUNKS = {
     "fused-unchunked": None,
@@ -108,6 +111,8 @@ def experiment(name: str):
         return mock.patch.object(fused_ce, "FUSED_CHUNK_ROWS", FUSED_CHUNKS[name])
     if name in fp8_linears.VARIANTS:
         return fp8_linears.experiment(name)
+    if name in fp8_mlp.VARIANTS:
+        return fp8_mlp.experiment(name)
     if name == "no-cudnn-attention":
 
         @contextlib.contextmanager
@@ -124,6 +129,7 @@ def experiment(name: str):
 
 
 FAMILIES = [  # (family, regex on the kernel name), first match wins
+    ("fp8 MLP GELU + casts (hand-written Triton)", r"_gelu_(backward_)?cast_kernel"),
     ("cross-entropy (hand-written Triton)", r"_ce_(forward|backward|fused|fused_e5m2)_kernel"),
     ("attention", r"flash|fmha|attention|sdpa|cudnn"),
     ("matmul (inductor Triton template)", r"^triton_tem_"),

@@ -1,0 +1,333 @@
+"""An experiment, not a rung (results/perf-log.md, 2026-12-03 (late)): the MLP's two linears with
+their forward and input-gradient matmuls on fp8 tensor cores, and the GELU's casts in two
+hand-written one-pass Triton kernels.
+
+    python benchmarks/perf.py --batch-size 64 --variants final fp8-mlp --profile
+
+benchmarks/fp8_linears.py ran every block linear's forward and input gradient in fp8 with rowwise
+scales and let torch.compile generate the casts. The matmuls got 9-14 ms faster per B=64 step; the
+kernels around them 14.6-17.6 ms slower, most of it in the MLP: the GELU's rows are 3072 wide,
+over inductor's 1024-element limit for a one-pass (persistent) reduction, so the generated kernel
+wrote the bf16 GELU output and read it back to find the row's amax and cast it (3.38 -> 7.37 ms
+per step), and the same happened in the GELU's backward. Here the MLP is one autograd function:
+
+- forward: ``x8 = e4m3(LayerNorm output)`` (768 wide: inductor fuses it into the LayerNorm),
+  ``h = x8 @ W_fc8.T + b_fc`` (``torch._scaled_mm``, bias in its epilogue), then
+  :func:`gelu_rowwise_e4m3`: one kernel reads each row of ``h`` once, keeps it in registers and
+  writes ``a = GELU(h)`` in bf16 (for ``c_proj``'s bf16 weight gradient), ``a`` in e4m3 and the
+  row's scale; ``y = a8 @ W_proj8.T + b_proj``.
+- backward: ``da = dy8 @ W_proj`` in fp8, then :func:`gelu_backward_rowwise_e4m3`: one kernel
+  reads ``da`` and ``h`` once and writes ``dh`` in bf16 (for ``c_fc``'s weight gradient), ``dh`` in
+  e4m3 with its row scale (for ``dx = dh8 @ W_fc`` in fp8) and partial column sums for the bias
+  gradient. The weight gradients stay bf16 matmuls (torchao's ``ROWWISE_WITH_GW_HP`` recipe, as in
+  benchmarks/fp8_linears.py, whose :func:`rowwise_e4m3` and :func:`scaled_mm` this reuses).
+
+Variants: ``fp8-mlp`` (the attention's linears stay bf16); ``fp8-mlp-attn`` (the attention's two
+linears also through benchmarks/fp8_linears.py's ``fp8_linear``, inductor-generated casts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from unittest import mock
+
+import torch
+from fp8_linears import rowwise_e4m3, scaled_mm
+
+from helpers.core.kernels._triton import TRITON_OP_MISSING, tl, triton
+from helpers.core.kernels.fp8 import E4M3_MAX
+
+VARIANTS = ("fp8-mlp", "fp8-mlp-attn")
+
+ROW_BLOCK = 4096  # the kernels' row width in registers: the next power of 2 above 4 * 768
+BACKWARD_ROWS = 32  # rows per program in the backward kernel (its bias-gradient partial sums)
+GELU_C = math.sqrt(2.0 / math.pi)  # GELU's tanh approximation (Hendrycks & Gimpel 2016, eq. 2)
+
+if triton is not None and TRITON_OP_MISSING is None:
+
+    @triton.jit
+    def _e4m3_bits(v):
+        # fp32 -> float8_e4m3fn bits (uint8), round to nearest even, for finite |v| <= 448 (the
+        # callers clamp). Written out because Triton's CPU interpreter casts to fp8 wrongly
+        # (mantissa carries into the exponent are lost); the same arithmetic runs on the GPU.
+        # Normal values (|v| >= 2**-6): round fp32's 23-bit mantissa to 3 bits (a carry moves into
+        # the exponent as it should), then rebias the exponent from 127 to 7. Subnormals: the
+        # nearest multiple of 2**-9, found by adding and subtracting 2**23 in fp32.
+        bits = v.to(tl.int32, bitcast=True)
+        sign = (bits >> 24) & 0x80
+        a = tl.abs(v)
+        abits = a.to(tl.int32, bitcast=True)
+        normal = ((abits + 0x7FFFF + ((abits >> 20) & 1)) >> 20) - ((127 - 7) << 3)
+        sub = ((a * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)
+        return (tl.where(a >= 0.015625, normal, sub) | sign).to(tl.uint8)
+
+    @triton.jit
+    def _sigmoid_2u(h, GELU_C: tl.constexpr):
+        # GELU(h) = 0.5 h (1 + tanh(u)) = h * sigmoid(2u), u = sqrt(2/pi) (h + 0.044715 h^3):
+        # sigmoid(2u) and sigmoid(-2u) from exp, without 1 + tanh's cancellation for large
+        # negative h (and libdevice's tanh is not in the CPU interpreter)
+        u = GELU_C * (h + 0.044715 * h * h * h)
+        return 1.0 / (1.0 + tl.exp(-2.0 * u)), 1.0 / (1.0 + tl.exp(2.0 * u))
+
+    @triton.jit
+    def _gelu_cast_kernel(
+        h_ptr,
+        a_ptr,
+        a8_ptr,
+        inv_ptr,
+        n_cols,
+        GELU_C: tl.constexpr,
+        E4M3_MAX: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        # one row per program: a = GELU(h) in bf16, a * scale in e4m3, 1 / scale
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        h = tl.load(h_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+        s, _ = _sigmoid_2u(h, GELU_C)
+        a = h * s
+        a16 = a.to(tl.bfloat16)
+        tl.store(a_ptr + row * n_cols + cols, a16, mask=mask)
+        af = a16.to(tl.float32)  # cast what c_proj's weight gradient sees, like torch would
+        amax = tl.max(tl.abs(af), axis=0)
+        scale = E4M3_MAX / tl.maximum(amax, 1e-12)
+        q = tl.minimum(tl.maximum(af * scale, -E4M3_MAX), E4M3_MAX)
+        tl.store(a8_ptr + row * n_cols + cols, _e4m3_bits(q), mask=mask)
+        tl.store(inv_ptr + row, 1.0 / scale)
+
+    @triton.jit
+    def _gelu_backward_cast_kernel(
+        da_ptr,
+        h_ptr,
+        dh_ptr,
+        dh8_ptr,
+        inv_ptr,
+        dbias_ptr,
+        n_rows,
+        n_cols,
+        GELU_C: tl.constexpr,
+        E4M3_MAX: tl.constexpr,
+        BLOCK: tl.constexpr,
+        ROWS: tl.constexpr,
+    ):
+        # ROWS rows per program: dh = da * GELU'(h) in bf16 and e4m3 (row scale), and this
+        # program's column sums of dh (fp32) for the bias gradient
+        pid = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        colsum = tl.zeros((BLOCK,), dtype=tl.float32)
+        for i in range(ROWS):
+            row = pid * ROWS + i
+            if row < n_rows:  # the last program's rows past the end are skipped
+                off = row * n_cols + cols
+                da = tl.load(da_ptr + off, mask=mask, other=0.0).to(tl.float32)
+                h = tl.load(h_ptr + off, mask=mask, other=0.0).to(tl.float32)
+                # GELU'(h) = s + 2 h s (1 - s) u'(h), s = sigmoid(2u), 1 - s = sigmoid(-2u)
+                s, s_neg = _sigmoid_2u(h, GELU_C)
+                d = s + 2.0 * h * s * s_neg * GELU_C * (1.0 + 3 * 0.044715 * h * h)
+                dh16 = (da * d).to(tl.bfloat16)
+                tl.store(dh_ptr + off, dh16, mask=mask)
+                dh = dh16.to(tl.float32)
+                colsum += dh
+                amax = tl.max(tl.abs(dh), axis=0)
+                scale = E4M3_MAX / tl.maximum(amax, 1e-12)
+                q = tl.minimum(tl.maximum(dh * scale, -E4M3_MAX), E4M3_MAX)
+                tl.store(dh8_ptr + off, _e4m3_bits(q), mask=mask)
+                tl.store(inv_ptr + row, 1.0 / scale)
+        tl.store(dbias_ptr + pid * n_cols + cols, colsum, mask=mask)
+
+    # Opaque custom ops (as the fp8 LM head's): torch.compile calls them as they are.
+    @torch.library.custom_op("fastgpt2_exp::gelu_rowwise_e4m3", mutates_args=())
+    def _gelu_rowwise_e4m3(
+        h: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        M, N = h.shape
+        a = torch.empty_like(h)
+        a8 = torch.empty((M, N), dtype=torch.float8_e4m3fn, device=h.device)
+        inv = torch.empty((M, 1), dtype=torch.float32, device=h.device)
+        _gelu_cast_kernel[(M,)](
+            h,
+            a,
+            a8.view(torch.uint8),
+            inv,
+            N,
+            GELU_C=GELU_C,
+            E4M3_MAX=E4M3_MAX,
+            BLOCK=ROW_BLOCK,
+            num_warps=8,
+        )
+        return a, a8, inv
+
+    @_gelu_rowwise_e4m3.register_fake
+    def _(h):
+        M, N = h.shape
+        return (
+            torch.empty_like(h),
+            h.new_empty((M, N), dtype=torch.float8_e4m3fn),
+            h.new_empty((M, 1), dtype=torch.float32),
+        )
+
+    @torch.library.custom_op("fastgpt2_exp::gelu_backward_rowwise_e4m3", mutates_args=())
+    def _gelu_backward_rowwise_e4m3(
+        da: torch.Tensor, h: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        M, N = h.shape
+        programs = triton.cdiv(M, BACKWARD_ROWS)
+        dh = torch.empty_like(h)
+        dh8 = torch.empty((M, N), dtype=torch.float8_e4m3fn, device=h.device)
+        inv = torch.empty((M, 1), dtype=torch.float32, device=h.device)
+        partial = torch.empty((programs, N), dtype=torch.float32, device=h.device)
+        _gelu_backward_cast_kernel[(programs,)](
+            da,
+            h,
+            dh,
+            dh8.view(torch.uint8),
+            inv,
+            partial,
+            M,
+            N,
+            GELU_C=GELU_C,
+            E4M3_MAX=E4M3_MAX,
+            BLOCK=ROW_BLOCK,
+            ROWS=BACKWARD_ROWS,
+            num_warps=8,
+        )
+        return dh, dh8, inv, partial.sum(0)
+
+    @_gelu_backward_rowwise_e4m3.register_fake
+    def _(da, h):
+        M, N = h.shape
+        return (
+            torch.empty_like(h),
+            h.new_empty((M, N), dtype=torch.float8_e4m3fn),
+            h.new_empty((M, 1), dtype=torch.float32),
+            h.new_empty((N,), dtype=torch.float32),
+        )
+
+
+def _check_rows(t: torch.Tensor, name: str) -> None:
+    if t.dim() != 2 or t.dtype != torch.bfloat16 or not t.is_contiguous():
+        raise ValueError(
+            f"{name} expects a contiguous 2-D bf16 tensor, got {t.dtype} {tuple(t.shape)}"
+        )
+    if t.shape[1] > ROW_BLOCK:
+        raise ValueError(f"{name} handles rows up to {ROW_BLOCK} wide, got {t.shape[1]}")
+
+
+def gelu_rowwise_e4m3(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GELU (tanh approximation) and its rowwise e4m3 cast in one pass over ``h``.
+
+    Args:
+        h: (M, N) bf16, contiguous, N <= 4096 (c_fc's output, bias included).
+
+    Returns:
+        (a, a8, inv_scale): a = GELU(h) (M, N) bf16; a8 (M, N) float8_e4m3fn with
+        ``a8.float() * inv_scale ≈ a`` (each row's amax maps to 448, as ``rowwise_e4m3`` of ``a``);
+        inv_scale (M, 1) fp32.
+
+    Raises:
+        ValueError: ``h`` not a contiguous 2-D bf16 tensor of rows <= 4096 wide.
+    """
+    _check_rows(h, "gelu_rowwise_e4m3")
+    return _gelu_rowwise_e4m3(h)
+
+
+def gelu_backward_rowwise_e4m3(
+    da: torch.Tensor, h: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The GELU's backward, its rowwise e4m3 cast and the bias gradient in one pass.
+
+    Args:
+        da: (M, N) bf16, the gradient of GELU(h); h: (M, N) bf16, GELU's input. Both contiguous.
+
+    Returns:
+        (dh, dh8, inv_scale, dbias): dh = da * GELU'(h) (M, N) bf16; dh8 (M, N) float8_e4m3fn
+        with rowwise inv_scale (M, 1) fp32; dbias (N,) fp32, the column sums of dh.
+
+    Raises:
+        ValueError: bad shapes or dtypes.
+    """
+    _check_rows(h, "gelu_backward_rowwise_e4m3")
+    _check_rows(da, "gelu_backward_rowwise_e4m3")
+    if da.shape != h.shape:
+        raise ValueError(f"da {tuple(da.shape)} and h {tuple(h.shape)} differ in shape")
+    return _gelu_backward_rowwise_e4m3(da, h)
+
+
+class _Fp8MLP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w_fc, b_fc, w_proj, b_proj):
+        lead, C = x.shape[:-1], x.shape[-1]
+        x2 = x.reshape(-1, C).to(torch.bfloat16)  # (M, C): kept for c_fc's weight gradient
+        x8, x_inv = rowwise_e4m3(x2)
+        wfc8, wfc_inv = rowwise_e4m3(w_fc)  # (4C, C)
+        h = scaled_mm(x8, wfc8.t(), x_inv, wfc_inv.t(), True, b_fc.to(torch.bfloat16))
+        a, a8, a_inv = gelu_rowwise_e4m3(h)  # (M, 4C)
+        wpr8, wpr_inv = rowwise_e4m3(w_proj)  # (C, 4C)
+        y = scaled_mm(a8, wpr8.t(), a_inv, wpr_inv.t(), True, b_proj.to(torch.bfloat16))
+        ctx.save_for_backward(x2, h, a, w_fc, w_proj)
+        ctx.x_dtype = x.dtype
+        return y.view(*lead, C)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, h, a, w_fc, w_proj = ctx.saved_tensors
+        lead, C = dy.shape[:-1], dy.shape[-1]
+        dy2 = dy.reshape(-1, C).to(torch.bfloat16)  # (M, C)
+        dy8, dy_inv = rowwise_e4m3(dy2)
+        wprt8, wprt_inv = rowwise_e4m3(w_proj.t())  # (4C, C): one scale per input feature
+        da = scaled_mm(dy8, wprt8.t(), dy_inv, wprt_inv.t(), False)  # (M, 4C)
+        dw_proj = (dy2.t() @ a).to(w_proj.dtype)
+        db_proj = dy2.float().sum(0).to(w_proj.dtype)
+        dh, dh8, dh_inv, db_fc = gelu_backward_rowwise_e4m3(da, h)
+        wfct8, wfct_inv = rowwise_e4m3(w_fc.t())  # (C, 4C)
+        dx = scaled_mm(dh8, wfct8.t(), dh_inv, wfct_inv.t(), False)  # (M, C)
+        dw_fc = (dh.t() @ x2).to(w_fc.dtype)
+        return dx.view(*lead, C).to(ctx.x_dtype), dw_fc, db_fc.to(w_fc.dtype), dw_proj, db_proj
+
+
+def fp8_mlp(x: torch.Tensor, mlp: torch.nn.Module) -> torch.Tensor:
+    """The model's MLP (c_fc, GELU tanh, c_proj) with fp8 forward and input-gradient matmuls.
+
+    Args:
+        x: (B, T, C) fp32 or bf16 (the LayerNorm's output); mlp: a ``helpers.core.model.MLP``
+            with dropout 0. B * T, C and 4C must be multiples of 16 (fp8 tensor cores).
+
+    Returns:
+        (B, T, C) bf16, as autocast's c_proj would give.
+
+    Raises:
+        ValueError: dropout > 0 (the experiment times training without dropout).
+    """
+    if mlp.dropout.p:
+        raise ValueError("fp8_mlp runs the MLP without dropout; set dropout=0")
+    return _Fp8MLP.apply(x, mlp.c_fc.weight, mlp.c_fc.bias, mlp.c_proj.weight, mlp.c_proj.bias)
+
+
+def experiment(name: str) -> contextlib.ExitStack:
+    """The context of ``benchmarks/perf.py``'s variant ``name`` (one of :data:`VARIANTS`).
+
+    Raises:
+        ValueError: an unknown variant name.
+    """
+    if name not in VARIANTS:
+        raise ValueError(f"unknown fp8-mlp variant {name!r}; known: {VARIANTS}")
+    from helpers.core import model
+
+    def forward(self, x):
+        return fp8_mlp(x, self)
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(mock.patch.object(model.MLP, "forward", forward))
+    if name == "fp8-mlp-attn":
+        import fp8_linears
+
+        # the MLP's linears are no longer called through nn.Linear.forward, and the LM head goes
+        # through the fused LM-head CE: what remains are the attention's c_attn and c_proj
+        def attn_linear(self, x):
+            return fp8_linears.fp8_linear(x, self.weight, self.bias)
+
+        stack.enter_context(mock.patch.object(torch.nn.Linear, "forward", attn_linear))
+    return stack

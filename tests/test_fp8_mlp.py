@@ -1,0 +1,149 @@
+"""benchmarks/fp8_mlp.py (the fp8-mlp experiment of results/perf-log.md): its two one-pass Triton
+kernels against PyTorch, in Triton's CPU interpreter (a subprocess, since the interpreter is
+chosen at import) and, on a machine with fp8 tensor cores, on the GPU; the speed was measured on
+the H200."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_triton = pytest.mark.skipif(
+    __import__("importlib").util.find_spec("triton") is None, reason="Triton is not installed"
+)
+
+CHECK = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, "benchmarks")
+    import torch
+    import torch.nn.functional as F
+    import fp8_mlp
+    from fp8_mlp import tl, triton
+    from fp8_linears import rowwise_e4m3
+
+    device = sys.argv[1]
+    BREAK = sys.argv[2]  # "none", or one deliberate mistake the checks must catch
+
+    def rel(a, b):
+        return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+    @triton.jit
+    def bits_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        i = tl.arange(0, BLOCK)
+        m = i < n
+        tl.store(y_ptr + i, fp8_mlp._e4m3_bits(tl.load(x_ptr + i, mask=m)), mask=m)
+
+    # 1. the hand-written e4m3 rounding equals torch's cast, bit for bit: every e4m3 value, the
+    # midpoints between neighbours (ties to even), values just off them, random ones
+    every = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    every = every[torch.isfinite(every)].unique()
+    mids = (every[1:] + every[:-1]) / 2
+    x = torch.cat([every, mids, mids * (1 + 2**-20), mids * (1 - 2**-20),
+                   (torch.randn(4000) * 60).clamp(-448, 448), torch.randn(500) * 1e-3])
+    x = torch.cat([x, -x]).contiguous().to(device)
+    y = torch.empty(x.shape, dtype=torch.uint8, device=device)
+    BLOCK = triton.next_power_of_2(x.numel())
+    bits_kernel[(1,)](x, y, x.numel(), BLOCK=BLOCK)
+    want = x.to(torch.float8_e4m3fn).view(torch.uint8)
+    if BREAK == "bits":
+        y = (y.int() + (x.abs() > 100).int()).to(torch.uint8)  # round big values one step up
+    assert torch.equal(y, want), f"{(y != want).sum().item()} e4m3 casts differ from torch's"
+
+    # 2. the forward kernel: GELU in bf16, its rowwise e4m3 cast
+    torch.manual_seed(0)
+    M, N = 48, 3072
+    h = (torch.randn(M, N) * torch.logspace(-3, 1, M)[:, None]).to(torch.bfloat16).to(device)
+    h[5] = 0
+    a, a8, inv = fp8_mlp.gelu_rowwise_e4m3(h)
+    # the reference in float64: in fp32, 1 + tanh(u) cancels for h below about -4 (torch's CPU
+    # GELU gives -0 there; the kernel's h * sigmoid(2u) does not cancel)
+    a_ref = F.gelu(h.double(), approximate="tanh").to(torch.bfloat16)
+    if BREAK == "gelu":
+        a = F.gelu(h.float()).to(torch.bfloat16)  # the exact erf GELU, not GPT-2's tanh one
+    # bf16 rounding of a slightly different tanh formula: at most one bf16 step apart
+    assert ((a.float() - a_ref.float()).abs() <= a_ref.float().abs() * 2**-7 + 1e-12).all()
+    a8_ref, inv_ref = rowwise_e4m3(a)
+    if BREAK == "scale":
+        inv = inv * 2
+    assert torch.allclose(inv, inv_ref, rtol=1e-6, atol=0)
+    assert (a8.view(torch.uint8) != a8_ref.view(torch.uint8)).float().mean() < 1e-3
+    assert torch.isfinite(inv).all() and (a8[5].float() == 0).all()
+
+    # 3. the backward kernel: dh = da * GELU'(h) in bf16 and e4m3, the bias gradient (M not a
+    # multiple of the kernel's rows per program: the last program's rows are masked)
+    M = 70
+    h = torch.randn(M, N).to(torch.bfloat16).to(device)
+    da = (torch.randn(M, N) * 1e-3).to(torch.bfloat16).to(device)
+    hf = h.double().requires_grad_()
+    F.gelu(hf, approximate="tanh").backward(da.double())
+    dh_ref = hf.grad.to(torch.bfloat16)
+    dh, dh8, inv, db = fp8_mlp.gelu_backward_rowwise_e4m3(da, h)
+    if BREAK == "dbias":
+        db = db - dh[-1].float()  # the last, masked program's row left out
+    assert ((dh.float() - dh_ref.float()).abs() <= dh_ref.float().abs() * 2**-7 + 1e-12).all()
+    assert torch.allclose(db, dh.float().sum(0), rtol=1e-5, atol=1e-6)
+    dh8_ref, inv_ref = rowwise_e4m3(dh)
+    assert torch.allclose(inv, inv_ref, rtol=1e-6, atol=0)
+    assert (dh8.view(torch.uint8) != dh8_ref.view(torch.uint8)).float().mean() < 1e-3
+
+    # 4. the whole MLP against the bf16 one, value and gradients
+    from helpers.core.model import MLP, GPTConfig
+    mlp = MLP(GPTConfig(n_embd=256, n_head=4, dropout=0.0)).to(device)
+    x = torch.randn(2, 32, 256, device=device, requires_grad=True)
+    g = torch.randn(2, 32, 256, device=device)
+    def run(fn):
+        for t in [x, *mlp.parameters()]:
+            t.grad = None
+        y = fn()
+        y.float().backward(g)
+        return [y, x.grad, *[p.grad for p in mlp.parameters()]]
+    with torch.autocast(device, dtype=torch.bfloat16):
+        ref = run(lambda: mlp(x))
+        got = run(lambda: fp8_mlp.fp8_mlp(x, mlp))
+    errs = [rel(a, b) for a, b in zip(got, ref)]
+    assert max(errs) < 0.06, errs
+    print("fp8 mlp OK")
+    """
+)
+
+
+def run_check(device: str, broken: str = "none") -> subprocess.CompletedProcess:
+    env = {**os.environ, "TRITON_INTERPRET": "1"} if device == "cpu" else None
+    return subprocess.run(
+        [sys.executable, "-c", CHECK, device, broken],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@needs_triton
+def test_the_fp8_mlp_kernels_match_pytorch_in_the_triton_interpreter():
+    out = run_check("cpu")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "fp8 mlp OK" in out.stdout
+
+
+@needs_triton
+@pytest.mark.parametrize("broken", ["bits", "gelu", "scale", "dbias"])
+def test_each_check_rejects_its_mistake(broken):
+    out = run_check("cpu", broken)
+    assert out.returncode != 0 and "AssertionError" in out.stderr, out.stderr[-2000:]
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+    reason="needs a GPU with fp8 tensor cores (compute capability >= 8.9)",
+)
+def test_the_fp8_mlp_kernels_match_pytorch_on_the_gpu():
+    out = run_check("cuda")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "fp8 mlp OK" in out.stdout
