@@ -43,14 +43,19 @@ VARIANTS = ("fp8-mlp", "fp8-mlp-attn")
 ROW_BLOCK = 4096  # the kernels' row width in registers: the next power of 2 above 4 * 768
 BACKWARD_ROWS = 32  # rows per program in the backward kernel (its bias-gradient partial sums)
 GELU_C = math.sqrt(2.0 / math.pi)  # GELU's tanh approximation (Hendrycks & Gimpel 2016, eq. 2)
+# On a GPU each kernel is autotuned over rows per tile and warps (the fastest of these configs at
+# the first call); the CPU interpreter runs one config (it cannot time kernels).
+TILE_CONFIGS = [(rows, warps) for rows in (1, 2, 4) for warps in (4, 8, 16)]
+INTERPRETER_CONFIG = (2, 4)
 
 if triton is not None and TRITON_OP_MISSING is None:
+    from helpers.core.kernels._triton import _INTERPRETED_AT_IMPORT
 
     @triton.jit
     def _e4m3_bits(v):
         # fp32 -> float8_e4m3fn bits (uint8), round to nearest even, for finite |v| <= 448 (the
-        # callers clamp). Written out because Triton's CPU interpreter casts to fp8 wrongly
-        # (mantissa carries into the exponent are lost); the same arithmetic runs on the GPU.
+        # callers clamp), for Triton's CPU interpreter, which casts to fp8 wrongly (mantissa
+        # carries into the exponent are lost); a GPU casts in hardware (cvt.rn.satfinite).
         # Normal values (|v| >= 2**-6): round fp32's 23-bit mantissa to 3 bits (a carry moves into
         # the exponent as it should), then rebias the exponent from 127 to 7. Subnormals: the
         # nearest multiple of 2**-9, found by adding and subtracting 2**23 in fp32.
@@ -63,80 +68,101 @@ if triton is not None and TRITON_OP_MISSING is None:
         return (tl.where(a >= 0.015625, normal, sub) | sign).to(tl.uint8)
 
     @triton.jit
+    def _store_rowwise_e4m3(x, ptr, off, mask, inv_ptr, rows, row_mask, E4M3_MAX, HW_CAST):
+        # x (ROWS, BLOCK) fp32: each row's amax maps to 448 (as rowwise_e4m3); stores x * scale
+        # in e4m3 at ptr + off and 1 / scale at inv_ptr + rows
+        amax = tl.max(tl.abs(x), axis=1)  # (ROWS,)
+        scale = E4M3_MAX / tl.maximum(amax, 1e-12)
+        q = tl.minimum(tl.maximum(x * scale[:, None], -E4M3_MAX), E4M3_MAX)
+        if HW_CAST:
+            tl.store(ptr + off, q.to(tl.float8e4nv), mask=mask)
+        else:
+            tl.store(ptr + off, _e4m3_bits(q), mask=mask)
+        tl.store(inv_ptr + rows, 1.0 / scale, mask=row_mask)
+
+    @triton.jit
     def _sigmoid_2u(h, GELU_C: tl.constexpr):
         # GELU(h) = 0.5 h (1 + tanh(u)) = h * sigmoid(2u), u = sqrt(2/pi) (h + 0.044715 h^3):
-        # sigmoid(2u) and sigmoid(-2u) from exp, without 1 + tanh's cancellation for large
-        # negative h (and libdevice's tanh is not in the CPU interpreter)
+        # no cancellation in 1 + tanh(u) for large negative h (libdevice's tanh is not in the
+        # CPU interpreter either); an approximate division (2 ulp) is plenty before bf16
         u = GELU_C * (h + 0.044715 * h * h * h)
-        return 1.0 / (1.0 + tl.exp(-2.0 * u)), 1.0 / (1.0 + tl.exp(2.0 * u))
+        return tl.fdiv(1.0, 1.0 + tl.exp(-2.0 * u), ieee_rounding=False)
 
     @triton.jit
     def _gelu_cast_kernel(
-        h_ptr,
-        a_ptr,
-        a8_ptr,
-        inv_ptr,
-        n_cols,
-        GELU_C: tl.constexpr,
-        E4M3_MAX: tl.constexpr,
-        BLOCK: tl.constexpr,
-    ):
-        # one row per program: a = GELU(h) in bf16, a * scale in e4m3, 1 / scale
-        row = tl.program_id(0).to(tl.int64)
-        cols = tl.arange(0, BLOCK)
-        mask = cols < n_cols
-        h = tl.load(h_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-        s, _ = _sigmoid_2u(h, GELU_C)
-        a = h * s
-        a16 = a.to(tl.bfloat16)
-        tl.store(a_ptr + row * n_cols + cols, a16, mask=mask)
-        af = a16.to(tl.float32)  # cast what c_proj's weight gradient sees, like torch would
-        amax = tl.max(tl.abs(af), axis=0)
-        scale = E4M3_MAX / tl.maximum(amax, 1e-12)
-        q = tl.minimum(tl.maximum(af * scale, -E4M3_MAX), E4M3_MAX)
-        tl.store(a8_ptr + row * n_cols + cols, _e4m3_bits(q), mask=mask)
-        tl.store(inv_ptr + row, 1.0 / scale)
+        h_ptr, a_ptr, a8_ptr, inv_ptr, n_rows, n_cols,
+        GELU_C: tl.constexpr, E4M3_MAX: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
+        HW_CAST: tl.constexpr,
+    ):  # fmt: skip
+        # ROWS rows per program: a = GELU(h) in bf16, a * scale in e4m3, 1 / scale
+        rows1 = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        rows = rows1[:, None]
+        cols = tl.arange(0, BLOCK)[None, :]
+        mask = (rows < n_rows) & (cols < n_cols)
+        off = rows * n_cols + cols
+        h = tl.load(h_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        a16 = (h * _sigmoid_2u(h, GELU_C)).to(tl.bfloat16)
+        tl.store(a_ptr + off, a16, mask=mask)
+        # cast what c_proj's weight gradient sees (the bf16 a), as rowwise_e4m3(a) would
+        _store_rowwise_e4m3(
+            a16.to(tl.float32), a8_ptr, off, mask, inv_ptr, rows1, rows1 < n_rows, E4M3_MAX,
+            HW_CAST,
+        )  # fmt: skip
 
     @triton.jit
     def _gelu_backward_cast_kernel(
-        da_ptr,
-        h_ptr,
-        dh_ptr,
-        dh8_ptr,
-        inv_ptr,
-        dbias_ptr,
-        n_rows,
-        n_cols,
-        GELU_C: tl.constexpr,
-        E4M3_MAX: tl.constexpr,
-        BLOCK: tl.constexpr,
-        ROWS: tl.constexpr,
-    ):
-        # ROWS rows per program: dh = da * GELU'(h) in bf16 and e4m3 (row scale), and this
-        # program's column sums of dh (fp32) for the bias gradient
+        da_ptr, h_ptr, dh_ptr, dh8_ptr, inv_ptr, dbias_ptr, n_rows, n_cols,
+        GELU_C: tl.constexpr, E4M3_MAX: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
+        GROUPS: tl.constexpr, HW_CAST: tl.constexpr,
+    ):  # fmt: skip
+        # GROUPS tiles of ROWS rows per program: dh = da * GELU'(h) in bf16 and e4m3 (row
+        # scale), and this program's column sums of dh (fp32) for the bias gradient
         pid = tl.program_id(0).to(tl.int64)
-        cols = tl.arange(0, BLOCK)
-        mask = cols < n_cols
+        cols = tl.arange(0, BLOCK)[None, :]
         colsum = tl.zeros((BLOCK,), dtype=tl.float32)
-        for i in range(ROWS):
-            row = pid * ROWS + i
-            if row < n_rows:  # the last program's rows past the end are skipped
-                off = row * n_cols + cols
-                da = tl.load(da_ptr + off, mask=mask, other=0.0).to(tl.float32)
-                h = tl.load(h_ptr + off, mask=mask, other=0.0).to(tl.float32)
-                # GELU'(h) = s + 2 h s (1 - s) u'(h), s = sigmoid(2u), 1 - s = sigmoid(-2u)
-                s, s_neg = _sigmoid_2u(h, GELU_C)
-                d = s + 2.0 * h * s * s_neg * GELU_C * (1.0 + 3 * 0.044715 * h * h)
-                dh16 = (da * d).to(tl.bfloat16)
-                tl.store(dh_ptr + off, dh16, mask=mask)
-                dh = dh16.to(tl.float32)
-                colsum += dh
-                amax = tl.max(tl.abs(dh), axis=0)
-                scale = E4M3_MAX / tl.maximum(amax, 1e-12)
-                q = tl.minimum(tl.maximum(dh * scale, -E4M3_MAX), E4M3_MAX)
-                tl.store(dh8_ptr + off, _e4m3_bits(q), mask=mask)
-                tl.store(inv_ptr + row, 1.0 / scale)
-        tl.store(dbias_ptr + pid * n_cols + cols, colsum, mask=mask)
+        for g in range(GROUPS):
+            rows1 = (pid * GROUPS + g) * ROWS + tl.arange(0, ROWS)
+            rows = rows1[:, None]
+            mask = (rows < n_rows) & (cols < n_cols)
+            off = rows * n_cols + cols
+            da = tl.load(da_ptr + off, mask=mask, other=0.0).to(tl.float32)
+            h = tl.load(h_ptr + off, mask=mask, other=0.0).to(tl.float32)
+            # GELU'(h) = s + 2 h s (1 - s) u'(h), s = sigmoid(2u)
+            s = _sigmoid_2u(h, GELU_C)
+            d = s + 2.0 * h * s * (1.0 - s) * GELU_C * (1.0 + 3 * 0.044715 * h * h)
+            dh16 = (da * d).to(tl.bfloat16)
+            tl.store(dh_ptr + off, dh16, mask=mask)
+            dh = dh16.to(tl.float32)
+            colsum += tl.sum(dh, axis=0)
+            _store_rowwise_e4m3(
+                dh, dh8_ptr, off, mask, inv_ptr, rows1, rows1 < n_rows, E4M3_MAX, HW_CAST
+            )
+        tl.store(
+            dbias_ptr + pid * n_cols + tl.arange(0, BLOCK),
+            colsum,
+            mask=tl.arange(0, BLOCK) < n_cols,
+        )
+
+    if _INTERPRETED_AT_IMPORT:
+        _fwd_kernel, _bwd_kernel = _gelu_cast_kernel, _gelu_backward_cast_kernel
+        _FIXED = {"ROWS": INTERPRETER_CONFIG[0], "num_warps": INTERPRETER_CONFIG[1]}
+    else:
+        _fwd_kernel = triton.autotune(
+            [triton.Config({"ROWS": r}, num_warps=w) for r, w in TILE_CONFIGS], key=["n_cols"]
+        )(_gelu_cast_kernel)
+        _bwd_kernel = triton.autotune(
+            [
+                triton.Config({"ROWS": r, "GROUPS": BACKWARD_ROWS // r}, num_warps=w)
+                for r, w in TILE_CONFIGS
+            ],
+            key=["n_cols"],
+        )(_gelu_backward_cast_kernel)
+        _FIXED = {}
+
+    def _fp8_out(t: torch.Tensor) -> torch.Tensor:
+        # what the kernels store e4m3 into: the fp8 tensor itself on a GPU, its bytes in the
+        # interpreter (which writes the bits _e4m3_bits makes)
+        return t.view(torch.uint8) if _INTERPRETED_AT_IMPORT else t
 
     # Opaque custom ops (as the fp8 LM head's): torch.compile calls them as they are.
     @torch.library.custom_op("fastgpt2_exp::gelu_rowwise_e4m3", mutates_args=())
@@ -147,17 +173,11 @@ if triton is not None and TRITON_OP_MISSING is None:
         a = torch.empty_like(h)
         a8 = torch.empty((M, N), dtype=torch.float8_e4m3fn, device=h.device)
         inv = torch.empty((M, 1), dtype=torch.float32, device=h.device)
-        _gelu_cast_kernel[(M,)](
-            h,
-            a,
-            a8.view(torch.uint8),
-            inv,
-            N,
-            GELU_C=GELU_C,
-            E4M3_MAX=E4M3_MAX,
-            BLOCK=ROW_BLOCK,
-            num_warps=8,
-        )
+        hw = not _INTERPRETED_AT_IMPORT
+        _fwd_kernel[lambda meta: (triton.cdiv(M, meta["ROWS"]),)](
+            h, a, _fp8_out(a8), inv, M, N,
+            GELU_C=GELU_C, E4M3_MAX=E4M3_MAX, BLOCK=ROW_BLOCK, HW_CAST=hw, **_FIXED,
+        )  # fmt: skip
         return a, a8, inv
 
     @_gelu_rowwise_e4m3.register_fake
@@ -174,26 +194,19 @@ if triton is not None and TRITON_OP_MISSING is None:
         da: torch.Tensor, h: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         M, N = h.shape
-        programs = triton.cdiv(M, BACKWARD_ROWS)
+        programs = triton.cdiv(M, BACKWARD_ROWS)  # every config covers BACKWARD_ROWS rows
         dh = torch.empty_like(h)
         dh8 = torch.empty((M, N), dtype=torch.float8_e4m3fn, device=h.device)
         inv = torch.empty((M, 1), dtype=torch.float32, device=h.device)
         partial = torch.empty((programs, N), dtype=torch.float32, device=h.device)
-        _gelu_backward_cast_kernel[(programs,)](
-            da,
-            h,
-            dh,
-            dh8.view(torch.uint8),
-            inv,
-            partial,
-            M,
-            N,
-            GELU_C=GELU_C,
-            E4M3_MAX=E4M3_MAX,
-            BLOCK=ROW_BLOCK,
-            ROWS=BACKWARD_ROWS,
-            num_warps=8,
+        fixed = (
+            {**_FIXED, "GROUPS": BACKWARD_ROWS // _FIXED["ROWS"]} if _INTERPRETED_AT_IMPORT else {}
         )
+        _bwd_kernel[(programs,)](
+            da, h, dh, _fp8_out(dh8), inv, partial, M, N,
+            GELU_C=GELU_C, E4M3_MAX=E4M3_MAX, BLOCK=ROW_BLOCK, HW_CAST=not _INTERPRETED_AT_IMPORT,
+            **fixed,
+        )  # fmt: skip
         return dh, dh8, inv, partial.sum(0)
 
     @_gelu_backward_rowwise_e4m3.register_fake
@@ -331,3 +344,48 @@ def experiment(name: str) -> contextlib.ExitStack:
 
         stack.enter_context(mock.patch.object(torch.nn.Linear, "forward", attn_linear))
     return stack
+
+
+def bench_kernels(M: int = 65536, N: int = 3072) -> dict:
+    """Time the two kernels alone at a B=64 MLP's size (M = 64 * 1024 rows, N = 3072) against
+    inductor's bf16 GELU forward and backward (what the last rung runs there), on the GPU.
+
+    Returns:
+        {name: {"ms": median ms per call, "GB/s": bytes moved / time, "config": autotune's pick}}
+    """
+    from triton.testing import do_bench
+
+    h = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    da = torch.randn(M, N, device="cuda", dtype=torch.bfloat16) * 1e-3
+    gelu = torch.compile(lambda t: torch.nn.functional.gelu(t, approximate="tanh"))
+
+    def gelu_bwd(d, t):
+        t = t.detach().requires_grad_()
+        return torch.autograd.grad(torch.nn.functional.gelu(t, approximate="tanh"), t, d)[0]
+
+    def gelu_bwd_bias(d, t):
+        g = gelu_bwd(d, t)
+        return g, g.float().sum(0)
+
+    gelu_bwd_c = torch.compile(gelu_bwd_bias)
+    el = M * N
+    cases = {
+        # bytes: bf16 in and out (+ fp8 out) per element, the backward reads two tensors
+        "gelu_rowwise_e4m3": (lambda: gelu_rowwise_e4m3(h), 5 * el),
+        "inductor GELU (bf16)": (lambda: gelu(h), 4 * el),
+        "gelu_backward_rowwise_e4m3": (lambda: gelu_backward_rowwise_e4m3(da, h), 7 * el),
+        "inductor GELU backward + bias sum (bf16)": (lambda: gelu_bwd_c(da, h), 6 * el),
+    }
+    out = {}
+    for name, (fn, nbytes) in cases.items():
+        ms = do_bench(fn, warmup=25, rep=200)
+        out[name] = {"ms": ms, "GB/s": nbytes / ms / 1e6}
+    out["gelu_rowwise_e4m3"]["config"] = str(_fwd_kernel.best_config)
+    out["gelu_backward_rowwise_e4m3"]["config"] = str(_bwd_kernel.best_config)
+    return out
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps(bench_kernels(), indent=1))
