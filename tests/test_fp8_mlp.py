@@ -6,6 +6,7 @@ the H200."""
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -20,7 +21,7 @@ needs_triton = pytest.mark.skipif(
 CHECK = textwrap.dedent(
     """
     import sys
-    sys.path.insert(0, "benchmarks")
+    sys.path[:1] = ["benchmarks", "."]  # not the script's own (temporary) folder
     import torch
     import torch.nn.functional as F
     import fp8_mlp
@@ -114,15 +115,19 @@ CHECK = textwrap.dedent(
 
 
 def run_check(device: str, broken: str = "none") -> subprocess.CompletedProcess:
+    # from a file: Triton compiles @jit functions for a GPU from their source file (``-c`` has none)
     env = {**os.environ, "TRITON_INTERPRET": "1"} if device == "cpu" else None
-    return subprocess.run(
-        [sys.executable, "-c", CHECK, device, broken],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "check_fp8_mlp.py"
+        script.write_text(CHECK)
+        return subprocess.run(
+            [sys.executable, str(script), device, broken],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
 
 
 @needs_triton
