@@ -22,8 +22,11 @@ per step), and the same happened in the GELU's backward. Here the MLP is one aut
   gradient. The weight gradients stay bf16 matmuls (torchao's ``ROWWISE_WITH_GW_HP`` recipe, as in
   benchmarks/fp8_linears.py, whose :func:`rowwise_e4m3` and :func:`scaled_mm` this reuses).
 
-Variants: ``fp8-mlp`` (the attention's linears stay bf16); ``fp8-mlp-attn`` (the attention's two
-linears also through benchmarks/fp8_linears.py's ``fp8_linear``, inductor-generated casts).
+Variants: ``fp8-mlp`` (the attention's linears stay bf16; the kernels registered with
+``torch.library.triton_op``, so compiled code launches them itself); ``fp8-mlp-opaque`` (the same
+kernels as opaque ``custom_op``s, called through Python at every step); ``fp8-mlp-attn`` (as
+``fp8-mlp``, plus the attention's two linears through benchmarks/fp8_linears.py's
+``fp8_linear``, inductor-generated casts).
 """
 
 from __future__ import annotations
@@ -35,10 +38,10 @@ from unittest import mock
 import torch
 from fp8_linears import rowwise_e4m3, scaled_mm
 
-from helpers.core.kernels._triton import TRITON_OP_MISSING, tl, triton
+from helpers.core.kernels._triton import TRITON_OP_MISSING, launch, tl, triton
 from helpers.core.kernels.fp8 import E4M3_MAX
 
-VARIANTS = ("fp8-mlp", "fp8-mlp-attn")
+VARIANTS = ("fp8-mlp", "fp8-mlp-opaque", "fp8-mlp-attn")
 
 ROW_BLOCK = 4096  # the kernels' row width in registers: the next power of 2 above 4 * 768
 BACKWARD_ROWS = 32  # rows per program in the backward kernel (its bias-gradient partial sums)
@@ -164,35 +167,19 @@ if triton is not None and TRITON_OP_MISSING is None:
         # interpreter (which writes the bits _e4m3_bits makes)
         return t.view(torch.uint8) if _INTERPRETED_AT_IMPORT else t
 
-    # Opaque custom ops (as the fp8 LM head's): torch.compile calls them as they are.
-    @torch.library.custom_op("fastgpt2_exp::gelu_rowwise_e4m3", mutates_args=())
-    def _gelu_rowwise_e4m3(
-        h: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _gelu_impl(h, launch):
         M, N = h.shape
         a = torch.empty_like(h)
         a8 = torch.empty((M, N), dtype=torch.float8_e4m3fn, device=h.device)
         inv = torch.empty((M, 1), dtype=torch.float32, device=h.device)
-        hw = not _INTERPRETED_AT_IMPORT
-        _fwd_kernel[lambda meta: (triton.cdiv(M, meta["ROWS"]),)](
+        launch(_fwd_kernel)[lambda meta: (triton.cdiv(M, meta["ROWS"]),)](
             h, a, _fp8_out(a8), inv, M, N,
-            GELU_C=GELU_C, E4M3_MAX=E4M3_MAX, BLOCK=ROW_BLOCK, HW_CAST=hw, **_FIXED,
+            GELU_C=GELU_C, E4M3_MAX=E4M3_MAX, BLOCK=ROW_BLOCK,
+            HW_CAST=not _INTERPRETED_AT_IMPORT, **_FIXED,
         )  # fmt: skip
         return a, a8, inv
 
-    @_gelu_rowwise_e4m3.register_fake
-    def _(h):
-        M, N = h.shape
-        return (
-            torch.empty_like(h),
-            h.new_empty((M, N), dtype=torch.float8_e4m3fn),
-            h.new_empty((M, 1), dtype=torch.float32),
-        )
-
-    @torch.library.custom_op("fastgpt2_exp::gelu_backward_rowwise_e4m3", mutates_args=())
-    def _gelu_backward_rowwise_e4m3(
-        da: torch.Tensor, h: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _gelu_backward_impl(da, h, launch):
         M, N = h.shape
         programs = triton.cdiv(M, BACKWARD_ROWS)  # every config covers BACKWARD_ROWS rows
         dh = torch.empty_like(h)
@@ -202,14 +189,46 @@ if triton is not None and TRITON_OP_MISSING is None:
         fixed = (
             {**_FIXED, "GROUPS": BACKWARD_ROWS // _FIXED["ROWS"]} if _INTERPRETED_AT_IMPORT else {}
         )
-        _bwd_kernel[(programs,)](
+        launch(_bwd_kernel)[(programs,)](
             da, h, dh, _fp8_out(dh8), inv, partial, M, N,
             GELU_C=GELU_C, E4M3_MAX=E4M3_MAX, BLOCK=ROW_BLOCK, HW_CAST=not _INTERPRETED_AT_IMPORT,
             **fixed,
         )  # fmt: skip
         return dh, dh8, inv, partial.sum(0)
 
-    @_gelu_backward_rowwise_e4m3.register_fake
+    # Two registrations of each kernel. triton_op: torch.compile sees the launch and the torch ops
+    # around it and launches the kernel from its own generated code. custom_op (opaque, as the fp8
+    # LM head's): compiled code calls the Python function, which launches through Triton's JIT.
+    @torch.library.triton_op("fastgpt2_exp::gelu_rowwise_e4m3", mutates_args={})
+    def _gelu_traced(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return _gelu_impl(h, launch)
+
+    @torch.library.triton_op("fastgpt2_exp::gelu_backward_rowwise_e4m3", mutates_args={})
+    def _gelu_backward_traced(
+        da: torch.Tensor, h: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return _gelu_backward_impl(da, h, launch)
+
+    @torch.library.custom_op("fastgpt2_exp::gelu_rowwise_e4m3_opaque", mutates_args=())
+    def _gelu_opaque(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return _gelu_impl(h, lambda kernel: kernel)
+
+    @_gelu_opaque.register_fake
+    def _(h):
+        M, N = h.shape
+        return (
+            torch.empty_like(h),
+            h.new_empty((M, N), dtype=torch.float8_e4m3fn),
+            h.new_empty((M, 1), dtype=torch.float32),
+        )
+
+    @torch.library.custom_op("fastgpt2_exp::gelu_backward_rowwise_e4m3_opaque", mutates_args=())
+    def _gelu_backward_opaque(
+        da: torch.Tensor, h: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return _gelu_backward_impl(da, h, lambda kernel: kernel)
+
+    @_gelu_backward_opaque.register_fake
     def _(da, h):
         M, N = h.shape
         return (
@@ -218,6 +237,9 @@ if triton is not None and TRITON_OP_MISSING is None:
             h.new_empty((M, 1), dtype=torch.float32),
             h.new_empty((N,), dtype=torch.float32),
         )
+
+
+OPAQUE_OPS = False  # the kernels as opaque custom ops (True) or traced triton ops (variant knob)
 
 
 def _check_rows(t: torch.Tensor, name: str) -> None:
@@ -244,7 +266,7 @@ def gelu_rowwise_e4m3(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
         ValueError: ``h`` not a contiguous 2-D bf16 tensor of rows <= 4096 wide.
     """
     _check_rows(h, "gelu_rowwise_e4m3")
-    return _gelu_rowwise_e4m3(h)
+    return (_gelu_opaque if OPAQUE_OPS else _gelu_traced)(h)
 
 
 def gelu_backward_rowwise_e4m3(
@@ -266,7 +288,7 @@ def gelu_backward_rowwise_e4m3(
     _check_rows(da, "gelu_backward_rowwise_e4m3")
     if da.shape != h.shape:
         raise ValueError(f"da {tuple(da.shape)} and h {tuple(h.shape)} differ in shape")
-    return _gelu_backward_rowwise_e4m3(da, h)
+    return (_gelu_backward_opaque if OPAQUE_OPS else _gelu_backward_traced)(da, h)
 
 
 class _Fp8MLP(torch.autograd.Function):
@@ -334,6 +356,7 @@ def experiment(name: str) -> contextlib.ExitStack:
 
     stack = contextlib.ExitStack()
     stack.enter_context(mock.patch.object(model.MLP, "forward", forward))
+    stack.enter_context(mock.patch.dict(globals(), {"OPAQUE_OPS": name.endswith("-opaque")}))
     if name == "fp8-mlp-attn":
         import fp8_linears
 

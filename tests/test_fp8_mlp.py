@@ -93,6 +93,15 @@ CHECK = textwrap.dedent(
     assert torch.allclose(inv, inv_ref, rtol=1e-6, atol=0)
     assert (dh8.view(torch.uint8) != dh8_ref.view(torch.uint8)).float().mean() < 1e-3
 
+    # the opaque custom-op registration of the kernels writes the same bytes
+    def raw(t):
+        return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+    traced = fp8_mlp.gelu_backward_rowwise_e4m3(da, h)
+    fp8_mlp.OPAQUE_OPS = True
+    opaque = fp8_mlp.gelu_backward_rowwise_e4m3(da, h)
+    fp8_mlp.OPAQUE_OPS = False
+    assert all(torch.equal(raw(x), raw(y)) for x, y in zip(traced, opaque))
+
     # 4. the whole MLP against the bf16 one, value and gradients
     from helpers.core.model import MLP, GPTConfig
     mlp = MLP(GPTConfig(n_embd=256, n_head=4, dropout=0.0)).to(device)
@@ -109,6 +118,11 @@ CHECK = textwrap.dedent(
         got = run(lambda: fp8_mlp.fp8_mlp(x, mlp))
     errs = [rel(a, b) for a, b in zip(got, ref)]
     assert max(errs) < 0.06, errs
+    if device == "cuda":  # and compiled, where inductor launches the traced kernels itself
+        step = torch.compile(lambda: fp8_mlp.fp8_mlp(x, mlp))
+        with torch.autocast(device, dtype=torch.bfloat16):
+            errs = [rel(a, b) for a, b in zip(run(step), ref)]
+        assert max(errs) < 0.06, errs
     print("fp8 mlp OK")
     """
 )
