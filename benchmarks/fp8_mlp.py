@@ -26,7 +26,9 @@ Variants: ``fp8-mlp`` (the attention's linears stay bf16; the kernels registered
 ``torch.library.triton_op``, so compiled code launches them itself); ``fp8-mlp-opaque`` (the same
 kernels as opaque ``custom_op``s, called through Python at every step); ``fp8-mlp-attn`` (as
 ``fp8-mlp``, plus the attention's two linears through benchmarks/fp8_linears.py's
-``fp8_linear``, inductor-generated casts).
+``fp8_linear``, inductor-generated casts); ``fp8-mlp-reduce-overhead`` (as ``fp8-mlp``, the step
+compiled with ``mode="reduce-overhead"``: CUDA graphs, no host time per kernel launch; perf.py
+sets the mode).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from fp8_linears import rowwise_e4m3, scaled_mm
 from helpers.core.kernels._triton import TRITON_OP_MISSING, launch, tl, triton
 from helpers.core.kernels.fp8 import E4M3_MAX
 
-VARIANTS = ("fp8-mlp", "fp8-mlp-opaque", "fp8-mlp-attn")
+VARIANTS = ("fp8-mlp", "fp8-mlp-opaque", "fp8-mlp-attn", "fp8-mlp-reduce-overhead")
 
 ROW_BLOCK = 4096  # the kernels' row width in registers: the next power of 2 above 4 * 768
 BACKWARD_ROWS = 32  # rows per program in the backward kernel (its bias-gradient partial sums)

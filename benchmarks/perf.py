@@ -80,6 +80,7 @@ VARIANTS = {
     **{name: {} for name in fp8_linears.VARIANTS},
     # the MLP through benchmarks/fp8_mlp.py (fp8 matmuls, hand-written one-pass GELU casts)
     **{name: {} for name in fp8_mlp.VARIANTS},
+    "fp8-mlp-reduce-overhead": {"compile": "reduce-overhead"},  # CUDA graphs: no host time
 }
 FUSED_CHUNKS = {
     "fused-unchunked": None,

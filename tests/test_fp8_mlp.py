@@ -166,3 +166,27 @@ def test_the_fp8_mlp_kernels_match_pytorch_on_the_gpu():
     out = run_check("cuda")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "fp8 mlp OK" in out.stdout
+
+
+def _load_fp8_mlp():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import fp8_mlp
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return fp8_mlp
+
+
+@needs_triton
+def test_a_variant_routes_the_mlp_through_fp8_and_restores_it():
+    fp8_mlp = _load_fp8_mlp()
+    from helpers.core.model import MLP, GPTConfig
+
+    plain = MLP.forward
+    with fp8_mlp.experiment("fp8-mlp-opaque"):
+        assert MLP.forward is not plain and fp8_mlp.OPAQUE_OPS is True
+        with pytest.raises(ValueError, match="dropout"):  # reached fp8_mlp, which refuses it
+            MLP(GPTConfig(n_embd=64, n_head=4, dropout=0.1))(torch.randn(1, 16, 64))
+    assert MLP.forward is plain and fp8_mlp.OPAQUE_OPS is False
+    with pytest.raises(ValueError, match="unknown fp8-mlp variant"):
+        fp8_mlp.experiment("fp8-everything")
