@@ -52,6 +52,8 @@ GELU_C = math.sqrt(2.0 / math.pi)  # GELU's tanh approximation (Hendrycks & Gimp
 # the first call); the CPU interpreter runs one config (it cannot time kernels).
 TILE_CONFIGS = [(rows, warps) for rows in (1, 2, 4) for warps in (4, 8, 16)]
 INTERPRETER_CONFIG = (2, 4)
+if any(BACKWARD_ROWS % rows for rows, _ in [*TILE_CONFIGS, INTERPRETER_CONFIG]):
+    raise ValueError("each tile's rows must divide BACKWARD_ROWS (the backward's rows per program)")
 
 if triton is not None and TRITON_OP_MISSING is None:
     from helpers.core.kernels._triton import _INTERPRETED_AT_IMPORT
@@ -70,15 +72,21 @@ if triton is not None and TRITON_OP_MISSING is None:
         abits = a.to(tl.int32, bitcast=True)
         normal = ((abits + 0x7FFFF + ((abits >> 20) & 1)) >> 20) - ((127 - 7) << 3)
         sub = ((a * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)
-        return (tl.where(a >= 0.015625, normal, sub) | sign).to(tl.uint8)
+        out = tl.where(a >= 0.015625, normal, sub)
+        return tl.where(v != v, 0x7F, out | sign).to(tl.uint8)  # NaN: e4m3fn's NaN, 0x7F
 
     @triton.jit
     def _store_rowwise_e4m3(x, ptr, off, mask, inv_ptr, rows, row_mask, E4M3_MAX, HW_CAST):
         # x (ROWS, BLOCK) fp32: each row's amax maps to 448 (as rowwise_e4m3); stores x * scale
         # in e4m3 at ptr + off and 1 / scale at inv_ptr + rows
-        amax = tl.max(tl.abs(x), axis=1)  # (ROWS,)
-        scale = E4M3_MAX / tl.maximum(amax, 1e-12)
-        q = tl.minimum(tl.maximum(x * scale[:, None], -E4M3_MAX), E4M3_MAX)
+        # Triton's max, maximum and minimum skip NaN where torch's amax and clamp keep it: a row
+        # with a NaN gets a NaN scale and NaN values, as rowwise_e4m3 gives, so the NaN reaches
+        # the matmul's output instead of hiding as a finite -448
+        nan_row = tl.max((x != x).to(tl.int32), axis=1) > 0  # (ROWS,)
+        amax = tl.max(tl.abs(x), axis=1)
+        scale = tl.where(nan_row, float("nan"), E4M3_MAX / tl.maximum(amax, 1e-12))
+        q = x * scale[:, None]
+        q = tl.where(q != q, q, tl.minimum(tl.maximum(q, -E4M3_MAX), E4M3_MAX))
         if HW_CAST:
             tl.store(ptr + off, q.to(tl.float8e4nv), mask=mask)
         else:
