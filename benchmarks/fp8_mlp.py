@@ -44,6 +44,8 @@ from helpers.core.kernels._triton import TRITON_OP_MISSING, launch, tl, triton
 from helpers.core.kernels.fp8 import E4M3_MAX
 
 VARIANTS = ("fp8-mlp", "fp8-mlp-opaque", "fp8-mlp-attn", "fp8-mlp-reduce-overhead")
+# what a variant changes in the last rung's RunConfig (benchmarks/perf.py applies it)
+RUN_CHANGES = {"fp8-mlp-reduce-overhead": {"compile": "reduce-overhead"}}
 
 ROW_BLOCK = 4096  # the kernels' row width in registers: the next power of 2 above 4 * 768
 BACKWARD_ROWS = 32  # rows per program in the backward kernel (its bias-gradient partial sums)
@@ -158,7 +160,9 @@ if triton is not None and TRITON_OP_MISSING is None:
 
     if _INTERPRETED_AT_IMPORT:
         _fwd_kernel, _bwd_kernel = _gelu_cast_kernel, _gelu_backward_cast_kernel
-        _FIXED = {"ROWS": INTERPRETER_CONFIG[0], "num_warps": INTERPRETER_CONFIG[1]}
+        rows, warps = INTERPRETER_CONFIG
+        _FWD_FIXED = {"ROWS": rows, "num_warps": warps}
+        _BWD_FIXED = {**_FWD_FIXED, "GROUPS": BACKWARD_ROWS // rows}
     else:
         _fwd_kernel = triton.autotune(
             [triton.Config({"ROWS": r}, num_warps=w) for r, w in TILE_CONFIGS], key=["n_cols"]
@@ -170,7 +174,7 @@ if triton is not None and TRITON_OP_MISSING is None:
             ],
             key=["n_cols"],
         )(_gelu_backward_cast_kernel)
-        _FIXED = {}
+        _FWD_FIXED = _BWD_FIXED = {}  # autotune chooses
 
     def _fp8_out(t: torch.Tensor) -> torch.Tensor:
         # what the kernels store e4m3 into: the fp8 tensor itself on a GPU, its bytes in the
@@ -185,7 +189,7 @@ if triton is not None and TRITON_OP_MISSING is None:
         launch(_fwd_kernel)[lambda meta: (triton.cdiv(M, meta["ROWS"]),)](
             h, a, _fp8_out(a8), inv, M, N,
             GELU_C=GELU_C, E4M3_MAX=E4M3_MAX, BLOCK=ROW_BLOCK,
-            HW_CAST=not _INTERPRETED_AT_IMPORT, **_FIXED,
+            HW_CAST=not _INTERPRETED_AT_IMPORT, **_FWD_FIXED,
         )  # fmt: skip
         return a, a8, inv
 
@@ -196,13 +200,10 @@ if triton is not None and TRITON_OP_MISSING is None:
         dh8 = torch.empty((M, N), dtype=torch.float8_e4m3fn, device=h.device)
         inv = torch.empty((M, 1), dtype=torch.float32, device=h.device)
         partial = torch.empty((programs, N), dtype=torch.float32, device=h.device)
-        fixed = (
-            {**_FIXED, "GROUPS": BACKWARD_ROWS // _FIXED["ROWS"]} if _INTERPRETED_AT_IMPORT else {}
-        )
         launch(_bwd_kernel)[(programs,)](
             da, h, dh, _fp8_out(dh8), inv, partial, M, N,
             GELU_C=GELU_C, E4M3_MAX=E4M3_MAX, BLOCK=ROW_BLOCK, HW_CAST=not _INTERPRETED_AT_IMPORT,
-            **fixed,
+            **_BWD_FIXED,
         )  # fmt: skip
         return dh, dh8, inv, partial.sum(0)
 

@@ -79,8 +79,7 @@ VARIANTS = {
     # the blocks' linears through benchmarks/fp8_linears.py (matmuls in fp8; not kept)
     **{name: {} for name in fp8_linears.VARIANTS},
     # the MLP through benchmarks/fp8_mlp.py (fp8 matmuls, hand-written one-pass GELU casts)
-    **{name: {} for name in fp8_mlp.VARIANTS},
-    "fp8-mlp-reduce-overhead": {"compile": "reduce-overhead"},  # CUDA graphs: no host time
+    **{name: fp8_mlp.RUN_CHANGES.get(name, {}) for name in fp8_mlp.VARIANTS},
 }
 FUSED_CHUNKS = {
     "fused-unchunked": None,

@@ -220,3 +220,4 @@ def test_a_variant_routes_the_mlp_through_fp8_and_restores_it():
     assert MLP.forward is plain and fp8_mlp.OPAQUE_OPS is False
     with pytest.raises(ValueError, match="unknown fp8-mlp variant"):
         fp8_mlp.experiment("fp8-everything")
+    assert set(fp8_mlp.RUN_CHANGES) <= set(fp8_mlp.VARIANTS)  # each change belongs to a variant
