@@ -40,7 +40,7 @@ from unittest import mock
 
 import torch
 
-from helpers.core.kernels.fp8 import E4M3_MAX
+from helpers.core.kernels.fp8 import rowwise_e4m3, scaled_mm
 
 VARIANTS = (
     "fp8-linears",
@@ -49,66 +49,6 @@ VARIANTS = (
     "fp8-linears-fwd",
     "fp8-linears-fwd-mv",
 )
-
-
-def rowwise_e4m3(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``t`` in float8_e4m3fn with one scale per row, and the scales that undo it.
-
-    Each row's largest magnitude (amax) maps to e4m3's largest value, 448 (:data:`E4M3_MAX`), as in
-    torchao's rowwise float8 recipe; within a row, values are rounded to 3 mantissa bits (at most
-    1/16 of themselves, relative) and magnitudes below ~2.2e-6 of the row's amax become zero.
-
-    Args:
-        t: (R, K) floating tensor (fp32 or bf16).
-
-    Returns:
-        (t8, inv_scale): t8 (R, K) float8_e4m3fn, contiguous; inv_scale (R, 1) fp32 with
-        ``t8.float() * inv_scale ≈ t`` (what ``torch._scaled_mm`` takes as a rowwise scale). An
-        all-zero row gives zeros and a finite scale.
-
-    Raises:
-        ValueError: if ``t`` is not 2-D.
-    """
-    if t.dim() != 2:
-        raise ValueError(f"rowwise_e4m3 expects a 2-D tensor (rows, K), got shape {tuple(t.shape)}")
-    amax = t.detach().abs().amax(dim=1, keepdim=True).float()  # (R, 1)
-    scale = E4M3_MAX / amax.clamp(min=1e-12)
-    t8 = (t.float() * scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-    return t8.contiguous(), scale.reciprocal()
-
-
-def scaled_mm(
-    a8: torch.Tensor,
-    b8: torch.Tensor,
-    scale_a: torch.Tensor,
-    scale_b: torch.Tensor,
-    fast_accum: bool,
-    bias: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``(a8 * scale_a) @ (b8 * scale_b)`` in bf16: ``torch._scaled_mm`` with rowwise scales.
-
-    Args:
-        a8: (M, K) float8_e4m3fn, row-major; scale_a: (M, 1) fp32.
-        b8: (K, N) float8_e4m3fn, column-major (``w8.t()`` of a contiguous (N, K) ``w8``);
-            scale_b: (1, N) fp32.
-        fast_accum: Hopper's faster fp8 accumulation (the forward matmul only, as torchao).
-
-    Returns:
-        (M, N) bf16. On a CPU (no fp8 tensor cores) the same product in fp32 then rounded to bf16:
-        the tests' path, never a speed path (the switch refuses CPUs).
-    """
-    if a8.device.type == "cuda":
-        return torch._scaled_mm(
-            a8,
-            b8,
-            scale_a=scale_a,
-            scale_b=scale_b,
-            out_dtype=torch.bfloat16,
-            use_fast_accum=fast_accum,
-            bias=bias,
-        )
-    out = (a8.float() * scale_a) @ (b8.float() * scale_b)
-    return (out if bias is None else out + bias.float()).to(torch.bfloat16)
 
 
 # The variants' knobs (set by experiment())

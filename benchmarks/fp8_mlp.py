@@ -1,391 +1,37 @@
-"""An experiment, not a rung (results/perf-log.md, 2026-12-03 (late)): the MLP's two linears with
-their forward and input-gradient matmuls on fp8 tensor cores, and the GELU's casts in two
-hand-written one-pass Triton kernels.
+"""The fp8 MLP's two one-pass Triton kernels alone (rung "+ fp8 MLP",
+``helpers.core.kernels.fp8_mlp``) against the bf16 GELU kernels torch.compile generates for the
+rung before, at one B=64 layer's size, on a CUDA GPU with fp8 (compute capability >= 8.9):
 
-    python benchmarks/perf.py --batch-size 64 --variants final fp8-mlp --profile
+    python benchmarks/fp8_mlp.py --out results/h200-fp8-mlp-kernels-DATE.json
 
-benchmarks/fp8_linears.py ran every block linear's forward and input gradient in fp8 with rowwise
-scales and let torch.compile generate the casts. The matmuls got 9-14 ms faster per B=64 step; the
-kernels around them 14.6-17.6 ms slower, most of it in the MLP: the GELU's rows are 3072 wide,
-over inductor's 1024-element limit for a one-pass (persistent) reduction, so the generated kernel
-wrote the bf16 GELU output and read it back to find the row's amax and cast it (3.38 -> 7.37 ms
-per step), and the same happened in the GELU's backward. Here the MLP is one autograd function:
-
-- forward: ``x8 = e4m3(LayerNorm output)`` (768 wide: inductor fuses it into the LayerNorm),
-  ``h = x8 @ W_fc8.T + b_fc`` (``torch._scaled_mm``, bias in its epilogue), then
-  :func:`gelu_rowwise_e4m3`: one kernel reads each row of ``h`` once, keeps it in registers and
-  writes ``a = GELU(h)`` in bf16 (for ``c_proj``'s bf16 weight gradient), ``a`` in e4m3 and the
-  row's scale; ``y = a8 @ W_proj8.T + b_proj``.
-- backward: ``da = dy8 @ W_proj`` in fp8, then :func:`gelu_backward_rowwise_e4m3`: one kernel
-  reads ``da`` and ``h`` once and writes ``dh`` in bf16 (for ``c_fc``'s weight gradient), ``dh`` in
-  e4m3 with its row scale (for ``dx = dh8 @ W_fc`` in fp8) and partial column sums for the bias
-  gradient. The weight gradients stay bf16 matmuls (torchao's ``ROWWISE_WITH_GW_HP`` recipe, as in
-  benchmarks/fp8_linears.py, whose :func:`rowwise_e4m3` and :func:`scaled_mm` this reuses).
-
-Variants: ``fp8-mlp`` (the attention's linears stay bf16; the kernels registered with
-``torch.library.triton_op``, so compiled code launches them itself); ``fp8-mlp-opaque`` (the same
-kernels as opaque ``custom_op``s, called through Python at every step); ``fp8-mlp-attn`` (as
-``fp8-mlp``, plus the attention's two linears through benchmarks/fp8_linears.py's
-``fp8_linear``, inductor-generated casts); ``fp8-mlp-reduce-overhead`` (as ``fp8-mlp``, the step
-compiled with ``mode="reduce-overhead"``: CUDA graphs, no host time per kernel launch; perf.py
-sets the mode).
+The step with and without the rung: ``python benchmarks/perf.py --variants final bf16-mlp``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
-from unittest import mock
+import argparse
+import json
+import sys
 
 import torch
-from fp8_linears import rowwise_e4m3, scaled_mm
 
-from helpers.core.kernels._triton import TRITON_OP_MISSING, launch, tl, triton
-from helpers.core.kernels.fp8 import E4M3_MAX
-
-VARIANTS = ("fp8-mlp", "fp8-mlp-opaque", "fp8-mlp-attn", "fp8-mlp-reduce-overhead")
-# what a variant changes in the last rung's RunConfig (benchmarks/perf.py applies it)
-RUN_CHANGES = {"fp8-mlp-reduce-overhead": {"compile": "reduce-overhead"}}
-
-ROW_BLOCK = 4096  # the kernels' row width in registers: the next power of 2 above 4 * 768
-BACKWARD_ROWS = 32  # rows per program in the backward kernel (its bias-gradient partial sums)
-GELU_C = math.sqrt(2.0 / math.pi)  # GELU's tanh approximation (Hendrycks & Gimpel 2016, eq. 2)
-# On a GPU each kernel is autotuned over rows per tile and warps (the fastest of these configs at
-# the first call); the CPU interpreter runs one config (it cannot time kernels).
-TILE_CONFIGS = [(rows, warps) for rows in (1, 2, 4) for warps in (4, 8, 16)]
-INTERPRETER_CONFIG = (2, 4)
-if any(BACKWARD_ROWS % rows for rows, _ in [*TILE_CONFIGS, INTERPRETER_CONFIG]):
-    raise ValueError("each tile's rows must divide BACKWARD_ROWS (the backward's rows per program)")
-
-if triton is not None and TRITON_OP_MISSING is None:
-    from helpers.core.kernels._triton import _INTERPRETED_AT_IMPORT
-
-    @triton.jit
-    def _e4m3_bits(v):
-        # fp32 -> float8_e4m3fn bits (uint8), round to nearest even, for finite |v| <= 448 (the
-        # callers clamp), for Triton's CPU interpreter, which casts to fp8 wrongly (mantissa
-        # carries into the exponent are lost); a GPU casts in hardware (cvt.rn.satfinite).
-        # Normal values (|v| >= 2**-6): round fp32's 23-bit mantissa to 3 bits (a carry moves into
-        # the exponent as it should), then rebias the exponent from 127 to 7. Subnormals: the
-        # nearest multiple of 2**-9, found by adding and subtracting 2**23 in fp32.
-        bits = v.to(tl.int32, bitcast=True)
-        sign = (bits >> 24) & 0x80
-        a = tl.abs(v)
-        abits = a.to(tl.int32, bitcast=True)
-        normal = ((abits + 0x7FFFF + ((abits >> 20) & 1)) >> 20) - ((127 - 7) << 3)
-        sub = ((a * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)
-        out = tl.where(a >= 0.015625, normal, sub)
-        return tl.where(v != v, 0x7F, out | sign).to(tl.uint8)  # NaN: e4m3fn's NaN, 0x7F
-
-    @triton.jit
-    def _store_rowwise_e4m3(x, ptr, off, mask, inv_ptr, rows, row_mask, E4M3_MAX, HW_CAST):
-        # x (ROWS, BLOCK) fp32: each row's amax maps to 448 (as rowwise_e4m3); stores x * scale
-        # in e4m3 at ptr + off and 1 / scale at inv_ptr + rows
-        # Triton's max, maximum and minimum skip NaN where torch's amax and clamp keep it: a row
-        # with a NaN gets a NaN scale and NaN values, as rowwise_e4m3 gives, so the NaN reaches
-        # the matmul's output instead of hiding as a finite -448
-        nan_row = tl.max((x != x).to(tl.int32), axis=1) > 0  # (ROWS,)
-        amax = tl.max(tl.abs(x), axis=1)
-        scale = tl.where(nan_row, float("nan"), E4M3_MAX / tl.maximum(amax, 1e-12))
-        q = x * scale[:, None]
-        q = tl.where(q != q, q, tl.minimum(tl.maximum(q, -E4M3_MAX), E4M3_MAX))
-        if HW_CAST:
-            tl.store(ptr + off, q.to(tl.float8e4nv), mask=mask)
-        else:
-            tl.store(ptr + off, _e4m3_bits(q), mask=mask)
-        tl.store(inv_ptr + rows, 1.0 / scale, mask=row_mask)
-
-    @triton.jit
-    def _sigmoid_2u(h, GELU_C: tl.constexpr):
-        # GELU(h) = 0.5 h (1 + tanh(u)) = h * sigmoid(2u), u = sqrt(2/pi) (h + 0.044715 h^3):
-        # no cancellation in 1 + tanh(u) for large negative h (libdevice's tanh is not in the
-        # CPU interpreter either); an approximate division (2 ulp) is plenty before bf16
-        u = GELU_C * (h + 0.044715 * h * h * h)
-        return tl.fdiv(1.0, 1.0 + tl.exp(-2.0 * u), ieee_rounding=False)
-
-    @triton.jit
-    def _gelu_cast_kernel(
-        h_ptr, a_ptr, a8_ptr, inv_ptr, n_rows, n_cols,
-        GELU_C: tl.constexpr, E4M3_MAX: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
-        HW_CAST: tl.constexpr,
-    ):  # fmt: skip
-        # ROWS rows per program: a = GELU(h) in bf16, a * scale in e4m3, 1 / scale
-        rows1 = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-        rows = rows1[:, None]
-        cols = tl.arange(0, BLOCK)[None, :]
-        mask = (rows < n_rows) & (cols < n_cols)
-        off = rows * n_cols + cols
-        h = tl.load(h_ptr + off, mask=mask, other=0.0).to(tl.float32)
-        a16 = (h * _sigmoid_2u(h, GELU_C)).to(tl.bfloat16)
-        tl.store(a_ptr + off, a16, mask=mask)
-        # cast what c_proj's weight gradient sees (the bf16 a), as rowwise_e4m3(a) would
-        _store_rowwise_e4m3(
-            a16.to(tl.float32), a8_ptr, off, mask, inv_ptr, rows1, rows1 < n_rows, E4M3_MAX,
-            HW_CAST,
-        )  # fmt: skip
-
-    @triton.jit
-    def _gelu_backward_cast_kernel(
-        da_ptr, h_ptr, dh_ptr, dh8_ptr, inv_ptr, dbias_ptr, n_rows, n_cols,
-        GELU_C: tl.constexpr, E4M3_MAX: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
-        GROUPS: tl.constexpr, HW_CAST: tl.constexpr,
-    ):  # fmt: skip
-        # GROUPS tiles of ROWS rows per program: dh = da * GELU'(h) in bf16 and e4m3 (row
-        # scale), and this program's column sums of dh (fp32) for the bias gradient
-        pid = tl.program_id(0).to(tl.int64)
-        cols = tl.arange(0, BLOCK)[None, :]
-        colsum = tl.zeros((BLOCK,), dtype=tl.float32)
-        for g in range(GROUPS):
-            rows1 = (pid * GROUPS + g) * ROWS + tl.arange(0, ROWS)
-            rows = rows1[:, None]
-            mask = (rows < n_rows) & (cols < n_cols)
-            off = rows * n_cols + cols
-            da = tl.load(da_ptr + off, mask=mask, other=0.0).to(tl.float32)
-            h = tl.load(h_ptr + off, mask=mask, other=0.0).to(tl.float32)
-            # GELU'(h) = s + 2 h s (1 - s) u'(h), s = sigmoid(2u)
-            s = _sigmoid_2u(h, GELU_C)
-            d = s + 2.0 * h * s * (1.0 - s) * GELU_C * (1.0 + 3 * 0.044715 * h * h)
-            dh16 = (da * d).to(tl.bfloat16)
-            tl.store(dh_ptr + off, dh16, mask=mask)
-            dh = dh16.to(tl.float32)
-            colsum += tl.sum(dh, axis=0)
-            _store_rowwise_e4m3(
-                dh, dh8_ptr, off, mask, inv_ptr, rows1, rows1 < n_rows, E4M3_MAX, HW_CAST
-            )
-        tl.store(
-            dbias_ptr + pid * n_cols + tl.arange(0, BLOCK),
-            colsum,
-            mask=tl.arange(0, BLOCK) < n_cols,
-        )
-
-    if _INTERPRETED_AT_IMPORT:
-        _fwd_kernel, _bwd_kernel = _gelu_cast_kernel, _gelu_backward_cast_kernel
-        rows, warps = INTERPRETER_CONFIG
-        _FWD_FIXED = {"ROWS": rows, "num_warps": warps}
-        _BWD_FIXED = {**_FWD_FIXED, "GROUPS": BACKWARD_ROWS // rows}
-    else:
-        _fwd_kernel = triton.autotune(
-            [triton.Config({"ROWS": r}, num_warps=w) for r, w in TILE_CONFIGS], key=["n_cols"]
-        )(_gelu_cast_kernel)
-        _bwd_kernel = triton.autotune(
-            [
-                triton.Config({"ROWS": r, "GROUPS": BACKWARD_ROWS // r}, num_warps=w)
-                for r, w in TILE_CONFIGS
-            ],
-            key=["n_cols"],
-        )(_gelu_backward_cast_kernel)
-        _FWD_FIXED = _BWD_FIXED = {}  # autotune chooses
-
-    def _fp8_out(t: torch.Tensor) -> torch.Tensor:
-        # what the kernels store e4m3 into: the fp8 tensor itself on a GPU, its bytes in the
-        # interpreter (which writes the bits _e4m3_bits makes)
-        return t.view(torch.uint8) if _INTERPRETED_AT_IMPORT else t
-
-    def _gelu_impl(h, launch):
-        M, N = h.shape
-        a = torch.empty_like(h)
-        a8 = torch.empty((M, N), dtype=torch.float8_e4m3fn, device=h.device)
-        inv = torch.empty((M, 1), dtype=torch.float32, device=h.device)
-        launch(_fwd_kernel)[lambda meta: (triton.cdiv(M, meta["ROWS"]),)](
-            h, a, _fp8_out(a8), inv, M, N,
-            GELU_C=GELU_C, E4M3_MAX=E4M3_MAX, BLOCK=ROW_BLOCK,
-            HW_CAST=not _INTERPRETED_AT_IMPORT, **_FWD_FIXED,
-        )  # fmt: skip
-        return a, a8, inv
-
-    def _gelu_backward_impl(da, h, launch):
-        M, N = h.shape
-        programs = triton.cdiv(M, BACKWARD_ROWS)  # every config covers BACKWARD_ROWS rows
-        dh = torch.empty_like(h)
-        dh8 = torch.empty((M, N), dtype=torch.float8_e4m3fn, device=h.device)
-        inv = torch.empty((M, 1), dtype=torch.float32, device=h.device)
-        partial = torch.empty((programs, N), dtype=torch.float32, device=h.device)
-        launch(_bwd_kernel)[(programs,)](
-            da, h, dh, _fp8_out(dh8), inv, partial, M, N,
-            GELU_C=GELU_C, E4M3_MAX=E4M3_MAX, BLOCK=ROW_BLOCK, HW_CAST=not _INTERPRETED_AT_IMPORT,
-            **_BWD_FIXED,
-        )  # fmt: skip
-        return dh, dh8, inv, partial.sum(0)
-
-    # Two registrations of each kernel. triton_op: torch.compile sees the launch and the torch ops
-    # around it and launches the kernel from its own generated code. custom_op (opaque, as the fp8
-    # LM head's): compiled code calls the Python function, which launches through Triton's JIT.
-    @torch.library.triton_op("fastgpt2_exp::gelu_rowwise_e4m3", mutates_args={})
-    def _gelu_traced(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return _gelu_impl(h, launch)
-
-    @torch.library.triton_op("fastgpt2_exp::gelu_backward_rowwise_e4m3", mutates_args={})
-    def _gelu_backward_traced(
-        da: torch.Tensor, h: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        return _gelu_backward_impl(da, h, launch)
-
-    @torch.library.custom_op("fastgpt2_exp::gelu_rowwise_e4m3_opaque", mutates_args=())
-    def _gelu_opaque(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return _gelu_impl(h, lambda kernel: kernel)
-
-    @_gelu_opaque.register_fake
-    def _(h):
-        M, N = h.shape
-        return (
-            torch.empty_like(h),
-            h.new_empty((M, N), dtype=torch.float8_e4m3fn),
-            h.new_empty((M, 1), dtype=torch.float32),
-        )
-
-    @torch.library.custom_op("fastgpt2_exp::gelu_backward_rowwise_e4m3_opaque", mutates_args=())
-    def _gelu_backward_opaque(
-        da: torch.Tensor, h: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        return _gelu_backward_impl(da, h, lambda kernel: kernel)
-
-    @_gelu_backward_opaque.register_fake
-    def _(da, h):
-        M, N = h.shape
-        return (
-            torch.empty_like(h),
-            h.new_empty((M, N), dtype=torch.float8_e4m3fn),
-            h.new_empty((M, 1), dtype=torch.float32),
-            h.new_empty((N,), dtype=torch.float32),
-        )
-
-
-OPAQUE_OPS = False  # the kernels as opaque custom ops (True) or traced triton ops (variant knob)
-
-
-def _check_rows(t: torch.Tensor, name: str) -> None:
-    if t.dim() != 2 or t.dtype != torch.bfloat16 or not t.is_contiguous():
-        raise ValueError(
-            f"{name} expects a contiguous 2-D bf16 tensor, got {t.dtype} {tuple(t.shape)}"
-        )
-    if t.shape[1] > ROW_BLOCK:
-        raise ValueError(f"{name} handles rows up to {ROW_BLOCK} wide, got {t.shape[1]}")
-
-
-def gelu_rowwise_e4m3(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """GELU (tanh approximation) and its rowwise e4m3 cast in one pass over ``h``.
-
-    Args:
-        h: (M, N) bf16, contiguous, N <= 4096 (c_fc's output, bias included).
-
-    Returns:
-        (a, a8, inv_scale): a = GELU(h) (M, N) bf16; a8 (M, N) float8_e4m3fn with
-        ``a8.float() * inv_scale ≈ a`` (each row's amax maps to 448, as ``rowwise_e4m3`` of ``a``);
-        inv_scale (M, 1) fp32.
-
-    Raises:
-        ValueError: ``h`` not a contiguous 2-D bf16 tensor of rows <= 4096 wide.
-    """
-    _check_rows(h, "gelu_rowwise_e4m3")
-    return (_gelu_opaque if OPAQUE_OPS else _gelu_traced)(h)
-
-
-def gelu_backward_rowwise_e4m3(
-    da: torch.Tensor, h: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The GELU's backward, its rowwise e4m3 cast and the bias gradient in one pass.
-
-    Args:
-        da: (M, N) bf16, the gradient of GELU(h); h: (M, N) bf16, GELU's input. Both contiguous.
-
-    Returns:
-        (dh, dh8, inv_scale, dbias): dh = da * GELU'(h) (M, N) bf16; dh8 (M, N) float8_e4m3fn
-        with rowwise inv_scale (M, 1) fp32; dbias (N,) fp32, the column sums of dh.
-
-    Raises:
-        ValueError: bad shapes or dtypes.
-    """
-    _check_rows(h, "gelu_backward_rowwise_e4m3")
-    _check_rows(da, "gelu_backward_rowwise_e4m3")
-    if da.shape != h.shape:
-        raise ValueError(f"da {tuple(da.shape)} and h {tuple(h.shape)} differ in shape")
-    return (_gelu_backward_opaque if OPAQUE_OPS else _gelu_backward_traced)(da, h)
-
-
-class _Fp8MLP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, w_fc, b_fc, w_proj, b_proj):
-        lead, C = x.shape[:-1], x.shape[-1]
-        x2 = x.reshape(-1, C).to(torch.bfloat16)  # (M, C): kept for c_fc's weight gradient
-        x8, x_inv = rowwise_e4m3(x2)
-        wfc8, wfc_inv = rowwise_e4m3(w_fc)  # (4C, C)
-        h = scaled_mm(x8, wfc8.t(), x_inv, wfc_inv.t(), True, b_fc.to(torch.bfloat16))
-        a, a8, a_inv = gelu_rowwise_e4m3(h)  # (M, 4C)
-        wpr8, wpr_inv = rowwise_e4m3(w_proj)  # (C, 4C)
-        y = scaled_mm(a8, wpr8.t(), a_inv, wpr_inv.t(), True, b_proj.to(torch.bfloat16))
-        ctx.save_for_backward(x2, h, a, w_fc, w_proj)
-        ctx.x_dtype = x.dtype
-        return y.view(*lead, C)
-
-    @staticmethod
-    def backward(ctx, dy):
-        x2, h, a, w_fc, w_proj = ctx.saved_tensors
-        lead, C = dy.shape[:-1], dy.shape[-1]
-        dy2 = dy.reshape(-1, C).to(torch.bfloat16)  # (M, C)
-        dy8, dy_inv = rowwise_e4m3(dy2)
-        wprt8, wprt_inv = rowwise_e4m3(w_proj.t())  # (4C, C): one scale per input feature
-        da = scaled_mm(dy8, wprt8.t(), dy_inv, wprt_inv.t(), False)  # (M, 4C)
-        dw_proj = (dy2.t() @ a).to(w_proj.dtype)
-        db_proj = dy2.float().sum(0).to(w_proj.dtype)
-        dh, dh8, dh_inv, db_fc = gelu_backward_rowwise_e4m3(da, h)
-        wfct8, wfct_inv = rowwise_e4m3(w_fc.t())  # (C, 4C)
-        dx = scaled_mm(dh8, wfct8.t(), dh_inv, wfct_inv.t(), False)  # (M, C)
-        dw_fc = (dh.t() @ x2).to(w_fc.dtype)
-        return dx.view(*lead, C).to(ctx.x_dtype), dw_fc, db_fc.to(w_fc.dtype), dw_proj, db_proj
-
-
-def fp8_mlp(x: torch.Tensor, mlp: torch.nn.Module) -> torch.Tensor:
-    """The model's MLP (c_fc, GELU tanh, c_proj) with fp8 forward and input-gradient matmuls.
-
-    Args:
-        x: (B, T, C) fp32 or bf16 (the LayerNorm's output); mlp: a ``helpers.core.model.MLP``
-            with dropout 0. B * T, C and 4C must be multiples of 16 (fp8 tensor cores).
-
-    Returns:
-        (B, T, C) bf16, as autocast's c_proj would give.
-
-    Raises:
-        ValueError: dropout > 0 (the experiment times training without dropout).
-    """
-    if mlp.dropout.p:
-        raise ValueError("fp8_mlp runs the MLP without dropout; set dropout=0")
-    return _Fp8MLP.apply(x, mlp.c_fc.weight, mlp.c_fc.bias, mlp.c_proj.weight, mlp.c_proj.bias)
-
-
-def experiment(name: str) -> contextlib.ExitStack:
-    """The context of ``benchmarks/perf.py``'s variant ``name`` (one of :data:`VARIANTS`).
-
-    Raises:
-        ValueError: an unknown variant name.
-    """
-    if name not in VARIANTS:
-        raise ValueError(f"unknown fp8-mlp variant {name!r}; known: {VARIANTS}")
-    from helpers.core import model
-
-    def forward(self, x):
-        return fp8_mlp(x, self)
-
-    stack = contextlib.ExitStack()
-    stack.enter_context(mock.patch.object(model.MLP, "forward", forward))
-    stack.enter_context(mock.patch.dict(globals(), {"OPAQUE_OPS": name.endswith("-opaque")}))
-    if name == "fp8-mlp-attn":
-        import fp8_linears
-
-        # the MLP's linears are no longer called through nn.Linear.forward, and the LM head goes
-        # through the fused LM-head CE: what remains are the attention's c_attn and c_proj
-        def attn_linear(self, x):
-            return fp8_linears.fp8_linear(x, self.weight, self.bias)
-
-        stack.enter_context(mock.patch.object(torch.nn.Linear, "forward", attn_linear))
-    return stack
+from helpers.core.kernels import fp8_available
+from helpers.core.kernels.fp8_mlp import (
+    _bwd_kernel,
+    _fwd_kernel,
+    gelu_backward_rowwise_e4m3,
+    gelu_rowwise_e4m3,
+)
+from helpers.measure import results
 
 
 def bench_kernels(M: int = 65536, N: int = 3072) -> dict:
-    """Time the two kernels alone at a B=64 MLP's size (M = 64 * 1024 rows, N = 3072) against
-    inductor's bf16 GELU forward and backward (what the last rung runs there), on the GPU.
+    """Time the two kernels at (M, N) = (64 * 1024 rows, 4 * 768) against inductor's bf16 GELU
+    forward and its backward with the bias gradient (what the rung before runs there).
 
     Returns:
-        {name: {"ms": median ms per call, "GB/s": bytes moved / time, "config": autotune's pick}}
+        {name: {"ms": median ms per call (triton.testing.do_bench), "GB/s": bytes that must move
+        / time, "config": autotune's pick}}
     """
     from triton.testing import do_bench
 
@@ -393,18 +39,15 @@ def bench_kernels(M: int = 65536, N: int = 3072) -> dict:
     da = torch.randn(M, N, device="cuda", dtype=torch.bfloat16) * 1e-3
     gelu = torch.compile(lambda t: torch.nn.functional.gelu(t, approximate="tanh"))
 
-    def gelu_bwd(d, t):
-        t = t.detach().requires_grad_()
-        return torch.autograd.grad(torch.nn.functional.gelu(t, approximate="tanh"), t, d)[0]
-
     def gelu_bwd_bias(d, t):
-        g = gelu_bwd(d, t)
+        t = t.detach().requires_grad_()
+        g = torch.autograd.grad(torch.nn.functional.gelu(t, approximate="tanh"), t, d)[0]
         return g, g.float().sum(0)
 
     gelu_bwd_c = torch.compile(gelu_bwd_bias)
     el = M * N
     cases = {
-        # bytes: bf16 in and out (+ fp8 out) per element, the backward reads two tensors
+        # bytes: bf16 in and out (+ fp8 out) per element; the backward reads two tensors
         "gelu_rowwise_e4m3": (lambda: gelu_rowwise_e4m3(h), 5 * el),
         "inductor GELU (bf16)": (lambda: gelu(h), 4 * el),
         "gelu_backward_rowwise_e4m3": (lambda: gelu_backward_rowwise_e4m3(da, h), 7 * el),
@@ -419,7 +62,22 @@ def bench_kernels(M: int = 65536, N: int = 3072) -> dict:
     return out
 
 
-if __name__ == "__main__":
-    import json
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=None, help="write the JSON here too")
+    args = p.parse_args(argv)
+    ok, why = fp8_available("cuda") if torch.cuda.is_available() else (False, "no CUDA GPU")
+    if not ok:
+        print(f"benchmarks/fp8_mlp.py needs a GPU with fp8 tensor cores: {why}", file=sys.stderr)
+        return 2
+    out = {**results.provenance(torch.device("cuda")), "kernels": bench_kernels()}
+    text = json.dumps(out, indent=1)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    return 0
 
-    print(json.dumps(bench_kernels(), indent=1))
+
+if __name__ == "__main__":
+    sys.exit(main())

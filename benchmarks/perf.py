@@ -34,8 +34,7 @@ from helpers.ladder import last_runnable
 from helpers.measure import power, results
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import fp8_linears  # noqa: E402  (this folder's experiment modules)
-import fp8_mlp  # noqa: E402
+import fp8_linears  # noqa: E402  (this folder's experiment module)
 
 VARIANTS = {
     "final": {},
@@ -54,9 +53,8 @@ VARIANTS = {
     "eager-two-kernel-ce": {"compile": None, "loss_kernel": "triton"},
     "eager-pytorch-ce": {"compile": None, "loss_kernel": "pytorch"},
     "separate-clip": {"fused_clip": False},
-    "bf16-lm-head": {
-        "lm_head_fp8": False
-    },  # the fused LM-head CE's matmuls in bf16 (the rung before)
+    "bf16-lm-head": {"lm_head_fp8": False},  # the fused LM-head CE's matmuls in bf16
+    "bf16-mlp": {"mlp_fp8": False},  # the MLP in bf16 (the rung before the last)
     # the ladder without its last five byte-saving rungs (the name is the committed result files')
     "session-3-final": {
         "residual_dtype": "fp32",
@@ -76,10 +74,9 @@ VARIANTS = {
     "fused-chunk-8192": {},
     "fused-chunk-16384": {},
     "fused-chunk-32768": {},
-    # the blocks' linears through benchmarks/fp8_linears.py (matmuls in fp8; not kept)
+    # the blocks' linears through benchmarks/fp8_linears.py (matmuls in fp8; not kept); with the
+    # fp8 MLP on, only the attention's two linears still go through nn.Linear
     **{name: {} for name in fp8_linears.VARIANTS},
-    # the MLP through benchmarks/fp8_mlp.py (fp8 matmuls, hand-written one-pass GELU casts)
-    **{name: fp8_mlp.RUN_CHANGES.get(name, {}) for name in fp8_mlp.VARIANTS},
 }
 FUSED_CHUNKS = {
     "fused-unchunked": None,
@@ -111,8 +108,6 @@ def experiment(name: str):
         return mock.patch.object(fused_ce, "FUSED_CHUNK_ROWS", FUSED_CHUNKS[name])
     if name in fp8_linears.VARIANTS:
         return fp8_linears.experiment(name)
-    if name in fp8_mlp.VARIANTS:
-        return fp8_mlp.experiment(name)
     if name == "no-cudnn-attention":
 
         @contextlib.contextmanager
@@ -212,25 +207,26 @@ def main(argv=None) -> int:
     args.max_clock_mhz = (
         power.max_sm_clock_mhz(device) if args.power else None
     )  # read once, printed per row
+    provenance = results.provenance(device)
+
+    def save() -> None:
+        """Write every row measured so far, so a run stopped by a time limit keeps them."""
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({**provenance, "rows": rows}, f, indent=1)
+
     with smi:
         for B in args.batch_size:
-            run_batch_size(B, args, device, cfg, tokens, rows, smi if args.power else None)
-
-    out = {
-        **results.provenance(device),
-        "rows": rows,
-    }
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
+            run_batch_size(B, args, device, cfg, tokens, rows, smi if args.power else None, save)
+    save()
     return 0
 
 
 def run_batch_size(
-    B: int, args, device: torch.device, cfg: GPTConfig, tokens, rows: list, smi
+    B: int, args, device: torch.device, cfg: GPTConfig, tokens, rows: list, smi, save
 ) -> None:
     """Every variant at batch size B through bench.measure (build, compile in the warm-up, time);
-    profile and power if asked."""
+    profile and power if asked; `save()` after each measured row."""
     final = last_runnable(B, 1024, device)
     for v in args.variants:
         run = final.replace(name=v, **VARIANTS[v])
@@ -287,6 +283,7 @@ def run_batch_size(
         if "profile" in m:
             row["profile"] = m["profile"]
         rows.append(row)
+        save()
         print(
             f"B={B:<3} {v:<16} {m['ms_per_step']:8.1f} ms  {tok_s:10,.0f} tok/s  "
             f"{row['tflops']:6.1f} TFLOP/s  spread {m['spread_pct']:4.1f}%  "

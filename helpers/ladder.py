@@ -92,7 +92,7 @@ def last_runnable(
     """The ladder's fastest configuration on ``device``: its last rung that can run here (every
     runnable switch on). On a T4 that is not the last rung: "+ clip in AdamW" and
     "+ fused LM-head CE" need bf16 (no GradScaler); below compute capability 8.9 (T4, A100)
-    "+ fp8 LM head" needs fp8 tensor cores.
+    "+ fp8 LM head" and "+ fp8 MLP" need fp8 tensor cores.
 
     ``taught_by`` (a chapter number, "09"): the last runnable rung whose switches are all taught by
     that chapter (:func:`helpers.switches.taught_after`), e.g. what a learner of chapter 10 knows.

@@ -2,6 +2,7 @@
 estimates against the snapshot and the committed peaks, and the command line, on a CPU."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -49,7 +50,12 @@ def test_the_peak_is_in_the_losss_backward_and_held_by_logits_sized_tensors(step
     assert parts["AdamW state"] == pytest.approx(8 * _n_params(), abs=1024)
     assert "gradients" not in parts
     assert sum(parts.values()) == peak["bytes"]
-    assert blocks[0]["where"] in ("model.py:363 _lm_head", "model.py:189 _pytorch_cross_entropy")
+    # file:line function; the line moves whenever model.py is edited, the file and function do not
+    where = re.fullmatch(r"(model\.py):\d+ (\w+)", blocks[0]["where"])
+    assert where and where.groups() in (
+        ("model.py", "_lm_head"),
+        ("model.py", "_pytorch_cross_entropy"),
+    ), blocks[0]["where"]
 
 
 def test_chapter_14s_estimate_matches_the_cpu_snapshot_term_by_term(steps):

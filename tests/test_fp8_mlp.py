@@ -1,7 +1,7 @@
-"""benchmarks/fp8_mlp.py (the fp8-mlp experiment of results/perf-log.md): its two one-pass Triton
-kernels against PyTorch, in Triton's CPU interpreter (a subprocess, since the interpreter is
-chosen at import) and, on a machine with fp8 tensor cores, on the GPU; the speed was measured on
-the H200."""
+"""Rung "+ fp8 MLP" (helpers.core.kernels.fp8_mlp): its two one-pass Triton kernels and the fp8
+MLP against PyTorch, in Triton's CPU interpreter (a subprocess, since the interpreter is chosen at
+import) and, on a machine with fp8 tensor cores, on the GPU; the model's switch and its
+requirements. The speed is measured on the H200 (benchmarks/fp8_mlp.py, benchmarks/perf.py)."""
 
 import os
 import subprocess
@@ -21,12 +21,12 @@ needs_triton = pytest.mark.skipif(
 CHECK = textwrap.dedent(
     """
     import sys
-    sys.path[:1] = ["benchmarks", "."]  # not the script's own (temporary) folder
+    sys.path[:1] = ["."]  # the repository, not the script's own (temporary) folder
     import torch
     import torch.nn.functional as F
-    import fp8_mlp
-    from fp8_mlp import tl, triton
-    from fp8_linears import rowwise_e4m3
+    import helpers.core.kernels.fp8_mlp as fp8_mlp
+    from helpers.core.kernels._triton import tl, triton
+    from helpers.core.kernels.fp8 import rowwise_e4m3
 
     device = sys.argv[1]
     BREAK = sys.argv[2]  # "none", or one deliberate mistake the checks must catch
@@ -97,14 +97,16 @@ CHECK = textwrap.dedent(
     assert (a8.view(torch.uint8) != a8_ref.view(torch.uint8)).float().mean() < 1e-3
     assert torch.isfinite(inv).all() and (a8[5].float() == 0).all()
 
-    # a NaN in h: its row's e4m3 values and scale are NaN, as rowwise_e4m3 gives (the matmul's
-    # output shows it), the other rows are untouched
+    # a NaN in h stays NaN in the e4m3 values (so the matmul's output row shows it: a cast to
+    # -448 or 448 would hide it); the row's scale and the other rows are those of the other values
     h_nan = h.clone()
     h_nan[3, 7] = float("nan")
     _, a8_nan, inv_nan = fp8_mlp.gelu_rowwise_e4m3(h_nan)
     if BREAK == "nan":
         a8_nan = torch.where(a8_nan.float().isnan(), -448.0, a8_nan.float()).to(a8.dtype)
-    assert a8_nan[3].float().isnan().all() and inv_nan[3].isnan().all(), "a NaN was hidden"
+    assert a8_nan[3, 7].float().isnan() and a8_nan.float().isnan().sum() == 1, "a NaN was hidden"
+    assert ((a8_nan.float() * inv_nan) @ torch.ones(N, 1, device=device))[3].isnan().all()
+    assert torch.isfinite(inv_nan).all()
     rest = torch.arange(M, device=device) != 3
     assert torch.equal(a8_nan[rest].view(torch.uint8), a8[rest].view(torch.uint8))
 
@@ -125,34 +127,39 @@ CHECK = textwrap.dedent(
     dh8_ref = rowwise_e4m3(dh)[0]
     assert (dh8.view(torch.uint8) != dh8_ref.view(torch.uint8)).float().mean() < 1e-3
 
-    # 4. the whole MLP against the bf16 one, value and gradients
+    # 4. the whole MLP against the bf16 one, value and gradients; the model's fp8 MLP is it
     from helpers.core.model import MLP, GPTConfig
-    mlp = MLP(GPTConfig(n_embd=256, n_head=4, dropout=0.0)).to(device)
+    cfg = GPTConfig(n_embd=256, n_head=4, dropout=0.0)
+    torch.manual_seed(0)
+    mlp = MLP(cfg).to(device)
+    torch.manual_seed(0)
+    mlp8 = MLP(cfg, fp8=True).to(device)
     x = torch.randn(2, 32, 256, device=device, requires_grad=True)
     g = torch.randn(2, 32, 256, device=device)
-    def run(fn):
-        for t in [x, *mlp.parameters()]:
+    def run(module, fn):
+        for t in [x, *module.parameters()]:
             t.grad = None
         y = fn()
         y.float().backward(g)
-        return [y, x.grad, *[p.grad for p in mlp.parameters()]]
+        return [y, x.grad, *[p.grad for p in module.parameters()]]
     if BREAK == "bias":  # the fp8 matmuls drop their bias
         with_bias = fp8_mlp.scaled_mm
         fp8_mlp.scaled_mm = lambda a, b, sa, sb, fast, bias=None: with_bias(a, b, sa, sb, fast)
     with torch.autocast(device, dtype=torch.bfloat16):
-        ref = run(lambda: mlp(x))
-        got = run(lambda: fp8_mlp.fp8_mlp(x, mlp))
+        ref = run(mlp, lambda: mlp(x))
+        weights = (mlp.c_fc.weight, mlp.c_fc.bias, mlp.c_proj.weight, mlp.c_proj.bias)
+        got = run(mlp, lambda: fp8_mlp.mlp_fp8(x, *weights))
+        model_path = run(mlp8, lambda: mlp8(x))
     # e4m3's rounding alone gives 0.052-0.057 here (value and input gradient, 9 seeds)
     errs = [rel(a, b) for a, b in zip(got, ref)]
     assert max(errs) < 0.06, errs
-    if device == "cuda":  # compiled: inductor launches the traced kernels, or calls the opaque ops
-        for opaque in (False, True):
-            fp8_mlp.OPAQUE_OPS = opaque
-            torch._dynamo.reset()
-            step = torch.compile(lambda: fp8_mlp.fp8_mlp(x, mlp))
-            with torch.autocast(device, dtype=torch.bfloat16):
-                errs = [rel(a, b) for a, b in zip(run(step), ref)]
-            assert max(errs) < 0.06, (opaque, errs)
+    assert all(torch.equal(a, b) for a, b in zip(model_path, got)), "MLP(fp8=True) differs"
+    if device == "cuda":  # compiled: inductor launches the traced kernels itself
+        torch._dynamo.reset()
+        step = torch.compile(lambda: fp8_mlp.mlp_fp8(x, *weights))
+        with torch.autocast(device, dtype=torch.bfloat16):
+            errs = [rel(a, b) for a, b in zip(run(mlp, step), ref)]
+        assert max(errs) < 0.06, errs
     print("fp8 mlp OK")
     """
 )
@@ -198,26 +205,31 @@ def test_the_fp8_mlp_kernels_match_pytorch_on_the_gpu():
     assert "fp8 mlp OK" in out.stdout
 
 
-def _load_fp8_mlp():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import fp8_mlp
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return fp8_mlp
+def test_the_model_refuses_what_the_fp8_mlp_cannot_run():
+    from helpers.core.model import GPT, GPTConfig
+
+    tiny = dict(n_layer=1, n_head=2, block_size=16, vocab_size=64)
+    with pytest.raises(ValueError, match="dropout=0"):
+        GPT(GPTConfig(**tiny, n_embd=64, dropout=0.1), mlp_fp8=True)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        GPT(GPTConfig(**tiny, n_embd=72), mlp_fp8=True)
+    with pytest.raises(ValueError, match="4096"):
+        GPT(GPTConfig(**tiny, n_embd=1040), mlp_fp8=True)
 
 
-@needs_triton
-def test_a_variant_routes_the_mlp_through_fp8_and_restores_it():
-    fp8_mlp = _load_fp8_mlp()
-    from helpers.core.model import MLP, GPTConfig
+def test_a_run_says_why_the_fp8_mlp_is_skipped():
+    from unittest import mock
 
-    plain = MLP.forward
-    with fp8_mlp.experiment("fp8-mlp-opaque"):
-        assert MLP.forward is not plain and fp8_mlp.OPAQUE_OPS is True
-        with pytest.raises(ValueError, match="dropout"):  # reached fp8_mlp, which refuses it
-            MLP(GPTConfig(n_embd=64, n_head=4, dropout=0.1))(torch.randn(1, 16, 64))
-    assert MLP.forward is plain and fp8_mlp.OPAQUE_OPS is False
-    with pytest.raises(ValueError, match="unknown fp8-mlp variant"):
-        fp8_mlp.experiment("fp8-everything")
-    assert set(fp8_mlp.RUN_CHANGES) <= set(fp8_mlp.VARIANTS)  # each change belongs to a variant
+    from helpers.core import kernels, train
+
+    on_cpu = train.unsupported_reason(
+        train.RunConfig(autocast="bf16", mlp_fp8=True), torch.device("cpu")
+    )
+    assert on_cpu.startswith("the fp8 MLP cannot run") and "8.9" in on_cpu
+    with mock.patch.object(kernels, "fp8_available", return_value=(True, "")):
+        fp32 = train.unsupported_reason(train.RunConfig(mlp_fp8=True), torch.device("cpu"))
+        assert "autocast='bf16'" in fp32
+        ok = train.unsupported_reason(
+            train.RunConfig(autocast="bf16", mlp_fp8=True), torch.device("cpu")
+        )
+        assert ok is None

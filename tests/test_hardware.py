@@ -255,7 +255,8 @@ def test_the_recipe_is_the_ladders_last_runnable_rung(monkeypatch):
             last = ladder.last_runnable(1, 1, cuda)
         d = _as_dict(t4_colab.recommend_recipe(gpus.PROFILES[key]))
         assert all(d[f] == getattr(last, f) for f in switches.rung_fields()), key
-        assert d["lm_head_fp8"] is (cap >= (8, 9)) and d["fused_clip"] is (cap >= (8, 0)), key
+        assert d["lm_head_fp8"] is d["mlp_fp8"] is (cap >= (8, 9)), key
+        assert d["fused_clip"] is (cap >= (8, 0)), key
 
 
 def test_a_datasheet_answers_for_its_gpu_and_leaves_nothing_behind():
@@ -272,6 +273,7 @@ def test_a_skipped_rung_gives_its_reason_in_the_recipe():
     reasons = {c.switch: c.reason for c in t4_colab.recommend_recipe(gpus.PROFILES["T4"])}
     assert "'+ tf32' skipped" in reasons["matmul_precision"]
     assert "'+ fp8 LM head' skipped" in reasons["lm_head_fp8"] and "8.9" in reasons["lm_head_fp8"]
+    assert "'+ fp8 MLP' skipped" in reasons["mlp_fp8"] and "8.9" in reasons["mlp_fp8"]
     assert "'+ fused LM-head CE' skipped" in reasons["loss_kernel"]
     table = t4_colab.format_recipe(t4_colab.recommend_recipe(gpus.PROFILES["T4"]))
     assert max(len(line) for line in table.splitlines()) <= 100

@@ -26,6 +26,7 @@ def test_rungs_are_cumulative_and_skip_what_the_cpu_cannot_run(monkeypatch):
         "+ clip in AdamW",
         "+ fused LM-head CE",
         "+ fp8 LM head",
+        "+ fp8 MLP",
     ]
     reasons = dict((c.name, r) for c, r in configs)
     assert "TF32" in reasons["+ tf32"]
@@ -35,7 +36,8 @@ def test_rungs_are_cumulative_and_skip_what_the_cpu_cannot_run(monkeypatch):
         "fp8 LM head cannot run" in reasons["+ fp8 LM head"]
         and "CUDA GPU" in reasons["+ fp8 LM head"]
     )
-    skipped = ("+ tf32", "+ Triton CE", "+ fused LM-head CE", "+ fp8 LM head")
+    assert "fp8 MLP cannot run" in reasons["+ fp8 MLP"] and "CUDA GPU" in reasons["+ fp8 MLP"]
+    skipped = ("+ tf32", "+ Triton CE", "+ fused LM-head CE", "+ fp8 LM head", "+ fp8 MLP")
     assert all(r is None for n, r in reasons.items() if n not in skipped)
     last = [c for c, r in configs if r is None][-1]
     # TF32 and the Triton kernels were skipped, so they are not carried into later rungs;
@@ -59,7 +61,7 @@ def test_rungs_are_cumulative_and_skip_what_the_cpu_cannot_run(monkeypatch):
 def test_gpu_ladder_carries_every_switch():
     configs = ladder.ladder_configs(16, 1024)
     assert configs[-1][0] == RunConfig(
-        name="+ fp8 LM head",
+        name="+ fp8 MLP",
         matmul_precision="tf32",
         autocast="bf16",
         compile="default",
@@ -73,21 +75,24 @@ def test_gpu_ladder_carries_every_switch():
         loss_kernel="fused",
         fused_clip=True,
         lm_head_fp8=True,
+        mlp_fp8=True,
     )
 
 
 def test_fp8_rung_is_skipped_below_compute_capability_8_9(monkeypatch):
-    """An A100 (8.0) runs every rung but the fp8 LM head,
+    """An A100 (8.0) runs every rung but the two fp8 ones,
     and its fastest configuration is the bf16 fused LM head."""
     _fake_cuda(monkeypatch, (8, 0))
     configs = ladder.ladder_configs(16, 1024, device="cuda")
     reasons = dict((c.name, r) for c, r in configs)
-    assert "8.9" in reasons["+ fp8 LM head"] and "8.0" in reasons["+ fp8 LM head"]
-    assert all(r is None for n, r in reasons.items() if n != "+ fp8 LM head")
+    fp8_rungs = ("+ fp8 LM head", "+ fp8 MLP")
+    assert all("8.9" in reasons[n] and "8.0" in reasons[n] for n in fp8_rungs)
+    assert all(r is None for n, r in reasons.items() if n not in fp8_rungs)
     last = ladder.last_runnable(16, 1024, "cuda")
-    assert last.name == "+ fused LM-head CE" and not last.lm_head_fp8
+    assert last.name == "+ fused LM-head CE" and not last.lm_head_fp8 and not last.mlp_fp8
     _fake_cuda(monkeypatch, (9, 0))  # an H100 / H200
-    assert ladder.last_runnable(16, 1024, "cuda").lm_head_fp8
+    last = ladder.last_runnable(16, 1024, "cuda")
+    assert last.name == "+ fp8 MLP" and last.lm_head_fp8 and last.mlp_fp8
 
 
 def test_last_runnable_taught_by_stops_before_the_first_later_chapters_switch(monkeypatch):
@@ -272,6 +277,7 @@ def test_autocast_rung_is_fp16_with_gradscaler_where_bf16_is_not_native(monkeypa
         "GradScaler" in reasons["+ fused LM-head CE"]
     )  # its gradient is rounded before the loss scale reaches it
     assert "8.9" in reasons["+ fp8 LM head"]  # no fp8 tensor cores on a T4
+    assert "8.9" in reasons["+ fp8 MLP"]
     runnable = [c for c, r in configs if r is None]
     assert runnable[-1].autocast == "fp16" and runnable[-1].matmul_precision == "fp32"
     assert (

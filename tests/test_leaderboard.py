@@ -130,6 +130,13 @@ def test_the_peak_check_uses_the_datasheet_and_twice_it_only_for_the_fp8_rung():
     over = ["+ Triton CE", "+ clip in AdamW", "+ fused LM-head CE"]
     assert [p.split(":")[0] for p in problems] == over
     assert "989.4 TFLOP/s datasheet peak of the NVIDIA H200 SXM" in problems[0]
+    # the fp8 allowance follows any fp8 switch, and only an fp8 switch
+    fast = scaled(b16, 1 / 2.2)
+    fp8_rung = fast["rungs"][-1]["switches"]
+    fp8_rung.update(lm_head_fp8=False, mlp_fp8=True)
+    assert [p.split(":")[0] for p in leaderboard.validate(fast)] == over
+    fp8_rung.update(mlp_fp8=False)
+    assert [p.split(":")[0] for p in leaderboard.validate(fast)] == [*over, "+ fp8 LM head"]
 
 
 def test_a_lowered_flops_per_token_cannot_slip_under_the_peak():

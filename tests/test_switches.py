@@ -26,6 +26,7 @@ LADDER_BEFORE_THE_REGISTRY = [
     ("+ clip in AdamW", dict(fused_clip=True)),
     ("+ fused LM-head CE", dict(loss_kernel="fused")),
     ("+ fp8 LM head", dict(lm_head_fp8=True)),
+    ("+ fp8 MLP", dict(mlp_fp8=True)),
 ]
 
 
@@ -58,7 +59,7 @@ def test_the_capstone_advice_and_the_profilers_description_come_from_the_registr
             assert capstone.WHEN_TO_USE[(s.field, value)] == text
     described = profiling.describe(RunConfig(name="x"))
     assert all(f"{field}=" in described for field in switches.rung_fields())
-    assert "lm_head_fp8=False" in described
+    assert "lm_head_fp8=False" in described and "mlp_fp8=False" in described
 
 
 def test_a_new_record_shows_up_in_the_rungs_the_advice_and_the_description():

@@ -106,7 +106,7 @@ def recommend_recipe(
     What it gives (the rules are in :func:`helpers.core.train.unsupported_reason`): bf16 autocast
     only with native bf16 (compute capability >= 8.0; never ``torch.cuda.is_bf16_supported()``,
     True on a T4), else fp16 + GradScaler, and then none of the rungs that need bf16; TF32 only
-    from 8.0; the fp8 LM head only from 8.9; on a CPU without fast bf16, fp32.
+    from 8.0; the fp8 LM head and the fp8 MLP only from 8.9; on a CPU without fast bf16, fp32.
     """
     if isinstance(target, str) and target in PROFILES:  # "T4": the datasheet profile
         target = PROFILES[target]

@@ -15,7 +15,7 @@ the model are keyword arguments of :class:`GPT` (their records are in :mod:`help
   cuDNN) that never stores the scores (chapter 06).
 - ``loss_kernel``: ``"pytorch"`` (``F.cross_entropy``), ``"triton"`` (the hand-written kernel of
   :mod:`helpers.core.kernels`) or ``"fused"`` (LM head and loss in chunks, chapter 12).
-- ``residual_dtype``, ``detach_logits``, ``lm_head_fp8``, ``checkpoint_every``,
+- ``residual_dtype``, ``detach_logits``, ``lm_head_fp8``, ``mlp_fp8``, ``checkpoint_every``,
   ``checkpoint_policy``: chapters 09 and 12.
 
 ``GPTConfig.vocab_multiple`` pads the embedding / LM-head rows from 50257 up to a multiple (64 ->
@@ -158,27 +158,35 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     """Position-wise feed-forward: C -> 4C -> GELU(tanh) -> C."""
 
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, fp8: bool = False):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
         self.gelu = nn.GELU(approximate="tanh")  # GPT-2 used the tanh approximation
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
         self.c_proj.RESIDUAL_SCALE_INIT = True
         self.dropout = nn.Dropout(config.dropout)
+        self.fp8 = fp8
+        if fp8:  # rung "+ fp8 MLP" (GPT checks its requirements)
+            from helpers.core import kernels  # imports Triton: only when the rung is asked for
+
+            self.mlp_fp8 = kernels.mlp_fp8
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fp8:  # the same function, with fp8 matmuls and one-pass GELU kernels
+            w = (self.c_fc.weight, self.c_fc.bias, self.c_proj.weight, self.c_proj.bias)
+            return self.mlp_fp8(x, *w)  # (B, T, C) bf16
         return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))  # (B, T, C)
 
 
 class Block(nn.Module):
     """One pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
-    def __init__(self, config: GPTConfig, attention: str = "manual"):
+    def __init__(self, config: GPTConfig, attention: str = "manual", mlp_fp8: bool = False):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd)
         self.attn = CausalSelfAttention(config, attention)
         self.ln_2 = nn.LayerNorm(config.n_embd)
-        self.mlp = MLP(config)
+        self.mlp = MLP(config, fp8=mlp_fp8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))  # (B, T, C)
@@ -198,7 +206,9 @@ class GPT(nn.Module):
     ``attention`` ("manual" | "sdpa"), ``loss_kernel`` ("pytorch" | "triton" | "fused"),
     ``residual_dtype`` ("fp32" | "bf16": the residual stream in bf16 under bf16 autocast),
     ``detach_logits`` (return logits.detach() with targets: no logits-sized gradient input to
-    backward), ``lm_head_fp8`` (with loss_kernel="fused": the LM head's matmuls in fp8) and
+    backward), ``lm_head_fp8`` (with loss_kernel="fused": the LM head's matmuls in fp8),
+    ``mlp_fp8`` (the MLP's forward and input-gradient matmuls in fp8, :mod:`helpers.core.kernels.
+    fp8_mlp`; no dropout) and
     ``checkpoint_every`` (0 = off, k = recompute every k-th block in backward) and
     ``checkpoint_policy`` (what a checkpointed block keeps: "block" = only its input, "selective" =
     also its matmul and attention outputs, :mod:`helpers.core.recompute`).
@@ -213,7 +223,8 @@ class GPT(nn.Module):
 
     Raises:
         ValueError: a switch value its record does not accept, ``lm_head_fp8`` without
-            ``loss_kernel="fused"`` or with a width or vocabulary that is not a multiple of 16;
+            ``loss_kernel="fused"`` or with a width or vocabulary that is not a multiple of 16,
+            ``mlp_fp8`` with dropout, a width that is not a multiple of 16 or over 1024;
             in forward, T > block_size.
     """
 
@@ -225,6 +236,7 @@ class GPT(nn.Module):
         residual_dtype: str = "fp32",
         detach_logits: bool = False,
         lm_head_fp8: bool = False,
+        mlp_fp8: bool = False,
         checkpoint_every: int = 0,
         checkpoint_policy: str = "block",
     ):
@@ -235,6 +247,7 @@ class GPT(nn.Module):
             residual_dtype=residual_dtype,
             detach_logits=detach_logits,
             lm_head_fp8=lm_head_fp8,
+            mlp_fp8=mlp_fp8,
             checkpoint_every=checkpoint_every,
             checkpoint_policy=checkpoint_policy,
         )
@@ -253,6 +266,12 @@ class GPT(nn.Module):
                 f"got n_embd={config.n_embd} and {config.padded_vocab_size} LM-head rows: "
                 "pad the vocabulary (vocab_multiple=64)"
             )
+        if mlp_fp8 and (config.dropout or config.n_embd % 16 or 4 * config.n_embd > 4096):
+            raise ValueError(
+                "GPT(mlp_fp8=True) needs dropout=0, n_embd a multiple of 16 (fp8 matmuls) and "
+                "4 * n_embd <= 4096 (its kernels hold a row in registers); got "
+                f"dropout={config.dropout}, n_embd={config.n_embd}"
+            )
         self.config = config
         self.switches = chosen  # what this model was built with, for reports and tests
         # One seed drawn from the global RNG before any module exists (so torch.manual_seed fixes
@@ -264,7 +283,7 @@ class GPT(nn.Module):
                 wte=nn.Embedding(config.padded_vocab_size, config.n_embd),  # token embedding
                 wpe=nn.Embedding(config.block_size, config.n_embd),  # position embedding
                 drop=nn.Dropout(config.dropout),
-                h=nn.ModuleList([Block(config, attention) for _ in range(config.n_layer)]),
+                h=nn.ModuleList([Block(config, attention, mlp_fp8) for _ in range(config.n_layer)]),
                 ln_f=nn.LayerNorm(config.n_embd),
             )
         )

@@ -246,6 +246,17 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
                 "fp8 matmuls need a vocabulary padded to a multiple of 16; "
                 f"this run pads to {run.vocab_multiple}: use vocab_multiple=64"
             )
+    if run.mlp_fp8:
+        from helpers.core import kernels
+
+        ok, why = kernels.fp8_available(device)
+        if not ok:
+            return f"the fp8 MLP cannot run: {why}"
+        if run.autocast != "bf16":
+            return (
+                "the fp8 MLP returns bf16 into a bf16-autocast step: it needs autocast='bf16', "
+                f"not {run.autocast!r}"
+            )
     if run.optimizer == "fused" and device.type not in ("cuda", "cpu"):
         return f"fused AdamW is not implemented for device type {device.type}"
     return None

@@ -33,6 +33,8 @@ from helpers.tools import cli
 
 SUBMISSION_FILE = "capstone-ladder.json"  # what the capstone writes and the leaderboard reads
 MAX_BYTES = 1 << 20  # larger files are not read (a 13-rung ladder is about 20 kB)
+# A rung with one of these switches on may run at the datasheet's dense fp8 peak.
+FP8_SWITCHES = ("lm_head_fp8", "mlp_fp8")
 TOLERANCE = 0.02  # relative: tokens/s against B*T/(ms/1000), speed-up against the first rung's
 STATUSES = ("measured", "skipped", "failed")  # a rung's status (helpers/bench.py)
 PROVENANCE = ("device", "torch", "date")  # recorded by helpers.measure.results.provenance
@@ -123,7 +125,7 @@ def validate(record: Any) -> list[str]:
     - consistency: each measured rung's tokens/s within :data:`TOLERANCE` of B*T/(ms/1000), and its
       speed-up of the first measured rung's ms / its own;
     - physics: flops_per_token * tokens/s must not exceed the device's datasheet peak
-      (:func:`peak_flops`; twice it for a rung with the fp8 LM head: dense fp8 is twice dense bf16
+      (:func:`peak_flops`; twice it for a rung with an fp8 switch on: dense fp8 is twice dense bf16
       on the H100/H200 and L4 datasheets, so this bound never refuses a real fp8 run);
     - an emulated record is refused: its speed is the real GPU's, so it has no GPU model to be
       ranked in.
@@ -223,7 +225,8 @@ def _speed_problems(record: dict, measured: list[dict], fpt: float) -> list[str]
         return []  # said by unchecked()
     problems = []
     for r in measured:
-        fp8 = isinstance(r.get("switches"), dict) and r["switches"].get("lm_head_fp8") is True
+        chosen = r.get("switches") if isinstance(r.get("switches"), dict) else {}
+        fp8 = any(chosen.get(field) is True for field in FP8_SWITCHES)
         ceiling, rate = peak * (2 if fp8 else 1), fpt * r["tokens_per_s"]
         if rate > ceiling:
             problems.append(
