@@ -1,4 +1,4 @@
-"""Chapter 12's demonstrations of the last six rungs (helpers/chapters/ch12_rungs.py), on CPU."""
+"""Chapter 12's demonstrations of the last seven rungs (helpers/chapters/ch12_rungs.py), on CPU."""
 
 import os
 import subprocess
@@ -108,12 +108,33 @@ def test_fp8_logits_err_more_than_bf16_but_stay_within_a_few_percent():
     assert abs(err["loss_fp8"]) < 0.01
 
 
+def test_fp8_mlp_errors_are_e4m3s_rowwise_rounding_of_every_operand(monkeypatch):
+    err = rungs.fp8_mlp_errors(n_rows=32, n_embd=64)
+    # bf16 keeps 8 mantissa bits, e4m3 3: about 2^-5 more error, in the output and the gradient
+    assert err["y_bf16"] < 0.01 and err["dx_bf16"] < 0.01
+    assert 0.02 < err["y_fp8"] < 0.1 and 0.02 < err["dx_fp8"] < 0.1
+    # the mistake the bounds must reject: the "fp8" operands not rounded at all
+    monkeypatch.setattr(
+        rungs.fp8_formats, "rowwise_e4m3", lambda t: (t.float(), torch.ones(t.shape[0], 1))
+    )
+    unrounded = rungs.fp8_mlp_errors(n_rows=32, n_embd=64)
+    assert unrounded["y_fp8"] < 0.02 and unrounded["dx_fp8"] < 0.02
+
+
 def test_committed_timings_are_read_with_their_provenance():
     ce = rungs.lm_head_ce_times()
     assert ce["device"] == "NVIDIA H200" and ce["rows"][0][0].startswith("PyTorch")
     assert len(ce["rows"]) == 3
     mm = rungs.fp8_matmul_times()
     assert mm["date"] == "2026-11-30" and len(mm["rows"]) == 3
+    kt = dict((k, ms) for k, ms, _ in rungs.fp8_mlp_kernel_times()["rows"])
+    assert set(kt) == {
+        "gelu_rowwise_e4m3",
+        "inductor GELU (bf16)",
+        "gelu_backward_rowwise_e4m3",
+        "inductor GELU backward + bias sum (bf16)",
+    }
+    assert all(ms > 0 for ms in kt.values())
     assert all(fp8 < bf16 for *_, bf16, fp8 in mm["rows"])
     # the shapes: logits (rows x vocab), dx (rows x n_embd), dW (vocab x n_embd)
     assert [r[1:4] for r in mm["rows"]] == [

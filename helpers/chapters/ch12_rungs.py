@@ -1,4 +1,4 @@
-"""Chapter 12's last six rungs, each with a measurement of the one thing it changes.
+"""Chapter 12's last seven rungs, each with a measurement of the one thing it changes.
 
 The ladder's step times say how much each rung bought; these functions show *what* it changed,
 small enough to run on a CPU in a second or two:
@@ -14,6 +14,9 @@ small enough to run on a CPU in a second or two:
   backward.
 - "+ fp8 LM head": :func:`fp8_errors`, the relative error of the fp8-rounded logits and gradient,
   and :func:`fp8_matmul_times`, the committed H200 matmul times.
+- "+ fp8 MLP": :func:`fp8_mlp_errors`, the relative error of the MLP's output and input gradient
+  with rowwise e4m3 roundings, and :func:`fp8_mlp_kernel_times`, the committed H200 times of its
+  two hand-written kernels against inductor's bf16 GELU kernels.
 
 :func:`rung_deltas` reads a committed ladder and says, rung by rung, what changed and whether the
 change is larger than the steps' spread.
@@ -35,7 +38,7 @@ from helpers.measure import results as results_io
 
 GIB = 2**30
 # The rungs chapter 12 teaches only in its own text, from the bf16 residual stream on.
-LAST_SIX = switches.RUNG_ORDER[switches.RUNG_ORDER.index("+ bf16 residual") :]
+LAST_RUNGS = switches.RUNG_ORDER[switches.RUNG_ORDER.index("+ bf16 residual") :]
 
 
 def signed(x: float, digits: int = 2) -> str:
@@ -62,7 +65,7 @@ def demo_shape(device: torch.device | str) -> tuple[GPTConfig, int, int]:
 # --------------------------------------------------------------------------------------------
 
 
-def rung_deltas(results: dict, names: tuple[str, ...] = LAST_SIX) -> list[dict]:
+def rung_deltas(results: dict, names: tuple[str, ...] = LAST_RUNGS) -> list[dict]:
     """For each rung in ``names``, its change over the measured rung just before it in a ladder
     result (``ladder.run_ladder``'s dict or a committed ``results/*-ladder-*.json``).
 
@@ -106,7 +109,7 @@ def rung_deltas(results: dict, names: tuple[str, ...] = LAST_SIX) -> list[dict]:
     return rows
 
 
-def rung_deltas_markdown(by_label: dict[str, dict], names: tuple[str, ...] = LAST_SIX) -> str:
+def rung_deltas_markdown(by_label: dict[str, dict], names: tuple[str, ...] = LAST_RUNGS) -> str:
     """One Markdown table of :func:`rung_deltas` for several ladders (``{"H200 B=16": result}``):
     per rung and ladder the ms/step change (two decimals, so the printed change is the difference
     of the printed times), its spread, the peak-memory change and the verdict."""
@@ -130,7 +133,7 @@ def rung_deltas_markdown(by_label: dict[str, dict], names: tuple[str, ...] = LAS
     return results_io.markdown_table(header, body, align="llrrrrl")
 
 
-def no_gain_lines(by_label: dict[str, dict], names: tuple[str, ...] = LAST_SIX) -> list[str]:
+def no_gain_lines(by_label: dict[str, dict], names: tuple[str, ...] = LAST_RUNGS) -> list[str]:
     """One sentence per rung that measured no gain (slower than the rung before) in a ladder,
     with the change and the two rows' spread; empty when every rung was faster."""
     return [
@@ -432,3 +435,67 @@ def fp8_errors(n_rows: int = 64, n_embd: int = 768, vocab: int = 8192, seed: int
         loss_bf16=(F.cross_entropy(bf16.float(), y) / loss_ref - 1).item(),
         loss_fp8=(F.cross_entropy(fp8.float(), y) / loss_ref - 1).item(),
     )
+
+
+def fp8_mlp_errors(n_rows: int = 256, n_embd: int = 768, n_layer: int = 12, seed: int = 0) -> dict:
+    """Relative errors (||a - ref|| / ||ref||, Frobenius) of the MLP's output y and input gradient
+    dx when each matmul's two operands are rounded to bf16 or to e4m3 with one scale per row (the
+    fp8 MLP's roundings, :func:`helpers.core.kernels.fp8.rowwise_e4m3`), against fp32; computed
+    on the CPU in PyTorch, the rounded operands multiplied in fp32 (as fp8 tensor cores multiply
+    them exactly and accumulate at higher precision).
+
+    x ~ N(0, 1) (a LayerNorm output, (n_rows, C)), the upstream gradient dy ~ N(0, 1), c_fc's
+    weight (4C, C) ~ N(0, 0.02) and c_proj's (C, 4C) ~ N(0, 0.02 / sqrt(2 * n_layer)) (GPT-2's
+    init), biases zero. The four roundings per matmul pair are the kernel's: x and c_fc's weight,
+    GELU(h) and c_proj's weight (forward); dy and c_proj's weight transposed, dh and c_fc's
+    weight transposed (backward: one scale per input feature of the weight).
+
+    Returns ``y_bf16``, ``y_fp8``, ``dx_bf16``, ``dx_fp8``.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    C = n_embd
+    x = torch.randn(n_rows, C, generator=gen)
+    dy = torch.randn(n_rows, C, generator=gen)
+    w_fc = 0.02 * torch.randn(4 * C, C, generator=gen)
+    w_proj = 0.02 / (2 * n_layer) ** 0.5 * torch.randn(C, 4 * C, generator=gen)
+
+    def rowwise(t: torch.Tensor) -> torch.Tensor:
+        t8, inv = fp8_formats.rowwise_e4m3(t)
+        return t8.float() * inv
+
+    def bf16(t: torch.Tensor) -> torch.Tensor:
+        return t.bfloat16().float()
+
+    def mlp(q):  # y and dx with every matmul operand rounded by q (rows of the (R, K) operands)
+        h = q(x) @ q(w_fc).t()  # (N, 4C)
+        h.requires_grad_(True)
+        a = F.gelu(h, approximate="tanh")
+        y = q(a.detach()) @ q(w_proj).t()  # (N, C)
+        da = q(dy) @ q(w_proj.t().contiguous()).t()  # (N, 4C)
+        (dh,) = torch.autograd.grad(a, h, da)  # GELU's derivative, in fp32
+        dx = q(dh) @ q(w_fc.t().contiguous()).t()  # (N, C)
+        return y, dx
+
+    y_ref, dx_ref = mlp(lambda t: t)
+    (y_b, dx_b), (y_8, dx_8) = mlp(bf16), mlp(rowwise)
+    return dict(
+        y_bf16=_rel_error(y_b, y_ref),
+        y_fp8=_rel_error(y_8, y_ref),
+        dx_bf16=_rel_error(dx_b, dx_ref),
+        dx_fp8=_rel_error(dx_8, dx_ref),
+    )
+
+
+def fp8_mlp_kernel_times(name: str = "h200-fp8-mlp-kernels-2026-12-04.json") -> dict:
+    """The committed times of the fp8 MLP's two Triton kernels and of inductor's bf16 GELU kernels
+    they replace, at one B=64 layer's size (65536 rows of 3072): ``device``, ``torch``, ``date``
+    and ``rows`` [(kernel, ms per call, GB/s)] (``python benchmarks/fp8_mlp.py --out``).
+
+    Raises:
+        FileNotFoundError: the result is not in results/.
+    """
+    res = results_io.load(name)
+    if res is None:
+        raise FileNotFoundError(results_io.missing(name))
+    rows = [(k, v["ms"], v["GB/s"]) for k, v in res["kernels"].items()]
+    return dict(device=res["device"], torch=res["torch"], date=res["date"], rows=rows)
