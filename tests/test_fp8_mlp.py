@@ -215,6 +215,12 @@ def test_the_model_refuses_what_the_fp8_mlp_cannot_run():
         GPT(GPTConfig(**tiny, n_embd=72), mlp_fp8=True)
     with pytest.raises(ValueError, match="4096"):
         GPT(GPTConfig(**tiny, n_embd=1040), mlp_fp8=True)
+    from helpers.core.kernels import _triton
+
+    if not _triton._INTERPRETED_AT_IMPORT:  # a CPU without the interpreter: a clear error
+        model = GPT(GPTConfig(**tiny, n_embd=64), mlp_fp8=True)
+        with pytest.raises(RuntimeError, match="CUDA GPU .* x is on cpu"):
+            model(torch.zeros(1, 4, dtype=torch.long))
 
 
 def test_a_run_says_why_the_fp8_mlp_is_skipped():

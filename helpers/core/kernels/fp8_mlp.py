@@ -42,7 +42,13 @@ import math
 
 import torch
 
-from helpers.core.kernels._triton import TRITON_OP_MISSING, launch, tl, triton
+from helpers.core.kernels._triton import (
+    _INTERPRETED_AT_IMPORT,
+    TRITON_OP_MISSING,
+    launch,
+    tl,
+    triton,
+)
 from helpers.core.kernels.fp8 import E4M3_MAX, rowwise_e4m3, scaled_mm
 
 ROW_BLOCK = 4096  # the kernels' row width in registers: the next power of 2 above 4 * 768
@@ -322,5 +328,14 @@ def mlp_fp8(
 
     Raises:
         ValueError: 4C over 4096 (the kernels hold a whole row in registers).
+        RuntimeError: x on a device the Triton kernels cannot run on (a CPU without
+            ``TRITON_INTERPRET=1`` set before import); check ``kernels.fp8_available`` first.
     """
+    # device.type and the import-time flag are constants to torch.compile: no graph break
+    if x.device.type != "cuda" and not (x.device.type == "cpu" and _INTERPRETED_AT_IMPORT):
+        raise RuntimeError(
+            f"mlp_fp8 runs its Triton kernels on a CUDA GPU (or a CPU in Triton's interpreter, "
+            f"TRITON_INTERPRET=1 set before import); x is on {x.device}: build the model without "
+            "mlp_fp8 here (train.unsupported_reason says why a run cannot use it)"
+        )
     return _Fp8MLP.apply(x, w_fc, b_fc, w_proj, b_proj)
