@@ -478,7 +478,7 @@ def test_comparison_names_the_rungs_a_cumulative_row_also_includes(published, h2
     md = capstone.comparison_markdown(rows, published, {"H200 B=16": h200})
     assert "+ mixed precision = + bf16 autocast (after + tf32)" in md
     assert "FP32 baseline = fp32," in md and "= + torch.compile," in md  # nothing in between
-    assert f"all optimisations = {h200['rungs'][-1]['name']} (the whole ladder)" in md
+    assert f"all optimisations = {h200['rungs'][-1]['name']} (the last rung of that run)" in md
     assert "T=not stated, B=not stated" in md  # the published step times state neither
 
 

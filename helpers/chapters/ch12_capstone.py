@@ -383,7 +383,7 @@ def _stage_rungs(res: dict, rows: list[dict], label: str) -> list[str]:
     """The "stage = rung" text of each stage column ``label`` matched, with the rungs the ladder
     added since the previous stage's rung (the ladder is cumulative, so a stage's speed-up
     includes them), e.g. "+ mixed precision = + bf16 autocast (after + tf32)"; the last measured
-    rung is "(the whole ladder)"."""
+    rung is "(the last rung of that run)"."""
     names = [r["name"] for r in measured_rows(res)]
     out, prev = [], 0
     for row in rows:
@@ -392,7 +392,7 @@ def _stage_rungs(res: dict, rows: list[dict], label: str) -> list[str]:
         rung = row["measured"][label]["rung"]
         i = names.index(rung)
         if i == len(names) - 1 and i > 0:
-            note = " (the whole ladder)"
+            note = " (the last rung of that run)"
         else:
             extras = names[prev + 1 : i]
             note = f" (after {', '.join(extras)})" if extras else ""

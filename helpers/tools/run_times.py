@@ -91,9 +91,20 @@ def rewrite(notebooks: list[Path]) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    paths = [Path(a) for a in (argv if argv is not None else sys.argv[1:])] or sorted(
-        (helpers.REPO_ROOT / "notebooks").glob("[01][0-9]_*.ipynb")
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m helpers.tools.run_times",
+        description=f"Rewrite each chapter's **Run time** paragraph from results/{TABLE}.",
     )
+    parser.add_argument(
+        "notebooks", nargs="*", type=Path, help="chapter notebooks (default: every chapter)"
+    )
+    args = parser.parse_args(argv)
+    missing = [str(p) for p in args.notebooks if not p.is_file()]
+    if missing:
+        parser.error(f"no such notebook: {', '.join(missing)}")
+    paths = args.notebooks or sorted((helpers.REPO_ROOT / "notebooks").glob("[01][0-9]_*.ipynb"))
     for path in rewrite(paths):
         print(f"run time updated: {path.name}")
     return 0
