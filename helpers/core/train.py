@@ -230,12 +230,13 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
                 "GradScaler's scale reaches it (small values would round to 0): "
                 "keep loss_kernel='triton' with fp16"
             )
-    if run.lm_head_fp8:
+    if run.lm_head_fp8 or run.mlp_fp8:  # both need fp8 tensor cores (or the interpreter)
         from helpers.core import kernels
 
         ok, why = kernels.fp8_available(device)
         if not ok:
-            return f"the fp8 LM head cannot run: {why}"
+            return f"{'the fp8 LM head' if run.lm_head_fp8 else 'the fp8 MLP'} cannot run: {why}"
+    if run.lm_head_fp8:
         if run.loss_kernel != "fused":
             return (
                 "lm_head_fp8 runs inside the fused LM-head cross-entropy: "
@@ -246,17 +247,11 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
                 "fp8 matmuls need a vocabulary padded to a multiple of 16; "
                 f"this run pads to {run.vocab_multiple}: use vocab_multiple=64"
             )
-    if run.mlp_fp8:
-        from helpers.core import kernels
-
-        ok, why = kernels.fp8_available(device)
-        if not ok:
-            return f"the fp8 MLP cannot run: {why}"
-        if run.autocast != "bf16":
-            return (
-                "the fp8 MLP returns bf16 into a bf16-autocast step: it needs autocast='bf16', "
-                f"not {run.autocast!r}"
-            )
+    if run.mlp_fp8 and run.autocast != "bf16":
+        return (
+            "the fp8 MLP returns bf16 into a bf16-autocast step: it needs autocast='bf16', "
+            f"not {run.autocast!r}"
+        )
     if run.optimizer == "fused" and device.type not in ("cuda", "cpu"):
         return f"fused AdamW is not implemented for device type {device.type}"
     return None
