@@ -32,7 +32,7 @@ the hardware's instruction; Triton's CPU interpreter (the tests) runs one config
 hand-written rounding (:func:`_e4m3_bits`), equal to torch's cast bit for bit. A NaN stays NaN in
 the e4m3 values (and so in the matmul's output row); the row's scale comes from its other values.
 
-Measured on the H200 (results/perf-log.md): -4.0 to -7.8 ms per B=64 step against the bf16 MLP;
+Measured on the H200 (results/perf-log.md): -4.3 to -7.8 ms per B=64 step against the bf16 MLP;
 at B=16, where the matmuls are 4x smaller, within the steps' spread.
 """
 
