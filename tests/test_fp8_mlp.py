@@ -239,3 +239,26 @@ def test_a_run_says_why_the_fp8_mlp_is_skipped():
             train.RunConfig(autocast="bf16", mlp_fp8=True), torch.device("cpu")
         )
         assert ok is None
+        compiled = train.unsupported_reason(
+            train.RunConfig(autocast="bf16", mlp_fp8=True, compile="default"), torch.device("cpu")
+        )
+        assert "compiled only on a CUDA GPU" in compiled
+
+
+@pytest.mark.parametrize(
+    "x_shape, x_dtype, proj_shape, message",
+    [
+        ((64,), torch.float32, (64, 256), "at least 2-D"),
+        ((4, 64), torch.float16, (64, 256), "fp32 or bf16"),
+        ((4, 40), torch.float32, (40, 160), "multiple of 16"),
+        ((4, 1040), torch.float32, (1040, 4160), "4C <= 4096"),
+        ((4, 64), torch.float32, (64, 257), "w_proj must have shape \\(64, 256\\)"),
+    ],
+)
+def test_mlp_fp8_refuses_inputs_its_kernels_cannot_take(x_shape, x_dtype, proj_shape, message):
+    from helpers.core import kernels
+
+    C = x_shape[-1]
+    args = (torch.randn(4 * C, C), torch.randn(4 * C), torch.randn(*proj_shape), torch.randn(C))
+    with pytest.raises(ValueError, match=message):
+        kernels.mlp_fp8(torch.zeros(x_shape, dtype=x_dtype), *args)

@@ -137,6 +137,17 @@ def test_the_peak_check_uses_the_datasheet_and_twice_it_only_for_the_fp8_rung():
     assert [p.split(":")[0] for p in leaderboard.validate(fast)] == over
     fp8_rung.update(mlp_fp8=False)
     assert [p.split(":")[0] for p in leaderboard.validate(fast)] == [*over, "+ fp8 LM head"]
+    # a claimed fp8 switch earns nothing without bf16 autocast or on a GPU without fp8 tensor cores
+    fp8_rung.update(mlp_fp8=True, autocast=None)
+    assert [p.split(":")[0] for p in leaderboard.validate(fast)] == [*over, "+ fp8 LM head"]
+    fp8_rung.update(autocast="bf16")
+    # the H200's own fp8 rung, 482 TFLOP/s: over an A100's 312 bf16 peak, under twice it
+    a100 = {**scaled(b16, 1.0), "device": "NVIDIA A100-SXM4-80GB"}
+    a100["rungs"][-1]["switches"].update(mlp_fp8=True)
+    assert "+ fp8 LM head" in [p.split(":")[0] for p in leaderboard.validate(a100)]
+    h200 = scaled(b16, 1.0)
+    h200["rungs"][-1]["switches"].update(mlp_fp8=True)
+    assert "+ fp8 LM head" not in [p.split(":")[0] for p in leaderboard.validate(h200)]
 
 
 def test_a_lowered_flops_per_token_cannot_slip_under_the_peak():

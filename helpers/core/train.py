@@ -247,6 +247,11 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
                 "fp8 matmuls need a vocabulary padded to a multiple of 16; "
                 f"this run pads to {run.vocab_multiple}: use vocab_multiple=64"
             )
+    if run.mlp_fp8 and run.compile is not None and device.type != "cuda":
+        return (
+            "the fp8 MLP's kernels run compiled only on a CUDA GPU "
+            "(Triton's CPU interpreter runs them eagerly): use compile=None here"
+        )
     if run.mlp_fp8 and run.autocast != "bf16":
         return (
             "the fp8 MLP returns bf16 into a bf16-autocast step: it needs autocast='bf16', "

@@ -125,8 +125,9 @@ def validate(record: Any) -> list[str]:
     - consistency: each measured rung's tokens/s within :data:`TOLERANCE` of B*T/(ms/1000), and its
       speed-up of the first measured rung's ms / its own;
     - physics: flops_per_token * tokens/s must not exceed the device's datasheet peak
-      (:func:`peak_flops`; twice it for a rung with an fp8 switch on: dense fp8 is twice dense bf16
-      on the H100/H200 and L4 datasheets, so this bound never refuses a real fp8 run);
+      (:func:`peak_flops`; twice it for a rung with an fp8 switch on under bf16 autocast, on a GPU
+      of compute capability >= 8.9: dense fp8 is twice dense bf16 on the H100/H200 and L4
+      datasheets, so this bound never refuses a real fp8 run);
     - an emulated record is refused: its speed is the real GPU's, so it has no GPU model to be
       ranked in.
     """
@@ -224,9 +225,17 @@ def _speed_problems(record: dict, measured: list[dict], fpt: float) -> list[str]
     if peak is None:
         return []  # said by unchecked()
     problems = []
+    profile = gpus.match_profile(str(record.get("device", "")))
+    fp8_cores = profile is not None and (profile.capability or (0, 0)) >= (8, 9)
     for r in measured:
         chosen = r.get("switches") if isinstance(r.get("switches"), dict) else {}
-        fp8 = any(chosen.get(field) is True for field in FP8_SWITCHES)
+        # the fp8 allowance needs a GPU that has fp8 tensor cores and the rung the ladder runs
+        # fp8 in: an fp8 switch on, under bf16 autocast
+        fp8 = (
+            fp8_cores
+            and chosen.get("autocast") == "bf16"
+            and any(chosen.get(field) is True for field in FP8_SWITCHES)
+        )
         ceiling, rate = peak * (2 if fp8 else 1), fpt * r["tokens_per_s"]
         if rate > ceiling:
             problems.append(

@@ -327,11 +327,25 @@ def mlp_fp8(
         Gradients flow to x and all four parameters; the weights' in bf16 matmuls.
 
     Raises:
-        ValueError: 4C over 4096 (the kernels hold a whole row in registers).
+        ValueError: x not at least 2-D, not fp32 or bf16, C not a multiple of 16, 4C over 4096
+            (the kernels hold a whole row in registers), or a weight or bias of another shape.
         RuntimeError: x on a device the Triton kernels cannot run on (a CPU without
             ``TRITON_INTERPRET=1`` set before import); check ``kernels.fp8_available`` first.
     """
-    # device.type and the import-time flag are constants to torch.compile: no graph break
+    # shapes, dtypes, device.type and the import-time flag are constants to torch.compile
+    C = x.shape[-1] if x.dim() >= 2 else None
+    if C is None or x.dtype not in (torch.float32, torch.bfloat16) or C % 16 or 4 * C > 4096:
+        raise ValueError(
+            "mlp_fp8 needs x of shape (..., C), at least 2-D, fp32 or bf16, with C a multiple of "
+            f"16 (fp8 matmuls) and 4C <= 4096 (its kernels hold a row in registers); got shape "
+            f"{tuple(x.shape)}, {x.dtype}"
+        )
+    expected = {"w_fc": (4 * C, C), "b_fc": (4 * C,), "w_proj": (C, 4 * C), "b_proj": (C,)}
+    for name, t in zip(expected, (w_fc, b_fc, w_proj, b_proj)):
+        if tuple(t.shape) != expected[name]:
+            raise ValueError(
+                f"mlp_fp8: {name} must have shape {expected[name]} for C={C}, got {tuple(t.shape)}"
+            )
     if x.device.type != "cuda" and not (x.device.type == "cpu" and _INTERPRETED_AT_IMPORT):
         raise RuntimeError(
             f"mlp_fp8 runs its Triton kernels on a CUDA GPU (or a CPU in Triton's interpreter, "
