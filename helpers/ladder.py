@@ -426,9 +426,16 @@ def main(argv: list[str] | None = None) -> int:
         results["emulated"] = emulated
         results["device"] = f"{emulated['real_gpu']} emulating {emulated['profile']}"
     print(format_table(results))
+    if not any(r["status"] == "measured" for r in results["rungs"]):
+        # nothing to keep: an earlier result at --out / --plot stays as it was
+        print(
+            "error: no rung could be measured (see the reasons above); nothing written",
+            file=sys.stderr,
+        )
+        return 1
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
+        cli.replace_file(args.out, lambda f: f.write(json.dumps(results, indent=2) + "\n"))
         print(f"wrote {args.out}")
     if args.plot:
         from helpers.measure import plots
@@ -436,9 +443,6 @@ def main(argv: list[str] | None = None) -> int:
         args.plot.parent.mkdir(parents=True, exist_ok=True)
         plots.ladder_bars(results, args.plot)
         print(f"wrote {args.plot}")
-    if not any(r["status"] == "measured" for r in results["rungs"]):
-        print("error: no rung could be measured (see the reasons above)", file=sys.stderr)
-        return 1
     return 0
 
 

@@ -467,3 +467,15 @@ def test_markdown_table_has_the_text_tables_cells_and_can_start_at_a_rung():
         ladder.markdown_table(ref, from_rung="nope")
     cpu = ladder.markdown_table(results.load("cpu-ladder-2026-12-01.json"))
     assert "| peak mem | note |" in cpu and "| skipped | - | - |" in cpu  # skipped rows say why
+
+
+def test_a_run_that_measured_nothing_leaves_an_earlier_result_alone(capsys, tmp_path):
+    """Only the fp8 MLP rung asked for on a CPU: it is skipped, nothing is measured, and the
+    ladder at --out (here a copy of a committed one) is not replaced by an empty run."""
+    earlier = tmp_path / "ladder.json"
+    earlier.write_text(json.dumps(results.load("h200-ladder-b16.json")))
+    before = earlier.read_bytes()
+    rc = ladder.main(["--device", "cpu", "--rungs", "fp8 MLP", "--out", str(earlier)])
+    assert rc == 1 and earlier.read_bytes() == before
+    err = capsys.readouterr().err
+    assert "no rung could be measured" in err and "nothing written" in err
