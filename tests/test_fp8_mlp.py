@@ -251,7 +251,7 @@ def test_a_run_says_why_the_fp8_mlp_is_skipped():
         ((64,), torch.float32, (64, 256), "at least 2-D"),
         ((4, 64), torch.float16, (64, 256), "fp32 or bf16"),
         ((4, 40), torch.float32, (40, 160), "multiple of 16"),
-        ((4, 1040), torch.float32, (1040, 4160), "4C <= 4096"),
+        ((4, 1040), torch.float32, (1040, 4160), "4160 > 4096"),
         ((4, 64), torch.float32, (64, 257), "w_proj must have shape \\(64, 256\\)"),
     ],
 )

@@ -267,21 +267,18 @@ class GPT(nn.Module):
                 "pad the vocabulary (vocab_multiple=64)"
             )
         if mlp_fp8:
+            from helpers.core.kernels import fp8_mlp  # imports Triton: only for this switch
+
             wrong = [
-                f"dropout={config.dropout} (it has no dropout: use 0)" if config.dropout else "",
-                f"n_embd={config.n_embd} (fp8 matmuls need a multiple of 16)"
-                if config.n_embd % 16
-                else "",
-                f"n_embd={config.n_embd}: 4 * n_embd = {4 * config.n_embd} > 4096 (its kernels "
-                "hold a row in registers)"
-                if 4 * config.n_embd > 4096
-                else "",
-            ]
-            if any(wrong):
-                raise ValueError(
-                    "GPT(mlp_fp8=True) needs dropout=0, n_embd a multiple of 16 and "
-                    f"4 * n_embd <= 4096; got {'; '.join(w for w in wrong if w)}"
+                w
+                for w in (
+                    config.dropout and "it has no dropout: use dropout=0",
+                    fp8_mlp.width_problem(config.n_embd),
                 )
+                if w
+            ]
+            if wrong:
+                raise ValueError(f"GPT(mlp_fp8=True): {'; '.join(wrong)}")
         self.config = config
         self.switches = chosen  # what this model was built with, for reports and tests
         # One seed drawn from the global RNG before any module exists (so torch.manual_seed fixes

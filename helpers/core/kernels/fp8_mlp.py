@@ -307,6 +307,17 @@ class _Fp8MLP(torch.autograd.Function):
         return dx.view(*lead, C).to(ctx.x_dtype), dw_fc, db_fc.to(w_fc.dtype), dw_proj, db_proj
 
 
+def width_problem(C: int) -> str | None:
+    """Why the fp8 MLP cannot take a model of width C (n_embd), or None if it can: fp8 matmuls
+    need C a multiple of 16, and the kernels hold a whole 4C-wide row in registers
+    (:data:`ROW_BLOCK`)."""
+    if C % 16:
+        return f"n_embd={C} is not a multiple of 16 (fp8 matmuls need one)"
+    if 4 * C > ROW_BLOCK:
+        return f"4 * n_embd = {4 * C} > {ROW_BLOCK} (its kernels hold a 4C-wide row in registers)"
+    return None
+
+
 def mlp_fp8(
     x: torch.Tensor,
     w_fc: torch.Tensor,
@@ -333,13 +344,14 @@ def mlp_fp8(
             ``TRITON_INTERPRET=1`` set before import); check ``kernels.fp8_available`` first.
     """
     # shapes, dtypes, device.type and the import-time flag are constants to torch.compile
-    C = x.shape[-1] if x.dim() >= 2 else None
-    if C is None or x.dtype not in (torch.float32, torch.bfloat16) or C % 16 or 4 * C > 4096:
+    if x.dim() < 2 or x.dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(
-            "mlp_fp8 needs x of shape (..., C), at least 2-D, fp32 or bf16, with C a multiple of "
-            f"16 (fp8 matmuls) and 4C <= 4096 (its kernels hold a row in registers); got shape "
+            "mlp_fp8 needs x of shape (..., C), at least 2-D, fp32 or bf16; got shape "
             f"{tuple(x.shape)}, {x.dtype}"
         )
+    C = x.shape[-1]
+    if (why := width_problem(C)) is not None:
+        raise ValueError(f"mlp_fp8 cannot take x of shape {tuple(x.shape)}: {why}")
     expected = {"w_fc": (4 * C, C), "b_fc": (4 * C,), "w_proj": (C, 4 * C), "b_proj": (C,)}
     for name, t in zip(expected, (w_fc, b_fc, w_proj, b_proj)):
         if tuple(t.shape) != expected[name]:
