@@ -77,6 +77,10 @@ VARIANTS = {
     # the blocks' linears through benchmarks/fp8_linears.py (matmuls in fp8; not kept); with the
     # fp8 MLP on, only the attention's two linears still go through nn.Linear
     **{name: {} for name in fp8_linears.VARIANTS},
+    # the attention's two linears through helpers.core.kernels.fp8_linear.linear_fp8 (the wide
+    # c_attn gradient cast by its one-pass kernel); -hw: every gradient cast by that kernel
+    "fp8-attn": {},
+    "fp8-attn-hw": {},
 }
 FUSED_CHUNKS = {
     "fused-unchunked": None,
@@ -108,6 +112,19 @@ def experiment(name: str):
         return mock.patch.object(fused_ce, "FUSED_CHUNK_ROWS", FUSED_CHUNKS[name])
     if name in fp8_linears.VARIANTS:
         return fp8_linears.experiment(name)
+    if name in ("fp8-attn", "fp8-attn-hw"):
+        from unittest import mock
+
+        from helpers.core.kernels import fp8_linear
+
+        def forward(self, x):  # with the fp8 MLP on, only the attention's linears call this
+            return fp8_linear.linear_fp8(x, self.weight, self.bias)
+
+        stack = contextlib.ExitStack()
+        stack.enter_context(mock.patch.object(torch.nn.Linear, "forward", forward))
+        if name.endswith("-hw"):
+            stack.enter_context(mock.patch.object(fp8_linear, "ONE_PASS_MIN_WIDTH", 0))
+        return stack
     if name == "no-cudnn-attention":
 
         @contextlib.contextmanager
@@ -125,6 +142,7 @@ def experiment(name: str):
 
 FAMILIES = [  # (family, regex on the kernel name), first match wins
     ("fp8 MLP GELU + casts (hand-written Triton)", r"_gelu_(backward_)?cast_kernel"),
+    ("fp8 gradient cast (hand-written Triton)", r"_cast_colsum_kernel"),
     ("cross-entropy (hand-written Triton)", r"_ce_(forward|backward|fused|fused_e5m2)_kernel"),
     ("attention", r"flash|fmha|attention|sdpa|cudnn"),
     ("matmul (inductor Triton template)", r"^triton_tem_"),
