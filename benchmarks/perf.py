@@ -77,10 +77,6 @@ VARIANTS = {
     # the blocks' linears through benchmarks/fp8_linears.py (matmuls in fp8; not kept); with the
     # fp8 MLP on, only the attention's two linears still go through nn.Linear
     **{name: {} for name in fp8_linears.VARIANTS},
-    # the attention's two linears through helpers.core.kernels.fp8_linear.linear_fp8 (the wide
-    # c_attn gradient cast by its one-pass kernel); -hw: every gradient cast by that kernel
-    "fp8-attn": {},
-    "fp8-attn-hw": {},
 }
 FUSED_CHUNKS = {
     "fused-unchunked": None,
@@ -112,19 +108,6 @@ def experiment(name: str):
         return mock.patch.object(fused_ce, "FUSED_CHUNK_ROWS", FUSED_CHUNKS[name])
     if name in fp8_linears.VARIANTS:
         return fp8_linears.experiment(name)
-    if name in ("fp8-attn", "fp8-attn-hw"):
-        from unittest import mock
-
-        from helpers.core.kernels import fp8_linear
-
-        def forward(self, x):  # with the fp8 MLP on, only the attention's linears call this
-            return fp8_linear.linear_fp8(x, self.weight, self.bias)
-
-        stack = contextlib.ExitStack()
-        stack.enter_context(mock.patch.object(torch.nn.Linear, "forward", forward))
-        if name.endswith("-hw"):
-            stack.enter_context(mock.patch.object(fp8_linear, "ONE_PASS_MIN_WIDTH", 0))
-        return stack
     if name == "no-cudnn-attention":
 
         @contextlib.contextmanager
