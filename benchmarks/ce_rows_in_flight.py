@@ -9,7 +9,7 @@ log-sum-exp, then the gradient it writes as e5m2): 2 x 100 KB per row. With one 
 about as many rows are in flight as the SMs hold programs, more than the 50 MB L2 keeps, so both
 reads come from HBM. :func:`persistent` launches ``programs`` programs that each loop over rows
 ``pid, pid + programs, ...``: with few enough of them, a row is still in L2 at its second read.
-Same arithmetic per row, so the outputs are bit-identical (checked). Timing: 5 warm-up calls,
+Same arithmetic per row (with other warps, sums in another order: equal to fp32 rounding, checked). Timing: 5 warm-up calls,
 median of 20 CUDA-event-timed calls (``fp8_matmuls.bench``), one call = one chunk of the fused
 LM-head CE (32768 rows at B=64, 16384 at B=16), logits ~ N(0, 2^2) bf16, random targets.
 """
@@ -96,12 +96,14 @@ def main(argv=None) -> int:
         rows.append({"rows": N, "kernel": "one program per row", "ms": ms,
                      "GB_per_s_one_read": moved / ms / 1e6})  # fmt: skip
         print(f"N={N} one program per row: {ms:.3f} ms", flush=True)
-        for per_sm in (1, 2, 3, 4, 8):
-            for block, warps in ((4096, 4), (4096, 8), (8192, 8), (8192, 16)):
+        for per_sm in (2, 4, 8, 16):
+            for block, warps in ((4096, 4), (4096, 8), (8192, 8)):
                 programs = per_sm * sms
                 loss, grad = persistent(logits, targets, programs, block, warps)
-                assert torch.equal(loss, ref_loss), "loss differs"
-                assert torch.equal(grad.view(torch.uint8), ref_grad.view(torch.uint8)), "grad"
+                # other warps sum a row in another order: equal to fp32 rounding, not bitwise
+                assert torch.allclose(loss, ref_loss, rtol=1e-5, atol=1e-5), "loss differs"
+                same = (grad.view(torch.uint8) == ref_grad.view(torch.uint8)).float().mean()
+                assert same > 0.999, f"only {same:.5f} of the gradient's bytes are equal"
                 ms = bench(lambda: persistent(logits, targets, programs, block, warps))  # noqa: B023
                 rows.append({"rows": N, "kernel": "persistent", "programs_per_sm": per_sm,
                              "block": block, "warps": warps, "ms": ms,
