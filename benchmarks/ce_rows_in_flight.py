@@ -9,9 +9,10 @@ log-sum-exp, then the gradient it writes as e5m2): 2 x 100 KB per row. With one 
 about as many rows are in flight as the SMs hold programs, more than the 50 MB L2 keeps, so both
 reads come from HBM. :func:`persistent` launches ``programs`` programs that each loop over rows
 ``pid, pid + programs, ...``: with few enough of them, a row is still in L2 at its second read.
-Same arithmetic per row (with other warps, sums in another order: equal to fp32 rounding, checked). Timing: 5 warm-up calls,
-median of 20 CUDA-event-timed calls (``fp8_matmuls.bench``), one call = one chunk of the fused
-LM-head CE (32768 rows at B=64, 16384 at B=16), logits ~ N(0, 2^2) bf16, random targets.
+Same arithmetic per row (other warps sum in another order: equal to fp32 rounding, checked).
+Timing: 5 warm-up calls, median of 20 CUDA-event-timed calls (``fp8_matmuls.bench``), one call =
+one chunk of the fused LM-head CE (32768 rows at B=64, 16384 at B=16), logits ~ N(0, 2^2)
+bf16, random targets.
 """
 
 from __future__ import annotations
