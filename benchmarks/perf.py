@@ -55,6 +55,8 @@ VARIANTS = {
     "separate-clip": {"fused_clip": False},
     "bf16-lm-head": {"lm_head_fp8": False},  # the fused LM-head CE's matmuls in bf16
     "bf16-mlp": {"mlp_fp8": False},  # the MLP in bf16 (the rung before the last)
+    # the fp8 LM head's e5m2 gradient rounded by fused_ce._e5m2_bits, not the GPU's conversion
+    "software-e5m2": {},
     # the ladder without its last five byte-saving rungs (the name is the committed result files')
     "session-3-final": {
         "residual_dtype": "fp32",
@@ -100,6 +102,12 @@ def experiment(name: str):
         name == "max-autotune-gemm"
     ):  # GEMMs only: no coordinate descent, no pointwise autotuning, no CUDA graphs
         return inductor_config.patch(max_autotune_gemm=True)
+    if name == "software-e5m2":
+        from unittest import mock
+
+        from helpers.core.kernels import fused_ce
+
+        return mock.patch.object(fused_ce, "E5M2_HARDWARE_CAST", False)
     if name in FUSED_CHUNKS:
         from unittest import mock
 

@@ -20,7 +20,14 @@ from __future__ import annotations
 
 import torch
 
-from helpers.core.kernels._triton import TRITON_OP_MISSING, available, launch, tl, triton
+from helpers.core.kernels._triton import (
+    _INTERPRETED_AT_IMPORT,
+    TRITON_OP_MISSING,
+    available,
+    launch,
+    tl,
+    triton,
+)
 from helpers.core.kernels.fp8 import FP8_GRAD_SCALE, fp8_available, to_fp8_e4m3, transpose_fp8
 from helpers.core.kernels.triton_ce import IGNORE_INDEX
 
@@ -34,6 +41,11 @@ FUSED_BLOCK = 4096  # columns per iteration of the fused kernel (8192 was slower
 # 16384. A B=64 training step (results/h200-perf-fused-ce-chunks-2026-11-30.json) peaked at
 # 32.2 GiB unchunked, 26.2 GiB with 32768 rows and 23.3 GiB with 16384 (two-kernel CE: 32.7 GiB).
 FUSED_CHUNK_ROWS: int | None = 32768
+# On a GPU the fp8 LM head's kernel converts its gradient to e5m2 with the hardware's instruction
+# (bit-identical to the written-out rounding _e5m2_bits, which the CPU interpreter runs). On the
+# H200 (results/h200-ce-rows-in-flight-2026-12-04.json) a 32768-row chunk took 2.07 ms with it and
+# 2.85 ms with _e5m2_bits; False runs _e5m2_bits on the GPU too (benchmarks/perf.py's variant).
+E5M2_HARDWARE_CAST = True
 
 
 if triton is not None and TRITON_OP_MISSING is None:
@@ -89,14 +101,13 @@ if triton is not None and TRITON_OP_MISSING is None:
     @triton.jit
     def _e5m2_bits(g):
         # fp32 -> float8_e5m2 bits (uint8), rounded to nearest, ties to even, as torch's
-        # .to(torch.float8_e5m2) for finite |g| < 57344 (here |g| <= 2**15). A NaN g is not kept as
-        # NaN on the GPU (the fp16 NaN the hardware makes rounds to -0 or inf); it only arises from
-        # a target outside [0, V) or non-finite logits, and the row's loss is nan then. e5m2 is
-        # fp16 without its 8 lowest mantissa bits (same sign, exponent and bias): truncate to fp16,
-        # set the lowest bit if that lost anything ("round to odd", so the second rounding cannot
-        # meet a false tie), then round the 16 bits to their top 8. Written out because Triton's
-        # CPU interpreter casts to fp8 wrongly; the same arithmetic runs on the GPU and in the
-        # tests.
+        # .to(torch.float8_e5m2) for finite |g| < 57344 (here |g| <= 2**15), for Triton's CPU
+        # interpreter, which casts to fp8 wrongly; a GPU converts in hardware (see
+        # E5M2_HARDWARE_CAST). A NaN g does not stay NaN here (the fp16 NaN rounds to -0 or inf);
+        # it only arises from a target outside [0, V) or non-finite logits, and the row's loss is
+        # nan then. e5m2 is fp16 without its 8 lowest mantissa bits (same sign, exponent and bias):
+        # truncate to fp16, set the lowest bit if that lost anything ("round to odd", so the second
+        # rounding cannot meet a false tie), then round the 16 bits to their top 8.
         h = g.to(tl.float16, fp_downcast_rounding="rtz")
         bits = (h.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) | (h.to(tl.float32) != g).to(
             tl.int32
@@ -114,9 +125,11 @@ if triton is not None and TRITON_OP_MISSING is None:
         n_cols: tl.constexpr,
         BLOCK: tl.constexpr,
         GRAD_SCALE: tl.constexpr,
+        HW_CAST: tl.constexpr,
     ):
         # _ce_fused_kernel for the fp8 LM head: the gradient times GRAD_SCALE, written as
-        # float8_e5m2 bits (grad_ptr: the uint8 view of a float8_e5m2 tensor). Its loop repeats
+        # float8_e5m2 (HW_CAST: by the GPU's conversion; else as bits by _e5m2_bits, grad_ptr the
+        # uint8 view of the float8_e5m2 tensor). Its loop repeats
         # _store_row_grad's on purpose: a version that shared it (a constexpr switch and a runtime
         # scale in _store_row_grad) made the bf16 fused kernel fail Triton 3.6's LLVM lowering when
         # torch.compile built it on the H200 (results/perf-log.md).
@@ -134,7 +147,10 @@ if triton is not None and TRITON_OP_MISSING is None:
             mask = idx < n_cols
             x = tl.load(row_ptr + idx, mask=mask, other=0.0).to(tl.float32)
             g = (tl.exp(x - lse) - tl.where(idx == target, 1.0, 0.0)) * keep
-            tl.store(grad_ptr + row * n_cols + idx, _e5m2_bits(g), mask=mask)
+            if HW_CAST:
+                tl.store(grad_ptr + row * n_cols + idx, g.to(tl.float8e5), mask=mask)
+            else:
+                tl.store(grad_ptr + row * n_cols + idx, _e5m2_bits(g), mask=mask)
 
     # The fp8 ops are opaque custom ops: torch.compile calls them as they are and does not
     # re-compile their kernels (launched here by Triton's own JIT), so the compiled step runs the
@@ -148,16 +164,18 @@ if triton is not None and TRITON_OP_MISSING is None:
         N, V = logits.shape
         loss = torch.empty(N, dtype=torch.float32, device=logits.device)
         grad = torch.empty((N, V), dtype=torch.float8_e5m2, device=logits.device)
+        hw_cast = E5M2_HARDWARE_CAST and not _INTERPRETED_AT_IMPORT
         _ce_fused_e5m2_kernel[(N,)](
             logits,
             targets,
             loss,
-            grad.view(torch.uint8),
+            grad if hw_cast else grad.view(torch.uint8),
             logits.stride(0),
             IGNORE_INDEX,
             n_cols=V,
             BLOCK=FUSED_BLOCK,
             GRAD_SCALE=FP8_GRAD_SCALE,
+            HW_CAST=hw_cast,
             num_warps=FUSED_NUM_WARPS,
         )
         return loss, grad
