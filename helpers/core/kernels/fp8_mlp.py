@@ -211,7 +211,7 @@ if triton is not None and TRITON_OP_MISSING is None:
             GELU_C=GELU_C, E4M3_MAX=E4M3_MAX, BLOCK=ROW_BLOCK, HW_CAST=not _INTERPRETED_AT_IMPORT,
             **_BWD_FIXED,
         )  # fmt: skip
-        return dh, dh8, inv, partial
+        return dh, dh8, inv, partial.sum(0)
 
     # triton_op: torch.compile sees the launch and the torch ops around it and launches the
     # kernel from its own generated code
@@ -223,7 +223,6 @@ if triton is not None and TRITON_OP_MISSING is None:
     def _gelu_backward_traced(
         da: torch.Tensor, h: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        # (dh, dh8, inv_scale, per-program partial column sums (programs, N) fp32)
         return _gelu_backward_impl(da, h, launch)
 
 
@@ -273,11 +272,7 @@ def gelu_backward_rowwise_e4m3(
     _check_rows(da, "gelu_backward_rowwise_e4m3")
     if da.shape != h.shape:
         raise ValueError(f"da {tuple(da.shape)} and h {tuple(h.shape)} differ in shape")
-    dh, dh8, inv, partial = _gelu_backward_traced(da, h)
-    # the programs' partial sums added here, outside the triton_op: torch.compile generates this
-    # column reduction (inside the op, eager aten's reduction took 0.05 ms per B=64 layer call,
-    # about 0.5 TB/s, results/h200-perf-fp8-attn-b64-2026-12-04.json)
-    return dh, dh8, inv, partial.sum(0)
+    return _gelu_backward_traced(da, h)
 
 
 class _Fp8MLP(torch.autograd.Function):
