@@ -76,7 +76,7 @@ def test_a_policy_that_saves_everything_fails_the_memory_check(monkeypatch):
 
 def test_the_policy_keeps_matmuls_and_attention_and_recomputes_the_rest():
     aten = torch.ops.aten
-    keep = [aten.mm.default, aten.addmm.default, aten.bmm.default]
+    keep = [aten.mm.default, aten.addmm.default, aten.bmm.default, aten._scaled_mm.default]
     keep.append(aten._scaled_dot_product_flash_attention_for_cpu.default)
     for op in keep:
         assert recompute.keep_matmuls_policy(None, op) == CheckpointPolicy.MUST_SAVE

@@ -23,8 +23,9 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 
 _aten = torch.ops.aten
 # The operations whose outputs the selective policy keeps: matmuls (nn.Linear is addmm or mm at
-# this level, batched ones bmm) and every scaled-dot-product-attention kernel (its output and
-# log-sum-exp; the manual attention path is made of bmm / softmax and keeps its bmm outputs).
+# this level, batched ones bmm, the fp8 MLP's _scaled_mm) and every scaled-dot-product-attention
+# kernel (its output and log-sum-exp; the manual attention path is made of bmm / softmax and keeps
+# its bmm outputs).
 SAVED_OPS: frozenset = frozenset(
     op
     for name in (
@@ -32,6 +33,7 @@ SAVED_OPS: frozenset = frozenset(
         "addmm",
         "bmm",
         "baddbmm",
+        "_scaled_mm",
         "_scaled_dot_product_flash_attention",
         "_scaled_dot_product_efficient_attention",
         "_scaled_dot_product_cudnn_attention",
