@@ -210,3 +210,10 @@ def test_train_progress_bar_redraws_at_most_twice_a_second(monkeypatch):
     assert seen["leave"] is True  # the bar stays by default
     train.train(run, 1, train.small_model_config(), "cpu", leave=False)
     assert seen["leave"] is False  # closed and hidden when the run ends
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a usable CUDA GPU")
+def test_a_cuda_run_without_a_gpu_gets_a_reason_not_a_torch_assertion():
+    for run in (train.RunConfig(matmul_precision="tf32"), train.RunConfig(autocast="bf16")):
+        why = train.unsupported_reason(run, torch.device("cuda"))
+        assert why is not None and why.startswith("no CUDA GPU is usable here"), why

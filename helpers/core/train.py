@@ -179,6 +179,14 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
     """Why ``run`` cannot run as asked on ``device`` (None if it can). Never silently
     substituted."""
     device = torch.device(device)
+    if device.type == "cuda":
+        try:  # a CPU-only torch asserts, a CUDA torch without a GPU or driver raises
+            hardware.capability(device)
+        except (AssertionError, RuntimeError) as e:
+            return (
+                f"no CUDA GPU is usable here ({str(e).splitlines()[0][:120]}): run it on a GPU, "
+                "or on device='cpu'"
+            )
     if run.matmul_precision == "tf32" and not hardware.tf32_supported(device):
         cap = hardware.capability(device)
         where = "a CPU" if device.type == "cpu" else f"compute capability {cap[0]}.{cap[1]}"
