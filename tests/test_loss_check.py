@@ -96,3 +96,37 @@ def test_one_seed_outside_the_tolerance_fails_the_check(loss_check, monkeypatch,
     out = tmp_path / "check.json"
     assert loss_check.main(["--steps", "20", "--seeds", "1", "2", "--out", str(out)]) == 1
     assert json.loads(out.read_text())["passed"] is False
+
+
+def test_repeats_are_summarised_against_the_plain_rung(loss_check, monkeypatch, tmp_path):
+    # seed 1: the last rung's three runs straddle the plain loss (noise), one of them 2% off, so
+    # the verdict fails while the mean is within 1%; seed 2: all three runs 3% low
+    ends = {1: [5.1, 4.95, 4.98], 2: [4.85, 4.85, 4.86]}
+    calls = {1: 0, 2: 0}
+
+    def run_losses(run, steps, tokens, device, variant="final"):
+        if run.name == "+ bf16 autocast":
+            return [5.0] * steps
+        i = calls[run.seed]
+        calls[run.seed] += 1
+        return [ends[run.seed][i]] * steps
+
+    monkeypatch.setattr(loss_check, "run_losses", run_losses)
+    out = tmp_path / "check.json"
+    argv = ["--steps", "20", "--seeds", "1", "2", "--repeats", "3", "--out", str(out)]
+    assert loss_check.main(argv) == 1
+    doc = json.loads(out.read_text())
+    assert doc["passed"] is False and doc["repeats"] == 3
+    assert [r.get("repeat") for r in doc["rows"]] == [None, 0, 1, 2, None, 0, 1, 2]
+    s1, s2 = doc["summary"]
+    assert (s1["seed"], s1["runs"]) == (1, 3)
+    assert (s1["lowest"], s1["highest"]) == (pytest.approx(4.95), pytest.approx(5.1))
+    assert s1["mean"] == pytest.approx(5.01) and s1["mean_within_tolerance"]
+    assert s1["plain_inside_range"]
+    assert s2["mean_rel_diff"] == pytest.approx(-0.0287, abs=1e-4)
+    assert not s2["mean_within_tolerance"] and not s2["plain_inside_range"]
+
+
+def test_repeats_below_one_are_refused(loss_check):
+    with pytest.raises(SystemExit):
+        loss_check.main(["--repeats", "0"])
