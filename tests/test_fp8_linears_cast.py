@@ -165,3 +165,8 @@ def test_the_cast_kernel_refuses_what_it_cannot_take():
         rowwise_e4m3_colsum(torch.zeros(4, 64))
     with pytest.raises(ValueError, match="up to 4096"):
         rowwise_e4m3_colsum(torch.zeros(4, 4112, dtype=torch.bfloat16))
+    from helpers.core.kernels import _triton
+
+    if not _triton._INTERPRETED_AT_IMPORT:  # a CPU tensor without the interpreter: said so
+        with pytest.raises(RuntimeError, match="CUDA GPU .* x is on cpu"):
+            rowwise_e4m3_colsum(torch.zeros(4, 64, dtype=torch.bfloat16))

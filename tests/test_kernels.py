@@ -218,9 +218,12 @@ FP8_CHECK = textwrap.dedent(
     assert step.max().item() <= 1, step.max().item()
     assert torch.allclose(loss_rows, F.cross_entropy(logits, t, reduction="none"), atol=1e-5)
     if device == "cuda":  # the GPU's own e5m2 conversion and the written-out rounding agree
+        hardware_cast = fused_ce.E5M2_HARDWARE_CAST
         fused_ce.E5M2_HARDWARE_CAST = False
-        g8_bits = fused_ce._cross_entropy_rows_with_e5m2_grad(logits, t)[1]
-        fused_ce.E5M2_HARDWARE_CAST = True
+        try:
+            g8_bits = fused_ce._cross_entropy_rows_with_e5m2_grad(logits, t)[1]
+        finally:
+            fused_ce.E5M2_HARDWARE_CAST = hardware_cast
         assert torch.equal(g8_bits.view(torch.uint8), g8.view(torch.uint8))
     # 2. the transpose, on shapes that are not multiples of its tile
     for M, N in ((1, 1), (70, 130), (128, 64), (3, 200)):

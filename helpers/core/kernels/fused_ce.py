@@ -41,10 +41,12 @@ FUSED_BLOCK = 4096  # columns per iteration of the fused kernel (8192 was slower
 # 16384. A B=64 training step (results/h200-perf-fused-ce-chunks-2026-11-30.json) peaked at
 # 32.2 GiB unchunked, 26.2 GiB with 32768 rows and 23.3 GiB with 16384 (two-kernel CE: 32.7 GiB).
 FUSED_CHUNK_ROWS: int | None = 32768
-# On a GPU the fp8 LM head's kernel converts its gradient to e5m2 with the hardware's instruction
-# (bit-identical to the written-out rounding _e5m2_bits, which the CPU interpreter runs). On the
-# H200 (results/h200-ce-rows-in-flight-2026-12-04.json) a 32768-row chunk took 2.07 ms with it and
-# 2.85 ms with _e5m2_bits; False runs _e5m2_bits on the GPU too (benchmarks/perf.py's variant).
+# On a Hopper GPU (compute capability 9.0 or more) the fp8 LM head's kernel converts its gradient to
+# e5m2 with the hardware's instruction: for finite values the same bytes as the written-out
+# rounding _e5m2_bits, which the CPU interpreter and older GPUs run (Triton's conversion below 9.0
+# may round twice). On the H200 (results/h200-ce-rows-in-flight-2026-12-04.json) a 32768-row chunk
+# took 2.07 ms with it and 2.85 ms with _e5m2_bits; False runs _e5m2_bits everywhere
+# (benchmarks/perf.py's variant software-e5m2).
 E5M2_HARDWARE_CAST = True
 
 
@@ -164,7 +166,11 @@ if triton is not None and TRITON_OP_MISSING is None:
         N, V = logits.shape
         loss = torch.empty(N, dtype=torch.float32, device=logits.device)
         grad = torch.empty((N, V), dtype=torch.float8_e5m2, device=logits.device)
-        hw_cast = E5M2_HARDWARE_CAST and not _INTERPRETED_AT_IMPORT
+        hw_cast = (
+            E5M2_HARDWARE_CAST
+            and not _INTERPRETED_AT_IMPORT
+            and torch.cuda.get_device_capability(logits.device) >= (9, 0)
+        )
         _ce_fused_e5m2_kernel[(N,)](
             logits,
             targets,
