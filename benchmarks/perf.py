@@ -34,7 +34,8 @@ from helpers.ladder import last_runnable
 from helpers.measure import power, results
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import fp8_linears  # noqa: E402  (this folder's experiment module)
+import ce_transposed_grad  # noqa: E402  (this folder's experiment modules)
+import fp8_linears  # noqa: E402
 
 VARIANTS = {
     "final": {},
@@ -57,6 +58,9 @@ VARIANTS = {
     "bf16-mlp": {"mlp_fp8": False},  # the MLP in bf16 (the rung before the last)
     # the fp8 LM head's e5m2 gradient rounded by fused_ce._e5m2_bits, not the GPU's conversion
     "software-e5m2": {},
+    # the fp8 LM head's CE kernel writing its e5m2 gradient in both layouts (no transpose_fp8 of
+    # it): benchmarks/ce_transposed_grad.py
+    **{name: {} for name in ce_transposed_grad.VARIANTS},
     # the ladder without its last five byte-saving rungs (the name is the committed result files')
     "session-3-final": {
         "residual_dtype": "fp32",
@@ -116,6 +120,8 @@ def experiment(name: str):
         return mock.patch.object(fused_ce, "FUSED_CHUNK_ROWS", FUSED_CHUNKS[name])
     if name in fp8_linears.VARIANTS:
         return fp8_linears.experiment(name)
+    if name in ce_transposed_grad.VARIANTS:
+        return ce_transposed_grad.experiment(name)
     if name == "no-cudnn-attention":
 
         @contextlib.contextmanager
