@@ -70,6 +70,12 @@ VARIANTS = {
     },
     # experiments that are not RunConfig switches (yet): applied by ``experiment()`` below
     "coord-descent": {},
+    # inductor's mix-order reductions (the LayerNorm backward's row reduction fused with its
+    # weight and bias gradients' column sums) with fewer, larger row splits: their partial sums
+    # are added by an eager aten sum per gradient (kernel_origin.py, 2026-12-04)
+    "mix-order-split-64": {},
+    "mix-order-split-128": {},
+    "mix-order-autotune": {},
     "max-autotune-nocg": {"compile": "max-autotune-no-cudagraphs"},
     # inductor autotunes each matmul (cuBLAS vs Triton templates that can fuse epilogues)
     "max-autotune-gemm": {},
@@ -102,6 +108,11 @@ def experiment(name: str):
 
     if name == "coord-descent":
         return inductor_config.patch(coordinate_descent_tuning=True)
+    if name.startswith("mix-order-split-"):
+        split = int(name.rsplit("-", 1)[1])
+        return inductor_config.patch({"triton.mix_order_reduction_split_size": split})
+    if name == "mix-order-autotune":
+        return inductor_config.patch({"triton.mix_order_reduction_autotune_split_size": True})
     if (
         name == "max-autotune-gemm"
     ):  # GEMMs only: no coordinate descent, no pointwise autotuning, no CUDA graphs
