@@ -217,3 +217,14 @@ def test_a_cuda_run_without_a_gpu_gets_a_reason_not_a_torch_assertion():
     for run in (train.RunConfig(matmul_precision="tf32"), train.RunConfig(autocast="bf16")):
         why = train.unsupported_reason(run, torch.device("cuda"))
         assert why is not None and why.startswith("no CUDA GPU is usable here"), why
+
+
+def test_a_cuda_index_past_the_visible_gpus_is_named(monkeypatch):
+    def no_such_device(device):
+        raise AssertionError("Invalid device id")
+
+    monkeypatch.setattr(hardware, "capability", no_such_device)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    why = train.unsupported_reason(train.RunConfig(), torch.device("cuda:5"))
+    assert why == "cuda:5 is not a CUDA device here (2 visible: cuda:0 to cuda:1)"

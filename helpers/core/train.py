@@ -182,7 +182,12 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
     if device.type == "cuda":
         try:  # a CPU-only torch asserts, a CUDA torch without a GPU or driver raises
             hardware.capability(device)
-        except (AssertionError, RuntimeError) as e:
+        except (AssertionError, RuntimeError, ValueError) as e:
+            if torch.cuda.is_available():  # a GPU exists: the index is what is wrong
+                return (
+                    f"{device} is not a CUDA device here ({torch.cuda.device_count()} visible: "
+                    f"cuda:0 to cuda:{torch.cuda.device_count() - 1})"
+                )
             return (
                 f"no CUDA GPU is usable here ({str(e).splitlines()[0][:120]}): run it on a GPU, "
                 "or on device='cpu'"
