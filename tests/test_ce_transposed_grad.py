@@ -3,20 +3,15 @@ row-tile kernel against fused_ce's own, and the fp8 LM head with it against with
 CPU interpreter (a subprocess: the interpreter is chosen at import) and on a GPU with fp8 tensor
 cores. Its speed is for the H200 (benchmarks/perf.py --variants ce-transposed-grad)."""
 
-import os
 import subprocess
-import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from kernel_check import needs_triton, run_script
 
 ROOT = Path(__file__).resolve().parents[1]
-needs_triton = pytest.mark.skipif(
-    __import__("importlib").util.find_spec("triton") is None, reason="Triton is not installed"
-)
 
 CHECK = textwrap.dedent(
     """
@@ -77,18 +72,7 @@ CHECK = textwrap.dedent(
 
 
 def run_check(device: str, broken: str = "none") -> subprocess.CompletedProcess:
-    env = {**os.environ, "TRITON_INTERPRET": "1"} if device == "cpu" else None
-    with tempfile.TemporaryDirectory() as tmp:
-        script = Path(tmp) / "check_ce_transposed_grad.py"
-        script.write_text(CHECK)
-        return subprocess.run(
-            [sys.executable, str(script), device, broken],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+    return run_script(CHECK, "check_ce_transposed_grad", device, broken)
 
 
 def _skip_without_cpu_fp8(out: subprocess.CompletedProcess) -> None:

@@ -3,20 +3,16 @@ its one-pass cast kernel and the fp8 linear that uses it against PyTorch, in Tri
 interpreter (a subprocess, since the interpreter is chosen at import) and, on a machine with fp8
 tensor cores, on the GPU. The speed was measured on the H200 (benchmarks/perf.py)."""
 
-import os
 import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from kernel_check import needs_triton, run_script
 
 ROOT = Path(__file__).resolve().parents[1]
-needs_triton = pytest.mark.skipif(
-    __import__("importlib").util.find_spec("triton") is None, reason="Triton is not installed"
-)
 
 CHECK = textwrap.dedent(
     """
@@ -114,19 +110,7 @@ CHECK = textwrap.dedent(
 
 
 def run_check(device: str, broken: str = "none") -> subprocess.CompletedProcess:
-    # from a file: Triton compiles @jit functions for a GPU from their source file (``-c`` has none)
-    env = {**os.environ, "TRITON_INTERPRET": "1"} if device == "cpu" else None
-    with tempfile.TemporaryDirectory() as tmp:
-        script = Path(tmp) / "check_fp8_linear.py"
-        script.write_text(CHECK)
-        return subprocess.run(
-            [sys.executable, str(script), device, broken],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+    return run_script(CHECK, "check_fp8_linear", device, broken)
 
 
 @needs_triton
