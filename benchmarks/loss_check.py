@@ -36,7 +36,8 @@ from helpers.ladder import ladder_configs, last_runnable
 from helpers.measure import results
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from perf import VARIANTS, experiment  # noqa: E402
+from perf import experiment, switches  # noqa: E402
+from perf import variant as variant_name  # noqa: E402
 
 
 def run_losses(
@@ -53,7 +54,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--variants", nargs="+", default=["final"], choices=list(VARIANTS))
+    p.add_argument("--variants", nargs="+", default=["final"], type=variant_name)
     p.add_argument("--tolerance", type=float, default=0.01)
     p.add_argument(
         "--seeds",
@@ -96,7 +97,7 @@ def main(argv=None) -> int:
             f"seed {seed}, plain bf16: loss(last 10 of {args.steps}) = {base_end:.4f}", flush=True
         )
         for v in args.variants:
-            run = final.replace(name=v, seed=seed, **VARIANTS[v])
+            run = final.replace(name=v, seed=seed, **switches(v))
             reason = unsupported_reason(run, device)
             if reason is not None:  # e.g. pytorch-ce on the fp8 LM head: skipped, not a crash
                 print(f"seed {seed}, {v}: skipped: {reason}", flush=True)

@@ -98,13 +98,43 @@ FUSED_CHUNKS = {
 }
 
 
+def variant(name: str) -> str:
+    """``name`` if it is a variant or several joined by "+" (``ce-transposed-grad+reduce-overhead``:
+    the last rung with all of their changes); for argparse.
+
+    Raises:
+        argparse.ArgumentTypeError: a part that is not in :data:`VARIANTS`.
+    """
+    unknown = [part for part in name.split("+") if part not in VARIANTS]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown variant(s) {unknown}; known (join several with '+'): {', '.join(VARIANTS)}"
+        )
+    return name
+
+
+def switches(name: str) -> dict:
+    """The RunConfig switches of variant ``name`` (parts joined by "+" merged left to right)."""
+    merged: dict = {}
+    for part in name.split("+"):
+        merged.update(VARIANTS[part])
+    return merged
+
+
 def experiment(name: str):
     """Context for variants that are not RunConfig switches: inductor settings (coord-descent,
     max-autotune-gemm), the SDPA backends (no-cudnn-attention),
-    ``helpers.core.kernels.fused_ce.FUSED_CHUNK_ROWS`` (fused-*); restores them afterwards."""
+    ``helpers.core.kernels.fused_ce.FUSED_CHUNK_ROWS`` (fused-*); restores them afterwards.
+    A name joined by "+" enters each part's context."""
     import contextlib
 
     import torch._inductor.config as inductor_config
+
+    if "+" in name:
+        stack = contextlib.ExitStack()
+        for part in name.split("+"):
+            stack.enter_context(experiment(part))
+        return stack
 
     if name == "coord-descent":
         return inductor_config.patch(coordinate_descent_tuning=True)
@@ -205,7 +235,13 @@ def profile(trainer, loader, steps: int = 3) -> dict[str, float]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch-size", type=int, nargs="+", default=[16])
-    p.add_argument("--variants", nargs="+", default=["final"], choices=list(VARIANTS))
+    p.add_argument(
+        "--variants",
+        nargs="+",
+        default=["final"],
+        type=variant,
+        help="names from VARIANTS; join several with '+' to combine them",
+    )
     p.add_argument("--profile", action="store_true")
     p.add_argument(
         "--power", action="store_true", help="sample power and SM clock with nvidia-smi (100 ms)"
@@ -255,7 +291,7 @@ def run_batch_size(
     profile and power if asked; `save()` after each measured row."""
     final = last_runnable(B, 1024, device)
     for v in args.variants:
-        run = final.replace(name=v, **VARIANTS[v])
+        run = final.replace(name=v, **switches(v))
         settled = {}
 
         def settle(trainer, loader):
@@ -273,17 +309,23 @@ def run_batch_size(
         def profiled(trainer, loader):
             return {"profile": profile(trainer, loader)} if args.profile else {}
 
-        with experiment(v):  # compilation happens in the warm-up steps, inside the context
-            m = bench.measure(
-                run,
-                cfg,
-                device,
-                tokens,
-                warmup=3,
-                iters=10,
-                before=settle if smi is not None else None,
-                after=profiled,
-            )
+        try:
+            with experiment(v):  # compilation happens in the warm-up steps, inside the context
+                m = bench.measure(
+                    run,
+                    cfg,
+                    device,
+                    tokens,
+                    warmup=3,
+                    iters=10,
+                    before=settle if smi is not None else None,
+                    after=profiled,
+                )
+        except Exception as e:  # e.g. an inductor setting this torch lacks: the next variant runs
+            print(f"B={B:<3} {v:<16} failed: {e!r}", flush=True)
+            rows.append({"variant": v, "batch_size": B, "error": repr(e)})
+            save()
+            continue
         if m["status"] != "measured":
             print(f"B={B:<3} {v:<16} {m['status']}: {m['reason']}", flush=True)
             continue

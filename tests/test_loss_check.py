@@ -130,3 +130,31 @@ def test_repeats_are_summarised_against_the_plain_rung(loss_check, monkeypatch, 
 def test_repeats_below_one_are_refused(loss_check):
     with pytest.raises(SystemExit):
         loss_check.main(["--repeats", "0"])
+
+
+def test_variants_combine_with_plus_and_an_unknown_part_is_refused(loss_check, monkeypatch):
+    perf = sys.modules["perf"]
+    assert perf.switches("reduce-overhead+no-clip") == {
+        "compile": "reduce-overhead",
+        "grad_clip": None,
+    }
+    seen = []
+    monkeypatch.setattr(
+        loss_check, "run_losses", lambda run, *a: seen.append(run) or [5.0] * 200
+    )
+    assert loss_check.main(["--variants", "reduce-overhead+no-clip"]) == 0
+    combined = seen[-1]
+    assert (combined.name, combined.compile, combined.grad_clip) == (
+        "reduce-overhead+no-clip",
+        "reduce-overhead",
+        None,
+    )
+    with pytest.raises(SystemExit):
+        loss_check.main(["--variants", "reduce-overhead+not-a-variant"])
+    # each part's context is entered: a combined inductor setting is set inside, restored after
+    import torch._inductor.config as inductor_config
+
+    before = inductor_config.triton.mix_order_reduction_split_size
+    with perf.experiment("mix-order-split-64+no-clip"):
+        assert inductor_config.triton.mix_order_reduction_split_size == 64
+    assert inductor_config.triton.mix_order_reduction_split_size == before
