@@ -3,6 +3,11 @@
 rung before, at one B=64 layer's size, on a CUDA GPU with fp8 (compute capability >= 8.9):
 
     python benchmarks/fp8_mlp.py --out results/h200-fp8-mlp-kernels-DATE.json
+    python benchmarks/fp8_mlp.py --sweep --out ...   # also every tile config, and a plain copy
+
+``--sweep`` times each kernel at every (rows per tile, warps) of a grid wider than the autotune
+list ``TILE_CONFIGS`` and, for the backward, other rows per program than ``BACKWARD_ROWS``, next
+to a bf16 copy of the same (M, N) (``Tensor.copy_``: the bandwidth a one-pass kernel can hope for).
 
 The step with and without the rung: ``python benchmarks/perf.py --variants final bf16-mlp``.
 """
@@ -17,8 +22,13 @@ import torch
 
 from helpers.core.kernels import fp8_available
 from helpers.core.kernels.fp8_mlp import (
+    E4M3_MAX,
+    GELU_C,
+    ROW_BLOCK,
     _bwd_kernel,
     _fwd_kernel,
+    _gelu_backward_cast_kernel,
+    _gelu_cast_kernel,
     gelu_backward_rowwise_e4m3,
     gelu_rowwise_e4m3,
 )
@@ -62,15 +72,72 @@ def bench_kernels(M: int = 65536, N: int = 3072) -> dict:
     return out
 
 
+def sweep_configs(M: int = 65536, N: int = 3072) -> dict:
+    """Each GELU kernel at fixed tile configs (not autotuned), and a bf16 copy of (M, N).
+
+    Returns:
+        {"copy": {"ms", "GB/s"}, "forward": [{"rows", "warps", "ms", "GB/s"}, ...],
+        "backward": [{"rows", "warps", "rows_per_program", "ms", "GB/s"}, ...]}; GB/s counts the
+        bytes that must move (5 B/element forward, 7 backward, 4 for the copy).
+    """
+    from triton import cdiv
+    from triton.testing import do_bench
+
+    h = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    da = torch.randn(M, N, device="cuda", dtype=torch.bfloat16) * 1e-3
+    a, dh = torch.empty_like(h), torch.empty_like(h)
+    a8 = torch.empty(M, N, device="cuda", dtype=torch.float8_e4m3fn)
+    inv = torch.empty(M, 1, device="cuda", dtype=torch.float32)
+    el = M * N
+    copy_ms = do_bench(lambda: a.copy_(h), warmup=25, rep=200)
+    out = {"copy": {"ms": copy_ms, "GB/s": 4 * el / copy_ms / 1e6}, "forward": [], "backward": []}
+    common = dict(GELU_C=GELU_C, E4M3_MAX=E4M3_MAX, BLOCK=ROW_BLOCK, HW_CAST=True)
+    for rows in (1, 2, 4):
+        for warps in (4, 8, 16, 32):
+
+            def fwd(rows=rows, warps=warps):
+                _gelu_cast_kernel[(cdiv(M, rows),)](
+                    h, a, a8, inv, M, N, ROWS=rows, num_warps=warps, **common
+                )
+
+            ms = do_bench(fwd, warmup=25, rep=100)
+            gbs = 5 * el / ms / 1e6
+            out["forward"].append({"rows": rows, "warps": warps, "ms": ms, "GB/s": gbs})
+            for per_program in (16, 32, 64):
+                if per_program % rows:
+                    continue
+                programs = cdiv(M, per_program)
+                partial = torch.empty(programs, N, device="cuda", dtype=torch.float32)
+
+                def bwd(rows=rows, warps=warps, per_program=per_program, partial=partial):
+                    _gelu_backward_cast_kernel[(cdiv(M, per_program),)](
+                        da, h, dh, a8, inv, partial, M, N, ROWS=rows,
+                        GROUPS=per_program // rows, num_warps=warps, **common,
+                    )  # fmt: skip
+                    partial.sum(0)
+
+                ms = do_bench(bwd, warmup=25, rep=100)
+                out["backward"].append(
+                    {"rows": rows, "warps": warps, "rows_per_program": per_program, "ms": ms,
+                     "GB/s": 7 * el / ms / 1e6}
+                )  # fmt: skip
+    for key in ("forward", "backward"):
+        out[key].sort(key=lambda r: r["ms"])
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None, help="write the JSON here too")
+    p.add_argument("--sweep", action="store_true", help="also time every tile config and a copy")
     args = p.parse_args(argv)
     ok, why = fp8_available("cuda") if torch.cuda.is_available() else (False, "no CUDA GPU")
     if not ok:
         print(f"benchmarks/fp8_mlp.py needs a GPU with fp8 tensor cores: {why}", file=sys.stderr)
         return 2
     out = {**results.provenance(torch.device("cuda")), "kernels": bench_kernels()}
+    if args.sweep:
+        out["sweep"] = sweep_configs()
     text = json.dumps(out, indent=1)
     print(text)
     if args.out:
