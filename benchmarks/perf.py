@@ -80,6 +80,9 @@ VARIANTS = {
     # inductor autotunes each matmul (cuBLAS vs Triton templates that can fuse epilogues)
     "max-autotune-gemm": {},
     # SDPA may not pick cuDNN's kernel (set before compiling, so the trace sees it)
+    # deterministic kernels where PyTorch has them, inductor's deterministic mode (the loss check's
+    # run-to-run spread: is it the kernels' nondeterminism?)
+    "deterministic": {},
     "no-cudnn-attention": {},
     # the fused LM-head CE with other chunk sizes than fused_ce.FUSED_CHUNK_ROWS (32768)
     "fused-unchunked": {},
@@ -163,6 +166,29 @@ def experiment(name: str):
         return fp8_linears.experiment(name)
     if name in ce_transposed_grad.VARIANTS:
         return ce_transposed_grad.experiment(name)
+    if name == "deterministic":
+        # PyTorch's deterministic kernels (warn-only: an op without one warns and runs as it is)
+        # and inductor's deterministic mode (no on-device benchmarking of choices that change the
+        # numerics); cuBLAS also needs CUBLAS_WORKSPACE_CONFIG=:4096:8 set before it starts
+        @contextlib.contextmanager
+        def deterministic():
+            before = (
+                torch.are_deterministic_algorithms_enabled(),
+                torch.is_deterministic_algorithms_warn_only_enabled(),
+            )
+            torch.use_deterministic_algorithms(True, warn_only=True)
+            inductor = (
+                inductor_config.patch(deterministic=True)
+                if hasattr(inductor_config, "deterministic")
+                else contextlib.nullcontext()
+            )
+            try:
+                with inductor:
+                    yield
+            finally:
+                torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+        return deterministic()
     if name == "no-cudnn-attention":
 
         @contextlib.contextmanager

@@ -158,3 +158,12 @@ def test_variants_combine_with_plus_and_an_unknown_part_is_refused(loss_check, m
     with perf.experiment("mix-order-split-64+no-clip"):
         assert inductor_config.triton.mix_order_reduction_split_size == 64
     assert inductor_config.triton.mix_order_reduction_split_size == before
+
+
+def test_the_deterministic_variant_is_restored_afterwards(loss_check):
+    perf = sys.modules["perf"]
+    assert not torch.are_deterministic_algorithms_enabled()
+    with perf.experiment("deterministic"):
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+    assert not torch.are_deterministic_algorithms_enabled()
