@@ -34,8 +34,7 @@ from helpers.ladder import last_runnable
 from helpers.measure import power, results
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import ce_transposed_grad  # noqa: E402  (this folder's experiment modules)
-import fp8_linears  # noqa: E402
+import fp8_linears  # noqa: E402  (this folder's experiment module)
 
 VARIANTS = {
     "final": {},
@@ -58,9 +57,6 @@ VARIANTS = {
     "bf16-mlp": {"mlp_fp8": False},  # the MLP in bf16 (the rung before the last)
     # the fp8 LM head's e5m2 gradient rounded by fused_ce._e5m2_bits, not the GPU's conversion
     "software-e5m2": {},
-    # the fp8 LM head's CE kernel writing its e5m2 gradient in both layouts (no transpose_fp8 of
-    # it): benchmarks/ce_transposed_grad.py
-    **{name: {} for name in ce_transposed_grad.VARIANTS},
     # the ladder without its last five byte-saving rungs (the name is the committed result files')
     "session-3-final": {
         "residual_dtype": "fp32",
@@ -102,7 +98,7 @@ FUSED_CHUNKS = {
 
 
 def variant(name: str) -> str:
-    """``name`` if it is a variant or several joined by "+" (``ce-transposed-grad+reduce-overhead``:
+    """``name`` if it is a variant or several joined by "+" (``mix-order-autotune+reduce-overhead``:
     the last rung with all of their changes); for argparse.
 
     Raises:
@@ -164,8 +160,6 @@ def experiment(name: str):
         return mock.patch.object(fused_ce, "FUSED_CHUNK_ROWS", FUSED_CHUNKS[name])
     if name in fp8_linears.VARIANTS:
         return fp8_linears.experiment(name)
-    if name in ce_transposed_grad.VARIANTS:
-        return ce_transposed_grad.experiment(name)
     if name == "deterministic":
         # PyTorch's deterministic kernels (warn-only: an op without one warns and runs as it is)
         # and inductor's deterministic mode (no on-device benchmarking of choices that change the
