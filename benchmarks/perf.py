@@ -39,6 +39,7 @@ import fp8_linears  # noqa: E402  (this folder's experiment module)
 VARIANTS = {
     "final": {},
     "reduce-overhead": {"compile": "reduce-overhead"},
+    "no-cuda-graphs": {"compile": "default"},  # the last rung without its "+ CUDA graphs"
     "foreach-adamw": {"optimizer": "foreach"},
     "no-clip": {"grad_clip": None},
     # the last rung minus one of its switches (each measured against "final" in one run)

@@ -48,6 +48,24 @@ def autocast_rung(name: str, changes: dict, device: torch.device | None) -> tupl
     }  # RunConfig(autocast="fp16") adds the GradScaler
 
 
+# The compile mode of the "+ CUDA graphs" rung for each mode of the "+ torch.compile" rung: the same
+# compilation with CUDA graphs on; a mode that already uses them has no such rung to add.
+WITH_CUDA_GRAPHS = {"default": "reduce-overhead", "max-autotune-no-cudagraphs": "max-autotune"}
+
+
+def compile_rung(changes: dict, compile_mode: str) -> dict:
+    """A rung's changes with its ``compile`` value read against ``compile_mode`` (the mode of the
+    "+ torch.compile" rung): the first compiled rung takes ``compile_mode``, the "+ CUDA graphs"
+    rung (``"reduce-overhead"``) the same mode with CUDA graphs (:data:`WITH_CUDA_GRAPHS`), or
+    ``compile_mode`` itself where that already uses them (the rung then changes nothing)."""
+    value = changes.get("compile")
+    if value is None:
+        return changes
+    if value == "reduce-overhead":
+        return {**changes, "compile": WITH_CUDA_GRAPHS.get(compile_mode, compile_mode)}
+    return {**changes, "compile": compile_mode}
+
+
 def ladder_configs(
     batch_size: int,
     seq_len: int,
@@ -60,6 +78,8 @@ def ladder_configs(
 
     Rung i = rung i-1 + one switch. A switch ``device`` cannot run (e.g. TF32 on a CPU) makes its
     rung skipped and is *not* carried into the later rungs, which build on the last runnable one.
+    The "+ CUDA graphs" rung is the ``compile_mode`` with CUDA graphs (:func:`compile_rung`); with a
+    mode that already uses them it is skipped as changing nothing.
     The autocast rung uses the device's recipe dtype (:func:`autocast_rung`): on a GPU without
     native bf16 (a T4, a V100, an emulated T4) it is "+ fp16 autocast + GradScaler", so the fp16
     path runs.
@@ -69,11 +89,12 @@ def ladder_configs(
     device = torch.device(device) if device is not None else None
     configs, current = [], RunConfig(batch_size=batch_size, seq_len=seq_len)
     for name, changes in RUNGS:
-        if changes.get("compile") is not None:
-            changes = {**changes, "compile": compile_mode}
+        changes = compile_rung(changes, compile_mode)
         name, changes = autocast_rung(name, changes, device)
         candidate = current.replace(name=name, **changes)
         reason = unsupported_reason(candidate, device) if device is not None else None
+        if changes.get("compile") is not None and changes["compile"] == current.compile:
+            reason = f"compile mode {compile_mode!r} already uses CUDA graphs: nothing to add"
         if reason is None and device is not None and not run_slow:
             reason = slow_reason(candidate, device)
         configs.append((candidate, reason))

@@ -90,9 +90,16 @@ SWITCHES: tuple[Switch, ...] = (
     Switch(
         "compile",
         None,
-        (("+ torch.compile", "default"),),
+        (("+ torch.compile", "default"), ("+ CUDA graphs", "reduce-overhead")),
         "05",
-        {},
+        {
+            "reduce-overhead": (
+                "once the step is compiled and the GPU waits on the host between kernels (small "
+                "batches, many short kernels): CUDA graphs replay the whole compiled step as one "
+                "launch; CUDA only, shapes must stay the same, a compiled output is overwritten "
+                "by the next step (clone what you keep), and the graphs hold their own memory pool"
+            ),
+        },
         (
             "runs long enough to repay the first-step compile time (compare first_step_ms with "
             "the ms saved per step); needs Triton (GPU, compute capability >= 7.0) or a C++ "
@@ -320,6 +327,7 @@ RUNG_ORDER = (
     "+ fused LM-head CE",
     "+ fp8 LM head",
     "+ fp8 MLP",
+    "+ CUDA graphs",
 )
 
 

@@ -102,7 +102,8 @@ def _as_dict(choices):
 def test_recipe_for_a_t4_is_fp16_with_gradscaler_and_no_tf32():
     r = t4_colab.recommend_recipe(gpus.PROFILES["T4"])
     d = _as_dict(r)
-    assert d["autocast"] == "fp16" and d["matmul_precision"] == "fp32" and d["compile"] == "default"
+    assert d["autocast"] == "fp16" and d["matmul_precision"] == "fp32"
+    assert d["compile"] == "reduce-overhead"  # the "+ CUDA graphs" rung runs on a T4
     assert d["attention"] == "sdpa" and d["vocab_multiple"] == 64 and d["batch_size"] is None
     reasons = {c.switch: c.reason for c in r}
     assert "GradScaler" in reasons["autocast"] and "memory-efficient" in reasons["attention"]

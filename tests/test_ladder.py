@@ -27,6 +27,7 @@ def test_rungs_are_cumulative_and_skip_what_the_cpu_cannot_run(monkeypatch):
         "+ fused LM-head CE",
         "+ fp8 LM head",
         "+ fp8 MLP",
+        "+ CUDA graphs",
     ]
     reasons = dict((c.name, r) for c, r in configs)
     assert "TF32" in reasons["+ tf32"]
@@ -37,7 +38,9 @@ def test_rungs_are_cumulative_and_skip_what_the_cpu_cannot_run(monkeypatch):
         and "CUDA GPU" in reasons["+ fp8 LM head"]
     )
     assert "fp8 MLP cannot run" in reasons["+ fp8 MLP"] and "CUDA GPU" in reasons["+ fp8 MLP"]
+    assert "CUDA graphs: CUDA only" in reasons["+ CUDA graphs"]
     skipped = ("+ tf32", "+ Triton CE", "+ fused LM-head CE", "+ fp8 LM head", "+ fp8 MLP")
+    skipped += ("+ CUDA graphs",)
     assert all(r is None for n, r in reasons.items() if n not in skipped)
     last = [c for c, r in configs if r is None][-1]
     # TF32 and the Triton kernels were skipped, so they are not carried into later rungs;
@@ -61,10 +64,10 @@ def test_rungs_are_cumulative_and_skip_what_the_cpu_cannot_run(monkeypatch):
 def test_gpu_ladder_carries_every_switch():
     configs = ladder.ladder_configs(16, 1024)
     assert configs[-1][0] == RunConfig(
-        name="+ fp8 MLP",
+        name="+ CUDA graphs",
         matmul_precision="tf32",
         autocast="bf16",
-        compile="default",
+        compile="reduce-overhead",
         attention="sdpa",
         vocab_multiple=64,
         optimizer="fused",
@@ -81,7 +84,7 @@ def test_gpu_ladder_carries_every_switch():
 
 def test_fp8_rung_is_skipped_below_compute_capability_8_9(monkeypatch):
     """An A100 (8.0) runs every rung but the two fp8 ones,
-    and its fastest configuration is the bf16 fused LM head."""
+    and its fastest configuration is the bf16 fused LM head with CUDA graphs."""
     _fake_cuda(monkeypatch, (8, 0))
     configs = ladder.ladder_configs(16, 1024, device="cuda")
     reasons = dict((c.name, r) for c, r in configs)
@@ -89,10 +92,11 @@ def test_fp8_rung_is_skipped_below_compute_capability_8_9(monkeypatch):
     assert all("8.9" in reasons[n] and "8.0" in reasons[n] for n in fp8_rungs)
     assert all(r is None for n, r in reasons.items() if n not in fp8_rungs)
     last = ladder.last_runnable(16, 1024, "cuda")
-    assert last.name == "+ fused LM-head CE" and not last.lm_head_fp8 and not last.mlp_fp8
+    assert last.name == "+ CUDA graphs" and not last.lm_head_fp8 and not last.mlp_fp8
+    assert last.loss_kernel == "fused" and last.compile == "reduce-overhead"
     _fake_cuda(monkeypatch, (9, 0))  # an H100 / H200
     last = ladder.last_runnable(16, 1024, "cuda")
-    assert last.name == "+ fp8 MLP" and last.lm_head_fp8 and last.mlp_fp8
+    assert last.name == "+ CUDA graphs" and last.lm_head_fp8 and last.mlp_fp8
 
 
 def test_last_runnable_taught_by_stops_before_the_first_later_chapters_switch(monkeypatch):
@@ -293,17 +297,36 @@ def test_last_runnable_rung_is_what_a_t4_can_build(monkeypatch):
     from helpers.core import train
 
     _fake_cuda(monkeypatch, (7, 5))
-    assert (
-        ladder.ladder_configs(16, 1024, device="cuda")[-1][1] is not None
-    )  # "+ clip in AdamW" is refused here
+    reasons = {c.name: r for c, r in ladder.ladder_configs(16, 1024, device="cuda")}
+    assert reasons["+ clip in AdamW"] is not None and reasons["+ fp8 MLP"] is not None
+    assert reasons["+ CUDA graphs"] is None  # CUDA graphs need CUDA, not a capability
     run = ladder.last_runnable(16, 1024, "cuda")
     assert (
         train.unsupported_reason(run, "cuda") is None
+        and run.name == "+ CUDA graphs"
+        and run.compile == "reduce-overhead"
         and run.autocast == "fp16"
         and not run.fused_clip
     )
     final = profiling.final_rung(16, 1024, "cuda", eager=True)
     assert train.unsupported_reason(final, "cuda") is None and final.compile is None
+
+
+def test_cuda_graphs_rung_follows_the_compile_mode(monkeypatch):
+    """--compile-mode sets the "+ torch.compile" rung; "+ CUDA graphs" adds CUDA graphs to that
+    mode, and is skipped as adding nothing when the mode already has them."""
+    _fake_cuda(monkeypatch, (9, 0))
+
+    def modes(mode):
+        return {c.name: (c.compile, r) for c, r in ladder.ladder_configs(16, 1024, mode, "cuda")}
+
+    assert modes("default")["+ torch.compile"] == ("default", None)
+    assert modes("default")["+ CUDA graphs"] == ("reduce-overhead", None)
+    assert modes("max-autotune-no-cudagraphs")["+ CUDA graphs"] == ("max-autotune", None)
+    for mode in ("reduce-overhead", "max-autotune"):
+        compiled, (graphs, reason) = modes(mode)["+ torch.compile"], modes(mode)["+ CUDA graphs"]
+        assert compiled == (mode, None) and graphs == mode and "already uses CUDA graphs" in reason
+        assert ladder.last_runnable(16, 1024, "cuda", mode).name == "+ fp8 MLP"
 
 
 def test_autocast_rung_stays_bf16_where_it_is_native(monkeypatch):

@@ -27,6 +27,7 @@ LADDER_BEFORE_THE_REGISTRY = [
     ("+ fused LM-head CE", dict(loss_kernel="fused")),
     ("+ fp8 LM head", dict(lm_head_fp8=True)),
     ("+ fp8 MLP", dict(mlp_fp8=True)),
+    ("+ CUDA graphs", dict(compile="reduce-overhead")),  # the compile switch's second rung
 ]
 
 
