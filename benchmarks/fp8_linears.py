@@ -87,9 +87,7 @@ if triton is not None and TRITON_OP_MISSING is None:
         _store_rowwise_e4m3,
     )
 
-    # the fp8 MLP's (rows, warps) pairs; this kernel holds a whole row in one block
-    ROWS_WARPS = sorted({cfg[:2] for cfg in TILE_CONFIGS})
-    if any(ROWS_PER_PROGRAM % rows for rows, _ in [*ROWS_WARPS, INTERPRETER_CONFIG[:2]]):
+    if any(ROWS_PER_PROGRAM % rows for rows, _ in [*TILE_CONFIGS, INTERPRETER_CONFIG]):
         raise ValueError("each tile's rows must divide ROWS_PER_PROGRAM (rows per program)")
 
     @triton.jit
@@ -121,13 +119,13 @@ if triton is not None and TRITON_OP_MISSING is None:
 
     if _INTERPRETED_AT_IMPORT:
         _kernel = _cast_colsum_kernel
-        _rows, _warps = INTERPRETER_CONFIG[:2]
+        _rows, _warps = INTERPRETER_CONFIG
         _FIXED = {"ROWS": _rows, "GROUPS": ROWS_PER_PROGRAM // _rows, "num_warps": _warps}
     else:
         _kernel = triton.autotune(
             [
                 triton.Config({"ROWS": r, "GROUPS": ROWS_PER_PROGRAM // r}, num_warps=w)
-                for r, w in ROWS_WARPS
+                for r, w in TILE_CONFIGS
             ],
             key=["n_cols"],
         )(_cast_colsum_kernel)

@@ -106,14 +106,6 @@ if triton is not None and TRITON_OP_MISSING is None:
             tl.store(ptr + off, _e4m3_bits(q), mask=mask)
 
     @triton.jit
-    def _store_rowwise_e4m3(x, ptr, off, mask, inv_ptr, rows, row_mask, E4M3_MAX, HW_CAST):
-        # x (ROWS, BLOCK) fp32, whole rows: each row's amax maps to 448 (as rowwise_e4m3);
-        # stores x * scale in e4m3 at ptr + off and 1 / scale at inv_ptr + rows
-        scale = E4M3_MAX / tl.maximum(_row_amax(x, HW_CAST), 1e-12)
-        _store_e4m3(x * scale[:, None], ptr, off, mask, E4M3_MAX, HW_CAST)
-        tl.store(inv_ptr + rows, 1.0 / scale, mask=row_mask)
-
-    @triton.jit
     def _sigmoid_2u(h, GELU_C: tl.constexpr):
         # GELU(h) = 0.5 h (1 + tanh(u)) = h * sigmoid(2u), u = sqrt(2/pi) (h + 0.044715 h^3):
         # no cancellation in 1 + tanh(u) for large negative h (libdevice's tanh is not in the
@@ -163,15 +155,15 @@ if triton is not None and TRITON_OP_MISSING is None:
                 h_ptr, a_ptr, rows, cols + 3 * CHUNK, n_rows, n_cols, GELU_C
             )
             amax = tl.maximum(amax, _row_amax(a3, HW_CAST))
-        scale = E4M3_MAX / tl.maximum(amax, 1e-12)
-        _store_e4m3(a0 * scale[:, None], a8_ptr, off0, m0, E4M3_MAX, HW_CAST)
+        scale = (E4M3_MAX / tl.maximum(amax, 1e-12))[:, None]
+        _store_e4m3(a0 * scale, a8_ptr, off0, m0, E4M3_MAX, HW_CAST)
         if NCHUNK > 1:
-            _store_e4m3(a1 * scale[:, None], a8_ptr, off1, m1, E4M3_MAX, HW_CAST)
+            _store_e4m3(a1 * scale, a8_ptr, off1, m1, E4M3_MAX, HW_CAST)
         if NCHUNK > 2:
-            _store_e4m3(a2 * scale[:, None], a8_ptr, off2, m2, E4M3_MAX, HW_CAST)
+            _store_e4m3(a2 * scale, a8_ptr, off2, m2, E4M3_MAX, HW_CAST)
         if NCHUNK > 3:
-            _store_e4m3(a3 * scale[:, None], a8_ptr, off3, m3, E4M3_MAX, HW_CAST)
-        tl.store(inv_ptr + rows1, 1.0 / scale, mask=rows1 < n_rows)
+            _store_e4m3(a3 * scale, a8_ptr, off3, m3, E4M3_MAX, HW_CAST)
+        tl.store(inv_ptr + rows1, 1.0 / tl.reshape(scale, (ROWS,)), mask=rows1 < n_rows)
 
     @triton.jit
     def _gelu_grad_chunk(da_ptr, h_ptr, dh_ptr, rows, cols, n_rows, n_cols, GELU_C: tl.constexpr):
@@ -228,15 +220,15 @@ if triton is not None and TRITON_OP_MISSING is None:
                 )
                 s3 += tl.sum(d3, axis=0)
                 amax = tl.maximum(amax, _row_amax(d3, HW_CAST))
-            scale = E4M3_MAX / tl.maximum(amax, 1e-12)
-            _store_e4m3(d0 * scale[:, None], dh8_ptr, off0, m0, E4M3_MAX, HW_CAST)
+            scale = (E4M3_MAX / tl.maximum(amax, 1e-12))[:, None]
+            _store_e4m3(d0 * scale, dh8_ptr, off0, m0, E4M3_MAX, HW_CAST)
             if NCHUNK > 1:
-                _store_e4m3(d1 * scale[:, None], dh8_ptr, off1, m1, E4M3_MAX, HW_CAST)
+                _store_e4m3(d1 * scale, dh8_ptr, off1, m1, E4M3_MAX, HW_CAST)
             if NCHUNK > 2:
-                _store_e4m3(d2 * scale[:, None], dh8_ptr, off2, m2, E4M3_MAX, HW_CAST)
+                _store_e4m3(d2 * scale, dh8_ptr, off2, m2, E4M3_MAX, HW_CAST)
             if NCHUNK > 3:
-                _store_e4m3(d3 * scale[:, None], dh8_ptr, off3, m3, E4M3_MAX, HW_CAST)
-            tl.store(inv_ptr + rows1, 1.0 / scale, mask=rows1 < n_rows)
+                _store_e4m3(d3 * scale, dh8_ptr, off3, m3, E4M3_MAX, HW_CAST)
+            tl.store(inv_ptr + rows1, 1.0 / tl.reshape(scale, (ROWS,)), mask=rows1 < n_rows)
         base = dbias_ptr + pid * n_cols
         tl.store(base + c1, s0, mask=c1 < n_cols)
         if NCHUNK > 1:
