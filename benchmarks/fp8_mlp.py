@@ -5,10 +5,9 @@ rung before, at one B=64 layer's size, on a CUDA GPU with fp8 (compute capabilit
     python benchmarks/fp8_mlp.py --out results/h200-fp8-mlp-kernels-DATE.json
     python benchmarks/fp8_mlp.py --sweep --out ...   # also every tile config, and a plain copy
 
-``--sweep`` times each kernel at every (rows per tile, warps, chunk width) of a grid wider than the
-autotune list ``TILE_CONFIGS`` and, for the backward, 64 rows per program besides
-``BACKWARD_ROWS``, next to a bf16 copy of the same (M, N) (``Tensor.copy_``: the bandwidth a
-one-pass kernel can hope for).
+``--sweep`` times each kernel at every (rows per tile, warps) of a grid wider than the autotune
+list ``TILE_CONFIGS`` and, for the backward, other rows per program than ``BACKWARD_ROWS``, next
+to a bf16 copy of the same (M, N) (``Tensor.copy_``: the bandwidth a one-pass kernel can hope for).
 
 The step with and without the rung: ``python benchmarks/perf.py --variants final bf16-mlp``.
 """
@@ -23,9 +22,9 @@ import torch
 
 from helpers.core.kernels import fp8_available
 from helpers.core.kernels.fp8_mlp import (
-    BACKWARD_ROWS,
     E4M3_MAX,
     GELU_C,
+    ROW_BLOCK,
     _bwd_kernel,
     _fwd_kernel,
     _gelu_backward_cast_kernel,
@@ -76,15 +75,10 @@ def bench_kernels(M: int = 65536, N: int = 3072) -> dict:
 def sweep_configs(M: int = 65536, N: int = 3072) -> dict:
     """Each GELU kernel at fixed tile configs (not autotuned), and a bf16 copy of (M, N).
 
-    The grid: rows per tile (1, 2, 4) x warps x chunk width (1024: a 3072-wide row as three
-    unrolled chunks; 4096: one block with a quarter of its lanes masked); the backward at
-    ``BACKWARD_ROWS`` rows per program and, for the chunked layout, 64.
-
     Returns:
-        {"copy": {"ms", "GB/s"}, "forward": [{"rows", "warps", "chunk", "ms", "GB/s"}, ...],
-        "backward": [{"rows", "warps", "chunk", "rows_per_program", "ms", "GB/s"}, ...]}, each
-        list fastest first; GB/s counts the bytes that must move (5 B/element forward, 7
-        backward, 4 for the copy).
+        {"copy": {"ms", "GB/s"}, "forward": [{"rows", "warps", "ms", "GB/s"}, ...],
+        "backward": [{"rows", "warps", "rows_per_program", "ms", "GB/s"}, ...]}; GB/s counts the
+        bytes that must move (5 B/element forward, 7 backward, 4 for the copy).
     """
     from triton import cdiv
     from triton.testing import do_bench
@@ -97,42 +91,36 @@ def sweep_configs(M: int = 65536, N: int = 3072) -> dict:
     el = M * N
     copy_ms = do_bench(lambda: a.copy_(h), warmup=25, rep=200)
     out = {"copy": {"ms": copy_ms, "GB/s": 4 * el / copy_ms / 1e6}, "forward": [], "backward": []}
-    common = dict(GELU_C=GELU_C, E4M3_MAX=E4M3_MAX, HW_CAST=True)
-    for chunk in (1024, 4096):
-        for rows in (1, 2, 4):
-            for warps in (4, 8, 16, 32):
+    common = dict(GELU_C=GELU_C, E4M3_MAX=E4M3_MAX, BLOCK=ROW_BLOCK, HW_CAST=True)
+    for rows in (1, 2, 4):
+        for warps in (4, 8, 16, 32):
 
-                def fwd(rows=rows, warps=warps, chunk=chunk):
-                    _gelu_cast_kernel[(cdiv(M, rows),)](
-                        h, a, a8, inv, M, N, ROWS=rows, CHUNK=chunk, NCHUNK=cdiv(N, chunk),
-                        num_warps=warps, **common,
-                    )  # fmt: skip
+            def fwd(rows=rows, warps=warps):
+                _gelu_cast_kernel[(cdiv(M, rows),)](
+                    h, a, a8, inv, M, N, ROWS=rows, num_warps=warps, **common
+                )
 
-                ms = do_bench(fwd, warmup=25, rep=100)
-                out["forward"].append(
-                    {"rows": rows, "warps": warps, "chunk": chunk, "ms": ms,
-                     "GB/s": 5 * el / ms / 1e6}
-                )  # fmt: skip
-                if warps == 32:
+            ms = do_bench(fwd, warmup=25, rep=100)
+            gbs = 5 * el / ms / 1e6
+            out["forward"].append({"rows": rows, "warps": warps, "ms": ms, "GB/s": gbs})
+            for per_program in (16, 32, 64):
+                if per_program % rows:
                     continue
-                for per_program in (BACKWARD_ROWS, 64) if chunk == 1024 else (BACKWARD_ROWS,):
-                    programs = cdiv(M, per_program)
-                    partial = torch.empty(programs, N, device="cuda", dtype=torch.float32)
+                programs = cdiv(M, per_program)
+                partial = torch.empty(programs, N, device="cuda", dtype=torch.float32)
 
-                    def bwd(rows=rows, warps=warps, per_program=per_program, partial=partial,
-                            chunk=chunk):  # fmt: skip
-                        _gelu_backward_cast_kernel[(cdiv(M, per_program),)](
-                            da, h, dh, a8, inv, partial, M, N, ROWS=rows, CHUNK=chunk,
-                            NCHUNK=cdiv(N, chunk), GROUPS=per_program // rows, num_warps=warps,
-                            **common,
-                        )  # fmt: skip
-                        partial.sum(0)
-
-                    ms = do_bench(bwd, warmup=25, rep=100)
-                    out["backward"].append(
-                        {"rows": rows, "warps": warps, "chunk": chunk,
-                         "rows_per_program": per_program, "ms": ms, "GB/s": 7 * el / ms / 1e6}
+                def bwd(rows=rows, warps=warps, per_program=per_program, partial=partial):
+                    _gelu_backward_cast_kernel[(cdiv(M, per_program),)](
+                        da, h, dh, a8, inv, partial, M, N, ROWS=rows,
+                        GROUPS=per_program // rows, num_warps=warps, **common,
                     )  # fmt: skip
+                    partial.sum(0)
+
+                ms = do_bench(bwd, warmup=25, rep=100)
+                out["backward"].append(
+                    {"rows": rows, "warps": warps, "rows_per_program": per_program, "ms": ms,
+                     "GB/s": 7 * el / ms / 1e6}
+                )  # fmt: skip
     for key in ("forward", "backward"):
         out[key].sort(key=lambda r: r["ms"])
     return out

@@ -51,20 +51,15 @@ from helpers.core.kernels._triton import (
 )
 from helpers.core.kernels.fp8 import E4M3_MAX, rowwise_e4m3, scaled_mm
 
-ROW_BLOCK = 4096  # the widest row the kernels hold in registers (four chunks of 1024)
+ROW_BLOCK = 4096  # the kernels' row width in registers: the next power of 2 above 4 * 768
 BACKWARD_ROWS = 32  # rows per program in the backward kernel (its bias-gradient partial sums)
 GELU_C = math.sqrt(2.0 / math.pi)  # GELU's tanh approximation (Hendrycks & Gimpel 2016, eq. 2)
-# On a GPU each kernel is autotuned over (rows per tile, warps, chunk width) (the fastest of these
-# configs at the first call): chunks of 1024 columns, or the whole row in one block of 4096; the
-# CPU interpreter runs one config (it cannot time kernels).
-TILE_CONFIGS = [
-    (rows, warps, chunk) for rows in (1, 2, 4) for warps in (4, 8, 16) for chunk in (1024, 4096)
-]
-INTERPRETER_CONFIG = (2, 4, 1024)
-if any(BACKWARD_ROWS % cfg[0] for cfg in [*TILE_CONFIGS, INTERPRETER_CONFIG]):
+# On a GPU each kernel is autotuned over rows per tile and warps (the fastest of these configs at
+# the first call); the CPU interpreter runs one config (it cannot time kernels).
+TILE_CONFIGS = [(rows, warps) for rows in (1, 2, 4) for warps in (4, 8, 16)]
+INTERPRETER_CONFIG = (2, 4)
+if any(BACKWARD_ROWS % rows for rows, _ in [*TILE_CONFIGS, INTERPRETER_CONFIG]):
     raise ValueError("each tile's rows must divide BACKWARD_ROWS (the backward's rows per program)")
-if any(4 * cfg[2] < ROW_BLOCK for cfg in [*TILE_CONFIGS, INTERPRETER_CONFIG]):
-    raise ValueError("four chunks of each config must cover ROW_BLOCK columns")
 
 if triton is not None and TRITON_OP_MISSING is None:
     from helpers.core.kernels._triton import _INTERPRETED_AT_IMPORT
@@ -87,23 +82,24 @@ if triton is not None and TRITON_OP_MISSING is None:
         return tl.where(v != v, 0x7F, out | sign).to(tl.uint8)  # NaN: e4m3fn's NaN, 0x7F
 
     @triton.jit
-    def _row_amax(x, HW_CAST: tl.constexpr):
-        # each row's largest magnitude of x (ROWS, CHUNK) fp32, NaN left out: on a GPU max skips
-        # it (PTX max.f32); the interpreter's numpy max would propagate it, so it is masked there
+    def _store_rowwise_e4m3(x, ptr, off, mask, inv_ptr, rows, row_mask, E4M3_MAX, HW_CAST):
+        # x (ROWS, BLOCK) fp32: each row's amax maps to 448 (as rowwise_e4m3); stores x * scale
+        # in e4m3 at ptr + off and 1 / scale at inv_ptr + rows. A NaN stays NaN and does not
+        # reach its row's scale: on a GPU, max skips it (PTX max.f32) and the cast keeps it
+        # (cvt.rn.satfinite, which also saturates: no clamp); the interpreter's numpy max would
+        # propagate it, so it is masked out there, and kept past the clamp _e4m3_bits needs
         if HW_CAST:
-            return tl.max(tl.abs(x), axis=1)
-        return tl.max(tl.where(x == x, tl.abs(x), 0.0), axis=1)
-
-    @triton.jit
-    def _store_e4m3(q, ptr, off, mask, E4M3_MAX: tl.constexpr, HW_CAST: tl.constexpr):
-        # q (already scaled, |q| <= 448 but for rounding) stored in e4m3. A NaN stays NaN: the
-        # GPU's cast keeps it (cvt.rn.satfinite, which also saturates: no clamp); the
-        # interpreter's rounding needs the clamp and keeps the NaN past it
+            amax = tl.max(tl.abs(x), axis=1)
+        else:
+            amax = tl.max(tl.where(x == x, tl.abs(x), 0.0), axis=1)
+        scale = E4M3_MAX / tl.maximum(amax, 1e-12)
+        q = x * scale[:, None]
         if HW_CAST:
             tl.store(ptr + off, q.to(tl.float8e4nv), mask=mask)
         else:
             q = tl.where(q != q, q, tl.minimum(tl.maximum(q, -E4M3_MAX), E4M3_MAX))
             tl.store(ptr + off, _e4m3_bits(q), mask=mask)
+        tl.store(inv_ptr + rows, 1.0 / scale, mask=row_mask)
 
     @triton.jit
     def _sigmoid_2u(h, GELU_C: tl.constexpr):
@@ -113,164 +109,83 @@ if triton is not None and TRITON_OP_MISSING is None:
         u = GELU_C * (h + 0.044715 * h * h * h)
         return tl.fdiv(1.0, 1.0 + tl.exp(-2.0 * u), ieee_rounding=False)
 
-    # Both kernels hold ROWS whole rows in registers as NCHUNK column chunks of CHUNK (a power
-    # of 2; NCHUNK = cdiv(n_cols, CHUNK) <= 4, unrolled: a row of 3072 is three chunks of 1024,
-    # where one block of 4096 would leave a quarter of its lanes masked). Chunk k > 0 exists
-    # only when NCHUNK > k; the row's scale needs every chunk's amax before any e4m3 store.
-
     @triton.jit
-    def _gelu_chunk(h_ptr, a_ptr, rows, cols, n_rows, n_cols, GELU_C: tl.constexpr):
-        # one chunk: a = GELU(h) stored in bf16, returned in fp32 (what the e4m3 copy casts),
-        # with its offsets and mask
+    def _gelu_cast_kernel(
+        h_ptr, a_ptr, a8_ptr, inv_ptr, n_rows, n_cols,
+        GELU_C: tl.constexpr, E4M3_MAX: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
+        HW_CAST: tl.constexpr,
+    ):  # fmt: skip
+        # ROWS rows per program: a = GELU(h) in bf16, a * scale in e4m3, 1 / scale
+        rows1 = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        rows = rows1[:, None]
+        cols = tl.arange(0, BLOCK)[None, :]
         mask = (rows < n_rows) & (cols < n_cols)
         off = rows * n_cols + cols
         h = tl.load(h_ptr + off, mask=mask, other=0.0).to(tl.float32)
         a16 = (h * _sigmoid_2u(h, GELU_C)).to(tl.bfloat16)
         tl.store(a_ptr + off, a16, mask=mask)
-        return a16.to(tl.float32), off, mask
-
-    @triton.jit
-    def _gelu_cast_kernel(
-        h_ptr, a_ptr, a8_ptr, inv_ptr, n_rows, n_cols,
-        GELU_C: tl.constexpr, E4M3_MAX: tl.constexpr, CHUNK: tl.constexpr,
-        NCHUNK: tl.constexpr, ROWS: tl.constexpr, HW_CAST: tl.constexpr,
-    ):  # fmt: skip
-        # ROWS rows per program: a = GELU(h) in bf16, a * scale in e4m3, 1 / scale; the e4m3
-        # copy is of the bf16 a (what c_proj's weight gradient sees), as rowwise_e4m3(a) would
-        rows1 = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-        rows = rows1[:, None]
-        cols = tl.arange(0, CHUNK)[None, :]
-        a0, off0, m0 = _gelu_chunk(h_ptr, a_ptr, rows, cols, n_rows, n_cols, GELU_C)
-        amax = _row_amax(a0, HW_CAST)
-        if NCHUNK > 1:
-            a1, off1, m1 = _gelu_chunk(h_ptr, a_ptr, rows, cols + CHUNK, n_rows, n_cols, GELU_C)
-            amax = tl.maximum(amax, _row_amax(a1, HW_CAST))
-        if NCHUNK > 2:
-            a2, off2, m2 = _gelu_chunk(
-                h_ptr, a_ptr, rows, cols + 2 * CHUNK, n_rows, n_cols, GELU_C
-            )
-            amax = tl.maximum(amax, _row_amax(a2, HW_CAST))
-        if NCHUNK > 3:
-            a3, off3, m3 = _gelu_chunk(
-                h_ptr, a_ptr, rows, cols + 3 * CHUNK, n_rows, n_cols, GELU_C
-            )
-            amax = tl.maximum(amax, _row_amax(a3, HW_CAST))
-        scale = (E4M3_MAX / tl.maximum(amax, 1e-12))[:, None]
-        _store_e4m3(a0 * scale, a8_ptr, off0, m0, E4M3_MAX, HW_CAST)
-        if NCHUNK > 1:
-            _store_e4m3(a1 * scale, a8_ptr, off1, m1, E4M3_MAX, HW_CAST)
-        if NCHUNK > 2:
-            _store_e4m3(a2 * scale, a8_ptr, off2, m2, E4M3_MAX, HW_CAST)
-        if NCHUNK > 3:
-            _store_e4m3(a3 * scale, a8_ptr, off3, m3, E4M3_MAX, HW_CAST)
-        tl.store(inv_ptr + rows1, 1.0 / tl.reshape(scale, (ROWS,)), mask=rows1 < n_rows)
-
-    @triton.jit
-    def _gelu_grad_chunk(da_ptr, h_ptr, dh_ptr, rows, cols, n_rows, n_cols, GELU_C: tl.constexpr):
-        # one chunk: dh = da * GELU'(h) stored in bf16, returned in fp32, with offsets and mask;
-        # GELU'(h) = s + 2 h s (1 - s) u'(h), s = sigmoid(2u)
-        mask = (rows < n_rows) & (cols < n_cols)
-        off = rows * n_cols + cols
-        da = tl.load(da_ptr + off, mask=mask, other=0.0).to(tl.float32)
-        h = tl.load(h_ptr + off, mask=mask, other=0.0).to(tl.float32)
-        s = _sigmoid_2u(h, GELU_C)
-        d = s + 2.0 * h * s * (1.0 - s) * GELU_C * (1.0 + 3 * 0.044715 * h * h)
-        dh16 = (da * d).to(tl.bfloat16)
-        tl.store(dh_ptr + off, dh16, mask=mask)
-        return dh16.to(tl.float32), off, mask
+        # cast what c_proj's weight gradient sees (the bf16 a), as rowwise_e4m3(a) would
+        _store_rowwise_e4m3(
+            a16.to(tl.float32), a8_ptr, off, mask, inv_ptr, rows1, rows1 < n_rows, E4M3_MAX,
+            HW_CAST,
+        )  # fmt: skip
 
     @triton.jit
     def _gelu_backward_cast_kernel(
         da_ptr, h_ptr, dh_ptr, dh8_ptr, inv_ptr, dbias_ptr, n_rows, n_cols,
-        GELU_C: tl.constexpr, E4M3_MAX: tl.constexpr, CHUNK: tl.constexpr,
-        NCHUNK: tl.constexpr, ROWS: tl.constexpr, GROUPS: tl.constexpr, HW_CAST: tl.constexpr,
+        GELU_C: tl.constexpr, E4M3_MAX: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
+        GROUPS: tl.constexpr, HW_CAST: tl.constexpr,
     ):  # fmt: skip
         # GROUPS tiles of ROWS rows per program: dh = da * GELU'(h) in bf16 and e4m3 (row
         # scale), and this program's column sums of dh (fp32) for the bias gradient
         pid = tl.program_id(0).to(tl.int64)
-        c1 = tl.arange(0, CHUNK)
-        cols = c1[None, :]
-        s0 = tl.zeros((CHUNK,), dtype=tl.float32)
-        s1 = tl.zeros((CHUNK,), dtype=tl.float32)
-        s2 = tl.zeros((CHUNK,), dtype=tl.float32)
-        s3 = tl.zeros((CHUNK,), dtype=tl.float32)
+        cols = tl.arange(0, BLOCK)[None, :]
+        colsum = tl.zeros((BLOCK,), dtype=tl.float32)
         for g in range(GROUPS):
             rows1 = (pid * GROUPS + g) * ROWS + tl.arange(0, ROWS)
             rows = rows1[:, None]
-            d0, off0, m0 = _gelu_grad_chunk(
-                da_ptr, h_ptr, dh_ptr, rows, cols, n_rows, n_cols, GELU_C
+            mask = (rows < n_rows) & (cols < n_cols)
+            off = rows * n_cols + cols
+            da = tl.load(da_ptr + off, mask=mask, other=0.0).to(tl.float32)
+            h = tl.load(h_ptr + off, mask=mask, other=0.0).to(tl.float32)
+            # GELU'(h) = s + 2 h s (1 - s) u'(h), s = sigmoid(2u)
+            s = _sigmoid_2u(h, GELU_C)
+            d = s + 2.0 * h * s * (1.0 - s) * GELU_C * (1.0 + 3 * 0.044715 * h * h)
+            dh16 = (da * d).to(tl.bfloat16)
+            tl.store(dh_ptr + off, dh16, mask=mask)
+            dh = dh16.to(tl.float32)
+            colsum += tl.sum(dh, axis=0)
+            _store_rowwise_e4m3(
+                dh, dh8_ptr, off, mask, inv_ptr, rows1, rows1 < n_rows, E4M3_MAX, HW_CAST
             )
-            s0 += tl.sum(d0, axis=0)
-            amax = _row_amax(d0, HW_CAST)
-            if NCHUNK > 1:
-                d1, off1, m1 = _gelu_grad_chunk(
-                    da_ptr, h_ptr, dh_ptr, rows, cols + CHUNK, n_rows, n_cols, GELU_C
-                )
-                s1 += tl.sum(d1, axis=0)
-                amax = tl.maximum(amax, _row_amax(d1, HW_CAST))
-            if NCHUNK > 2:
-                d2, off2, m2 = _gelu_grad_chunk(
-                    da_ptr, h_ptr, dh_ptr, rows, cols + 2 * CHUNK, n_rows, n_cols, GELU_C
-                )
-                s2 += tl.sum(d2, axis=0)
-                amax = tl.maximum(amax, _row_amax(d2, HW_CAST))
-            if NCHUNK > 3:
-                d3, off3, m3 = _gelu_grad_chunk(
-                    da_ptr, h_ptr, dh_ptr, rows, cols + 3 * CHUNK, n_rows, n_cols, GELU_C
-                )
-                s3 += tl.sum(d3, axis=0)
-                amax = tl.maximum(amax, _row_amax(d3, HW_CAST))
-            scale = (E4M3_MAX / tl.maximum(amax, 1e-12))[:, None]
-            _store_e4m3(d0 * scale, dh8_ptr, off0, m0, E4M3_MAX, HW_CAST)
-            if NCHUNK > 1:
-                _store_e4m3(d1 * scale, dh8_ptr, off1, m1, E4M3_MAX, HW_CAST)
-            if NCHUNK > 2:
-                _store_e4m3(d2 * scale, dh8_ptr, off2, m2, E4M3_MAX, HW_CAST)
-            if NCHUNK > 3:
-                _store_e4m3(d3 * scale, dh8_ptr, off3, m3, E4M3_MAX, HW_CAST)
-            tl.store(inv_ptr + rows1, 1.0 / tl.reshape(scale, (ROWS,)), mask=rows1 < n_rows)
-        base = dbias_ptr + pid * n_cols
-        tl.store(base + c1, s0, mask=c1 < n_cols)
-        if NCHUNK > 1:
-            tl.store(base + CHUNK + c1, s1, mask=CHUNK + c1 < n_cols)
-        if NCHUNK > 2:
-            tl.store(base + 2 * CHUNK + c1, s2, mask=2 * CHUNK + c1 < n_cols)
-        if NCHUNK > 3:
-            tl.store(base + 3 * CHUNK + c1, s3, mask=3 * CHUNK + c1 < n_cols)
-
-    def _nchunk(meta: dict) -> int:
-        # the unrolled chunks a row of n_cols needs (the kernels hold at most four)
-        return triton.cdiv(meta["n_cols"], meta["CHUNK"])
+        tl.store(
+            dbias_ptr + pid * n_cols + tl.arange(0, BLOCK),
+            colsum,
+            mask=tl.arange(0, BLOCK) < n_cols,
+        )
 
     if _INTERPRETED_AT_IMPORT:
         _fwd_kernel, _bwd_kernel = _gelu_cast_kernel, _gelu_backward_cast_kernel
-        rows, warps, chunk = INTERPRETER_CONFIG
-        _FWD_FIXED = {"ROWS": rows, "CHUNK": chunk, "num_warps": warps}
+        rows, warps = INTERPRETER_CONFIG
+        _FWD_FIXED = {"ROWS": rows, "num_warps": warps}
         _BWD_FIXED = {**_FWD_FIXED, "GROUPS": BACKWARD_ROWS // rows}
     else:
-        _chunks = triton.heuristics({"NCHUNK": _nchunk})
         _fwd_kernel = triton.autotune(
-            [triton.Config({"ROWS": r, "CHUNK": c}, num_warps=w) for r, w, c in TILE_CONFIGS],
-            key=["n_cols"],
-        )(_chunks(_gelu_cast_kernel))
+            [triton.Config({"ROWS": r}, num_warps=w) for r, w in TILE_CONFIGS], key=["n_cols"]
+        )(_gelu_cast_kernel)
         _bwd_kernel = triton.autotune(
             [
-                triton.Config({"ROWS": r, "GROUPS": BACKWARD_ROWS // r, "CHUNK": c}, num_warps=w)
-                for r, w, c in TILE_CONFIGS
+                triton.Config({"ROWS": r, "GROUPS": BACKWARD_ROWS // r}, num_warps=w)
+                for r, w in TILE_CONFIGS
             ],
             key=["n_cols"],
-        )(_chunks(_gelu_backward_cast_kernel))
+        )(_gelu_backward_cast_kernel)
         _FWD_FIXED = _BWD_FIXED = {}  # autotune chooses
 
     def _fp8_out(t: torch.Tensor) -> torch.Tensor:
         # what the kernels store e4m3 into: the fp8 tensor itself on a GPU, its bytes in the
         # interpreter (which writes the bits _e4m3_bits makes)
         return t.view(torch.uint8) if _INTERPRETED_AT_IMPORT else t
-
-    def _interpreter_chunks(n_cols: int, fixed: dict) -> dict:
-        # on a GPU the heuristic sets NCHUNK for the config autotune tries; with a fixed config
-        # (the interpreter) it is passed here
-        return {"NCHUNK": _nchunk({"n_cols": n_cols, **fixed})} if fixed else {}
 
     def _gelu_impl(h, launch):
         M, N = h.shape
@@ -279,8 +194,8 @@ if triton is not None and TRITON_OP_MISSING is None:
         inv = torch.empty((M, 1), dtype=torch.float32, device=h.device)
         launch(_fwd_kernel)[lambda meta: (triton.cdiv(M, meta["ROWS"]),)](
             h, a, _fp8_out(a8), inv, M, N,
-            GELU_C=GELU_C, E4M3_MAX=E4M3_MAX, HW_CAST=not _INTERPRETED_AT_IMPORT,
-            **_FWD_FIXED, **_interpreter_chunks(N, _FWD_FIXED),
+            GELU_C=GELU_C, E4M3_MAX=E4M3_MAX, BLOCK=ROW_BLOCK,
+            HW_CAST=not _INTERPRETED_AT_IMPORT, **_FWD_FIXED,
         )  # fmt: skip
         return a, a8, inv
 
@@ -293,8 +208,8 @@ if triton is not None and TRITON_OP_MISSING is None:
         partial = torch.empty((programs, N), dtype=torch.float32, device=h.device)
         launch(_bwd_kernel)[(programs,)](
             da, h, dh, _fp8_out(dh8), inv, partial, M, N,
-            GELU_C=GELU_C, E4M3_MAX=E4M3_MAX, HW_CAST=not _INTERPRETED_AT_IMPORT,
-            **_BWD_FIXED, **_interpreter_chunks(N, _BWD_FIXED),
+            GELU_C=GELU_C, E4M3_MAX=E4M3_MAX, BLOCK=ROW_BLOCK, HW_CAST=not _INTERPRETED_AT_IMPORT,
+            **_BWD_FIXED,
         )  # fmt: skip
         return dh, dh8, inv, partial.sum(0)
 
