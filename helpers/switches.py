@@ -94,10 +94,11 @@ SWITCHES: tuple[Switch, ...] = (
         "05",
         {
             "reduce-overhead": (
-                "once the step is compiled and the GPU waits on the host between kernels (small "
-                "batches, many short kernels): CUDA graphs replay the whole compiled step as one "
-                "launch; CUDA only, shapes must stay the same, a compiled output is overwritten "
-                "by the next step (clone what you keep), and the graphs hold their own memory pool"
+                "once the step is compiled and the GPU waits on the host between kernels "
+                "(small batches, many short kernels): CUDA graphs replay the compiled forward "
+                "and backward, each as one launch; CUDA only, shapes must stay the same, a "
+                "compiled output is overwritten by the next step (clone what you keep), and the "
+                "graphs hold their own memory pool"
             ),
         },
         (
