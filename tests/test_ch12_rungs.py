@@ -1,4 +1,4 @@
-"""Chapter 12's demonstrations of the last seven rungs (helpers/chapters/ch12_rungs.py), on CPU."""
+"""Chapter 12's demonstrations of the last eight rungs (helpers/chapters/ch12_rungs.py), on CPU."""
 
 import os
 import subprocess
@@ -181,3 +181,35 @@ def test_signed_drops_the_sign_of_a_change_that_rounds_to_zero():
         "-1.50",
         "+0.25",
     ]
+
+
+def test_variant_changes_pairs_each_variant_row_with_the_base_of_its_own_batch_size(monkeypatch):
+    def row(v, b, ms, spread):
+        return dict(variant=v, batch_size=b, ms_per_step=ms, spread_pct=spread)
+
+    fake = {
+        "device": "GPU",
+        "date": "d",
+        "rows": [
+            row("final", 16, 30.0, 5.0),
+            row("reduce-overhead", 16, 29.0, 4.0),
+            row("final", 64, 100.0, 9.0),
+            row("reduce-overhead", 64, 101.0, 12.0),
+            row("reduce-overhead", 8, 10.0, 1.0),  # no base at B=8: left out
+            row("other", 16, 1.0, 1.0),
+        ],
+    }
+    monkeypatch.setattr(rungs.results_io, "load", lambda name: fake)
+    got = rungs.variant_changes(("x.json",))
+    assert [(g["B"], g["ms_base"], g["ms"]) for g in got] == [(16, 30.0, 29.0), (64, 100.0, 101.0)]
+    assert got[0]["delta_ms"] == -1.0 and abs(got[0]["delta_pct"] + 100 / 30) < 1e-9
+    assert [g["spread_pct"] for g in got] == [5.0, 12.0]
+    monkeypatch.setattr(rungs.results_io, "load", lambda name: None)
+    with pytest.raises(FileNotFoundError, match="x.json"):
+        rungs.variant_changes(("x.json",))
+
+
+def test_the_committed_cuda_graphs_runs_are_read():
+    got = rungs.variant_changes()
+    assert [(g["device"], g["B"]) for g in got] == [("NVIDIA H200", 16), ("NVIDIA H200", 16)]
+    assert all(g["delta_ms"] < 0 for g in got)  # both committed runs: CUDA graphs faster

@@ -1,4 +1,4 @@
-"""Chapter 12's last seven rungs, each with a measurement of the one thing it changes.
+"""Chapter 12's last eight rungs, each with a measurement of the one thing it changes.
 
 The ladder's step times say how much each rung bought; these functions show *what* it changed,
 small enough to run on a CPU in a second or two:
@@ -17,6 +17,8 @@ small enough to run on a CPU in a second or two:
 - "+ fp8 MLP": :func:`fp8_mlp_errors`, the relative error of the MLP's output and input gradient
   with rowwise e4m3 roundings, and :func:`fp8_mlp_kernel_times`, the committed H200 times of its
   two hand-written kernels against inductor's bf16 GELU kernels.
+- "+ CUDA graphs": :func:`variant_changes`, the committed ``benchmarks/perf.py`` runs of the last
+  rung with and without CUDA graphs.
 
 :func:`rung_deltas` reads a committed ladder and says, rung by rung, what changed and whether the
 change is larger than the steps' spread.
@@ -499,3 +501,50 @@ def fp8_mlp_kernel_times(name: str = "h200-fp8-mlp-kernels-2026-12-04.json") -> 
         raise FileNotFoundError(results_io.missing(name))
     rows = [(k, v["ms"], v["GB/s"]) for k, v in res["kernels"].items()]
     return dict(device=res["device"], torch=res["torch"], date=res["date"], rows=rows)
+
+
+# The committed benchmarks/perf.py runs that timed the last rung with and without CUDA graphs.
+CUDA_GRAPHS_PERF_FILES = (
+    "h200-perf-reduce-overhead-b16-2026-12-04.json",
+    "h200-perf-ce-tgrad-mix-order-2026-12-05.json",
+)
+
+
+def variant_changes(
+    names: tuple[str, ...] = CUDA_GRAPHS_PERF_FILES,
+    variant: str = "reduce-overhead",
+    base: str = "final",
+) -> list[dict]:
+    """The step time of ``variant`` against ``base`` in committed ``benchmarks/perf.py`` results
+    (both measured in the same process, 3 warm-up steps, median of 10): one dict per file and
+    batch size where both ran, with ``device``, ``date``, ``B``, ``ms_base``, ``ms`` (ms/step),
+    ``delta_ms``, ``delta_pct`` (% of ``ms_base``) and ``spread_pct`` (the larger of the two rows'
+    (max - min) / median, %).
+
+    Raises:
+        FileNotFoundError: a result is not in results/.
+    """
+    out = []
+    for name in names:
+        res = results_io.load(name)
+        if res is None:
+            raise FileNotFoundError(results_io.missing(name))
+        by_key = {(r["variant"], r["batch_size"]): r for r in res["rows"]}
+        for (v, b), row in by_key.items():
+            ref = by_key.get((base, b))
+            if v != variant or ref is None:
+                continue
+            delta = row["ms_per_step"] - ref["ms_per_step"]
+            out.append(
+                dict(
+                    device=res["device"],
+                    date=res["date"],
+                    B=b,
+                    ms_base=ref["ms_per_step"],
+                    ms=row["ms_per_step"],
+                    delta_ms=delta,
+                    delta_pct=100 * delta / ref["ms_per_step"],
+                    spread_pct=max(row["spread_pct"], ref["spread_pct"]),
+                )
+            )
+    return out
