@@ -19,6 +19,14 @@ def test_missing_result_is_none_with_advice(tmp_path, monkeypatch):
     assert "clone the course repository" in results.missing("nope.json")
 
 
+def test_load_each_names_the_file_that_is_absent(tmp_path, monkeypatch):
+    monkeypatch.setenv(results.RESULTS_DIR_ENV, str(tmp_path))
+    (tmp_path / "a.json").write_text('{"x": 1}')
+    found, absent = results.load_each({"A": "a.json", "B": "b.json"})
+    assert found == {"A": {"x": 1}} and absent == ["b.json"]
+    assert results.load_each({"A": "a.json"}) == ({"A": {"x": 1}}, [])
+
+
 def test_markdown_table_writes_cells_as_given_and_escapes_pipes():
     md = results.markdown_table(
         ["rung", "ms/step", "note"],

@@ -43,6 +43,20 @@ def load(name: str) -> dict | None:
     return json.loads((folder / name).read_text())
 
 
+def load_each(names: dict[str, str]) -> tuple[dict[str, dict], list[str]]:
+    """Several committed results at once: ``names`` maps a label (a table's column, "H200 B=16")
+    to a file name. Returns ``({label: result} for the files found, [names not found])``, so a
+    notebook can print :func:`missing` for the file that is actually absent."""
+    found, absent = {}, []
+    for label, name in names.items():
+        res = load(name)
+        if res is None:
+            absent.append(name)
+        else:
+            found[label] = res
+    return found, absent
+
+
 def missing(name: str) -> str:
     """What to print when :func:`load` found nothing."""
     return (
