@@ -213,3 +213,39 @@ def test_the_committed_cuda_graphs_runs_are_read():
     got = rungs.variant_changes()
     assert [(g["device"], g["B"]) for g in got] == [("NVIDIA H200", 16), ("NVIDIA H200", 16)]
     assert all(g["delta_ms"] < 0 for g in got)  # both committed runs: CUDA graphs faster
+
+
+class _Event:
+    def __init__(self, name, device_type):
+        self.name, self.device_type = name, device_type
+
+
+def test_count_launches_tells_kernel_launches_graph_replays_and_gpu_kernels_apart():
+    from torch.autograd import DeviceType
+
+    cpu, cuda = DeviceType.CPU, DeviceType.CUDA
+    events = [
+        _Event("cudaLaunchKernel", cpu),
+        _Event("cuLaunchKernelEx", cpu),  # Triton's launches go through the driver API
+        _Event("cudaGraphLaunch", cpu),
+        _Event("cudaMemcpyAsync", cpu),  # a copy, not a launch
+        _Event("aten::add", cpu),
+        _Event("triton_poi_fused_add_0", cuda),
+        _Event("Memset (Device)", cuda),
+        _Event("Memcpy HtoD (Pinned -> Device)", cuda),
+    ]
+    assert rungs.count_launches(events) == dict(kernel_launches=2, graph_launches=1, gpu_kernels=1)
+
+
+def test_launch_counts_says_why_it_cannot_run_on_a_cpu():
+    assert "CUDA GPU" in rungs.launch_counts("cpu")["skipped"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+def test_launch_counts_gpu_cuda_graphs_replace_most_kernel_launches():
+    got = rungs.launch_counts("cuda", train.small_model_config(), batch_size=4, seq_len=64)
+    without, with_graphs = got["without CUDA graphs"], got["with CUDA graphs"]
+    assert without["compile"] == "default" and with_graphs["compile"] == "reduce-overhead"
+    assert without["graph_launches"] == 0 and with_graphs["graph_launches"] >= 2  # fwd and bwd
+    assert with_graphs["kernel_launches"] < without["kernel_launches"] / 2, got
+    print(got)

@@ -17,8 +17,9 @@ small enough to run on a CPU in a second or two:
 - "+ fp8 MLP": :func:`fp8_mlp_errors`, the relative error of the MLP's output and input gradient
   with rowwise e4m3 roundings, and :func:`fp8_mlp_kernel_times`, the committed H200 times of its
   two hand-written kernels against inductor's bf16 GELU kernels.
-- "+ CUDA graphs": :func:`variant_changes`, the committed ``benchmarks/perf.py`` runs of the last
-  rung with and without CUDA graphs.
+- "+ CUDA graphs": :func:`launch_counts`, the CUDA launch calls the CPU makes in one training step
+  of the last rung without and with CUDA graphs (on a GPU), and :func:`variant_changes`, the
+  committed ``benchmarks/perf.py`` runs of the last rung with and without them.
 
 :func:`rung_deltas` reads a committed ladder and says, rung by rung, what changed and whether the
 change is larger than the steps' spread.
@@ -27,6 +28,7 @@ change is larger than the steps' spread.
 from __future__ import annotations
 
 import collections
+import re
 
 import torch
 import torch.nn.functional as F
@@ -547,4 +549,84 @@ def variant_changes(
                     spread_pct=max(row["spread_pct"], ref["spread_pct"]),
                 )
             )
+    return out
+
+
+# The host calls that start work on the GPU, as the CUDA profiler (CUPTI) names them: a kernel
+# launch through the runtime or the driver API (Triton's kernels use the driver's), or the replay
+# of a whole recorded CUDA graph.
+_KERNEL_LAUNCH = re.compile(r"^(cudaLaunchKernel|cuLaunchKernel)")
+_GRAPH_LAUNCH = re.compile(r"^(cudaGraphLaunch|cuGraphLaunch)")
+
+
+def count_launches(events) -> dict:
+    """Count, in ``torch.profiler`` events (``prof.events()`` of a run with the CPU and CUDA
+    activities), the host's kernel launches, its graph launches and the kernels the GPU ran.
+
+    Returns ``{"kernel_launches": int, "graph_launches": int, "gpu_kernels": int}``: the first two
+    are CPU-side CUDA API calls (``cudaLaunchKernel``/``cuLaunchKernel*``, and
+    ``cudaGraphLaunch``), the last the GPU's kernel records (memcpy and memset left out).
+    """
+    from torch.autograd import DeviceType
+
+    counts = dict(kernel_launches=0, graph_launches=0, gpu_kernels=0)
+    for e in events:
+        if e.device_type == DeviceType.CUDA:
+            if not e.name.lower().startswith(("memcpy", "memset")):
+                counts["gpu_kernels"] += 1
+        elif _KERNEL_LAUNCH.match(e.name):
+            counts["kernel_launches"] += 1
+        elif _GRAPH_LAUNCH.match(e.name):
+            counts["graph_launches"] += 1
+    return counts
+
+
+def launch_counts(
+    device: torch.device | str,
+    model_config: GPTConfig | None = None,
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+    warmup: int = 3,
+) -> dict:
+    """The last rung's training step without and with CUDA graphs: after ``warmup`` untimed steps
+    (the compile and the graphs' recording), one step under ``torch.profiler``, counted by
+    :func:`count_launches`. The model and shapes default to :func:`demo_shape`'s (GPT-2 124M at
+    the course's B and T=1024 on a GPU).
+
+    Returns ``{"without CUDA graphs": counts, "with CUDA graphs": counts}``, each with the run's
+    ``compile`` mode added; or ``{"skipped": reason}`` where the ladder has no CUDA graphs rung
+    (a CPU, or a compile mode that already uses them).
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    from helpers import ladder
+    from helpers.core import data
+
+    device = torch.device(device)
+    cfg, B, T = demo_shape(device)
+    cfg = model_config or cfg
+    B, T = batch_size or B, seq_len or T
+    if device.type != "cuda":
+        return {"skipped": "CUDA graphs record CUDA kernels: this needs a CUDA GPU"}
+    graphs = ladder.last_runnable(B, T, device)
+    if graphs.compile not in ladder.WITH_CUDA_GRAPHS.values():
+        return {"skipped": f"the last rung here ({graphs.name}) does not use CUDA graphs"}
+    runs = {
+        "without CUDA graphs": graphs.replace(name="without CUDA graphs", compile="default"),
+        "with CUDA graphs": graphs,
+    }
+    tokens = data.load_tokens()
+    out = {}
+    for label, run in runs.items():
+        trainer = train.build(run, cfg, device)
+        loader = data.BatchLoader(tokens, run.batch_size, run.seq_len, device)
+        for _ in range(warmup):
+            trainer.step(loader)
+        torch.cuda.synchronize(device)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            trainer.step(loader)
+            torch.cuda.synchronize(device)
+        out[label] = dict(count_launches(prof.events()), compile=run.compile)
+        del trainer, loader
+        torch.cuda.empty_cache()
     return out
