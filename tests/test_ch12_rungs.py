@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 
+from helpers.chapters import ch12_cuda_graphs as graphs
 from helpers.chapters import ch12_rungs as rungs
 from helpers.core import train
 from helpers.measure import results
@@ -199,18 +200,18 @@ def test_variant_changes_pairs_each_variant_row_with_the_base_of_its_own_batch_s
             row("other", 16, 1.0, 1.0),
         ],
     }
-    monkeypatch.setattr(rungs.results_io, "load", lambda name: fake)
-    got = rungs.variant_changes(("x.json",))
+    monkeypatch.setattr(graphs.results_io, "load", lambda name: fake)
+    got = graphs.variant_changes(("x.json",))
     assert [(g["B"], g["ms_base"], g["ms"]) for g in got] == [(16, 30.0, 29.0), (64, 100.0, 101.0)]
     assert got[0]["delta_ms"] == -1.0 and abs(got[0]["delta_pct"] + 100 / 30) < 1e-9
     assert [g["spread_pct"] for g in got] == [5.0, 12.0]
-    monkeypatch.setattr(rungs.results_io, "load", lambda name: None)
+    monkeypatch.setattr(graphs.results_io, "load", lambda name: None)
     with pytest.raises(FileNotFoundError, match="x.json"):
-        rungs.variant_changes(("x.json",))
+        graphs.variant_changes(("x.json",))
 
 
 def test_the_committed_cuda_graphs_runs_are_read():
-    got = rungs.variant_changes()
+    got = graphs.variant_changes()
     assert [(g["device"], g["B"]) for g in got] == [("NVIDIA H200", 16), ("NVIDIA H200", 16)]
     assert all(g["delta_ms"] < 0 for g in got)  # both committed runs: CUDA graphs faster
 
@@ -234,16 +235,16 @@ def test_count_launches_tells_kernel_launches_graph_replays_and_gpu_kernels_apar
         _Event("Memset (Device)", cuda),
         _Event("Memcpy HtoD (Pinned -> Device)", cuda),
     ]
-    assert rungs.count_launches(events) == dict(kernel_launches=2, graph_launches=1, gpu_kernels=1)
+    assert graphs.count_launches(events) == dict(kernel_launches=2, graph_launches=1, gpu_kernels=1)
 
 
 def test_launch_counts_says_why_it_cannot_run_on_a_cpu():
-    assert "CUDA GPU" in rungs.launch_counts("cpu")["skipped"]
+    assert "CUDA GPU" in graphs.launch_counts("cpu")["skipped"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
 def test_launch_counts_gpu_cuda_graphs_replace_most_kernel_launches():
-    got = rungs.launch_counts("cuda", train.small_model_config(), batch_size=4, seq_len=64)
+    got = graphs.launch_counts("cuda", train.small_model_config(), batch_size=4, seq_len=64)
     without, with_graphs = got["without CUDA graphs"], got["with CUDA graphs"]
     assert without["compile"] == "default" and with_graphs["compile"] == "reduce-overhead"
     assert without["graph_launches"] == 0 and with_graphs["graph_launches"] >= 2  # fwd and bwd
