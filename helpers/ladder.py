@@ -164,7 +164,9 @@ def select_rungs(configs: list[RunConfig], rungs: list[str]) -> list[RunConfig]:
     asked = {r.casefold() for r in rungs}
     unknown = sorted(r for r in rungs if r.casefold() not in known)
     if unknown:
-        raise ValueError(f"unknown rung(s) {unknown}; rungs are {[c.name for c in configs]}")
+        raise ValueError(
+            f"unknown rung(s) {unknown}; rungs are {[_short(c.name) for c in configs]}"
+        )
     return [c for c in configs if aliases(c) & asked]
 
 
@@ -245,6 +247,15 @@ _TABLE_COLUMNS = [
 ]
 
 
+def _is_ladder_prefix(names: list[str]) -> bool:
+    """Whether ``names`` are the ladder's rungs in order from "fp32" with none left out (the
+    fp16 autocast rung standing in for the bf16 one), so each row adds one switch to the row above.
+    """
+    order = [name for name, _ in RUNGS]
+    names = ["+ bf16 autocast" if n == FP16_AUTOCAST_RUNG else n for n in names]
+    return names == order[: len(names)]
+
+
 def _table_parts(results: dict, from_rung: str | None = None):
     """What both tables show: (device line, lines above the table, one list of cell strings per
     rung, lines below), so the text and the Markdown table can never disagree."""
@@ -264,6 +275,13 @@ def _table_parts(results: dict, from_rung: str | None = None):
     shared_note = shared.pop() if len(shared) == 1 and len(measured) > 1 else "ok"
     if shared_note != "ok":
         above.append(f"note for every measured rung: {shared_note}")
+    if not _is_ladder_prefix([r["name"] for r in rungs]):
+        above.append(
+            "rungs are cumulative: each also has the switches of every rung before it in the "
+            "ladder, listed here or not (python -m helpers.ladder --help lists them in order)"
+        )
+    if measured and all(r.get("peak_mem_bytes") is None for r in measured):
+        above.append("peak mem: read from CUDA's caching allocator, so on a GPU only")
     if from_rung is not None:
         names = [r["name"] for r in rungs]
         if from_rung not in names:

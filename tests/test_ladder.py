@@ -250,6 +250,39 @@ def test_table_says_a_shared_note_once_and_handles_no_measured_rung():
     assert "(None)" not in text and "no rung was measured" in text and "needs a CUDA GPU" in text
 
 
+def test_table_says_when_rows_skip_rungs_and_why_cpu_peaks_are_missing():
+    """A --rungs subset is cumulative (its rows also hold the rungs not listed): the table says so,
+    and says once why a CPU run has no peak memory; a whole ladder from fp32 needs neither line."""
+    row = {
+        "status": "measured",
+        "ms_per_step": 10.0,
+        "spread_pct": 1.0,
+        "tokens_per_s": 800.0,
+        "speedup": 1.0,
+        "mfu": 0.1,
+        "peak_mem_bytes": None,
+        "reason": "ok",
+    }
+    res = {
+        "device": "cpu",
+        "torch": "x",
+        "date": "d",
+        "config": {"batch_size": 1, "seq_len": 8},
+        "rungs": [{**row, "name": "fp32"}, {**row, "name": "+ sdpa attention"}],
+    }
+    text = ladder.format_table(res)
+    assert "rungs are cumulative" in text and text.count("on a GPU only") == 1
+    res["rungs"] = [{**row, "name": n} for n, _ in ladder.RUNGS[:3]]
+    assert "rungs are cumulative" not in ladder.format_table(res)
+    res["rungs"][2]["name"] = ladder.FP16_AUTOCAST_RUNG  # a T4's ladder is whole too
+    assert "rungs are cumulative" not in ladder.format_table(res)
+    full = results.load("h200-ladder-b16.json")
+    text = ladder.format_table(full)
+    assert "rungs are cumulative" not in text and "on a GPU only" not in text
+    with pytest.raises(ValueError, match=r"rungs are \['fp32', 'tf32'"):
+        ladder.select_rungs([c for c, _ in ladder.ladder_configs(1, 8, device="cpu")], ["nope"])
+
+
 def test_emulation_without_a_gpu_is_a_clear_error(capsys):
     assert ladder.main(["--device", "cpu", "--emulate", "T4"]) == 2
     assert "needs one" in capsys.readouterr().err
@@ -355,9 +388,7 @@ def test_bf16_rungs_are_skipped_on_a_slow_bf16_cpu_unless_asked(monkeypatch, tin
     tokens = torch.randint(0, tiny_config.vocab_size, (4096,))
     row = bench.measure(asked[2][0], tiny_config, torch.device("cpu"), tokens, 0, 1)
     assert row["status"] == "skipped" and "uses fp32" in row["reason"]
-    row = bench.measure(
-        asked[2][0], tiny_config, torch.device("cpu"), tokens, 0, 1, run_slow=True
-    )
+    row = bench.measure(asked[2][0], tiny_config, torch.device("cpu"), tokens, 0, 1, run_slow=True)
     assert row["status"] == "measured"
 
 

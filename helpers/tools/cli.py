@@ -33,10 +33,9 @@ def device(value: str | torch.device | None) -> torch.device:
         return hardware.default_device()
     try:
         dev = torch.device(value)
-    except RuntimeError as e:
+    except RuntimeError:
         raise ValueError(
-            f"unknown device {value!r}: this is not a device name; use 'cpu', 'cuda' or 'cuda:N' "
-            f"({str(e).splitlines()[0][:80]})"
+            f"unknown device {value!r}: this is not a device name; use 'cpu', 'cuda' or 'cuda:N'"
         ) from None
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"the course runs on 'cpu' or 'cuda', not {dev.type!r}")
