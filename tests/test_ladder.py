@@ -198,34 +198,9 @@ def test_cuda_asked_without_cuda_is_a_clear_error(capsys, monkeypatch):
     assert "no CUDA GPU" in capsys.readouterr().err
 
 
-def test_table_shows_spread_and_the_speedup_baseline():
-    res = {
-        "device": "cpu",
-        "torch": "x",
-        "date": "d",
-        "config": {"batch_size": 1, "seq_len": 8},
-        "rungs": [
-            {
-                "name": "fp32",
-                "status": "measured",
-                "ms_per_step": 10.0,
-                "spread_pct": 40.0,
-                "tokens_per_s": 800.0,
-                "speedup": 1.0,
-                "mfu": None,
-                "peak_mem_bytes": None,
-                "reason": "ok",
-            }
-        ],
-    }
-    text = ladder.format_table(res)
-    assert (
-        "relative to the first measured rung (fp32)" in text and "40%" in text and "warning" in text
-    )
-    assert "the CPU was shared" in text
-
-
-def test_table_says_a_shared_note_once_and_handles_no_measured_rung():
+def _cpu_result(names: list[str], **row_changes) -> dict:
+    """A ladder result as run_ladder returns it on a CPU: one measured row per name (10 ms,
+    spread 1%, no MFU, no peak memory), with ``row_changes`` applied to every row."""
     row = {
         "status": "measured",
         "ms_per_step": 10.0,
@@ -234,15 +209,31 @@ def test_table_says_a_shared_note_once_and_handles_no_measured_rung():
         "speedup": 1.0,
         "mfu": None,
         "peak_mem_bytes": None,
-        "reason": "MFU not reported: peak FLOP/s unknown for this device",
+        "reason": "ok",
+        **row_changes,
     }
-    res = {
+    return {
         "device": "cpu",
         "torch": "x",
         "date": "d",
         "config": {"batch_size": 1, "seq_len": 8},
-        "rungs": [{**row, "name": "fp32"}, {**row, "name": "+ sdpa attention"}],
+        "rungs": [{**row, "name": name} for name in names],
     }
+
+
+def test_table_shows_spread_and_the_speedup_baseline():
+    text = ladder.format_table(_cpu_result(["fp32"], spread_pct=40.0))
+    assert (
+        "relative to the first measured rung (fp32)" in text and "40%" in text and "warning" in text
+    )
+    assert "the CPU was shared" in text
+
+
+def test_table_says_a_shared_note_once_and_handles_no_measured_rung():
+    res = _cpu_result(
+        ["fp32", "+ sdpa attention"],
+        reason="MFU not reported: peak FLOP/s unknown for this device",
+    )
     text = ladder.format_table(res)
     assert text.count("MFU not reported") == 1 and "note for every measured rung" in text
     res["rungs"] = [{"name": "+ Triton CE", "status": "skipped", "reason": "needs a CUDA GPU"}]
@@ -253,29 +244,12 @@ def test_table_says_a_shared_note_once_and_handles_no_measured_rung():
 def test_table_says_when_rows_skip_rungs_and_why_cpu_peaks_are_missing():
     """A --rungs subset is cumulative (its rows also hold the rungs not listed): the table says so,
     and says once why a CPU run has no peak memory; a whole ladder from fp32 needs neither line."""
-    row = {
-        "status": "measured",
-        "ms_per_step": 10.0,
-        "spread_pct": 1.0,
-        "tokens_per_s": 800.0,
-        "speedup": 1.0,
-        "mfu": 0.1,
-        "peak_mem_bytes": None,
-        "reason": "ok",
-    }
-    res = {
-        "device": "cpu",
-        "torch": "x",
-        "date": "d",
-        "config": {"batch_size": 1, "seq_len": 8},
-        "rungs": [{**row, "name": "fp32"}, {**row, "name": "+ sdpa attention"}],
-    }
-    text = ladder.format_table(res)
+    text = ladder.format_table(_cpu_result(["fp32", "+ sdpa attention"], mfu=0.1))
     assert "rungs are cumulative" in text and text.count("on a GPU only") == 1
-    res["rungs"] = [{**row, "name": n} for n, _ in ladder.RUNGS[:3]]
-    assert "rungs are cumulative" not in ladder.format_table(res)
-    res["rungs"][2]["name"] = ladder.FP16_AUTOCAST_RUNG  # a T4's ladder is whole too
-    assert "rungs are cumulative" not in ladder.format_table(res)
+    names = [n for n, _ in ladder.RUNGS[:3]]
+    assert "rungs are cumulative" not in ladder.format_table(_cpu_result(names))
+    names[2] = ladder.FP16_AUTOCAST_RUNG  # a T4's ladder is whole too
+    assert "rungs are cumulative" not in ladder.format_table(_cpu_result(names))
     full = results.load("h200-ladder-b16.json")
     text = ladder.format_table(full)
     assert "rungs are cumulative" not in text and "on a GPU only" not in text
