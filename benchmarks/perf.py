@@ -34,7 +34,8 @@ from helpers.ladder import last_runnable
 from helpers.measure import power, results
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import fp8_linears  # noqa: E402  (this folder's experiment module)
+import fp8_linears  # noqa: E402  (this folder's experiment modules)
+import qkv_grad  # noqa: E402
 
 VARIANTS = {
     "final": {},
@@ -89,6 +90,8 @@ VARIANTS = {
     # the blocks' linears through benchmarks/fp8_linears.py (matmuls in fp8; not kept); with the
     # fp8 MLP on, only the attention's two linears still go through nn.Linear
     **{name: {} for name in fp8_linears.VARIANTS},
+    # c_attn's backward: dq, dk, dv concatenated and summed for the bias in one kernel
+    "qkv-grad": {},
 }
 FUSED_CHUNKS = {
     "fused-unchunked": None,
@@ -161,6 +164,8 @@ def experiment(name: str):
         return mock.patch.object(fused_ce, "FUSED_CHUNK_ROWS", FUSED_CHUNKS[name])
     if name in fp8_linears.VARIANTS:
         return fp8_linears.experiment(name)
+    if name == "qkv-grad":
+        return qkv_grad.experiment()
     if name == "deterministic":
         # PyTorch's deterministic kernels (warn-only: an op without one warns and runs as it is)
         # and inductor's deterministic mode (no on-device benchmarking of choices that change the

@@ -1,0 +1,143 @@
+"""An experiment, not a rung (results/perf-log.md, 2026-12-06): ``c_attn``'s backward with the
+concatenation of dq, dk, dv and its bias gradient in one pass.
+
+    python benchmarks/perf.py --batch-size 16 64 --variants final qkv-grad --profile
+
+In the last rung's backward, SDPA (cuDNN) returns dq, dk and dv as three tensors; ``c_attn``'s
+backward needs them side by side as one (B*T, 3C) gradient for its input- and weight-gradient
+matmuls, and summed over the rows for its bias gradient. Inductor makes the concatenation in one
+kernel (1.66 ms per B=64 step on the H200, 2026-12-05) and the bias gradient in another that reads
+dq, dk, dv again (0.87 ms). :func:`qkv_grad_cat` does both in one read: each program copies a
+tile of rows into its place in the (B*T, 3C) gradient and writes the tile's column sums.
+Predicted: about -0.8 ms per B=64 step, -0.2 ms at B=16.
+
+:func:`qkv_heads` is ``c_attn`` plus the split into heads, as an autograd Function whose backward
+calls the kernel; :func:`experiment` patches ``CausalSelfAttention.forward`` to use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from unittest import mock
+
+import torch
+
+from helpers.core.kernels._triton import TRITON_OP_MISSING, launch, tl, triton
+
+ROWS = 64  # rows per program: its column sums are one partial-sum row
+COLS = 256  # columns per inner step (768 = 3 x 256 for GPT-2 124M)
+
+if triton is not None and TRITON_OP_MISSING is None:
+
+    @triton.jit
+    def _copy_colsum(src_ptr, out_ptr, part_ptr, pid, j, M, C: tl.constexpr, ROWS: tl.constexpr,
+                     COLS: tl.constexpr):  # fmt: skip
+        # rows [pid * ROWS, +ROWS) of src (M, C) into columns [j * C, +C) of out (M, 3C), and
+        # their column sums (fp32) into part[pid, j * C : (j + 1) * C]
+        rows = pid * ROWS + tl.arange(0, ROWS)
+        for c0 in range(0, C, COLS):
+            cols = c0 + tl.arange(0, COLS)
+            mask = (rows < M)[:, None] & (cols < C)[None, :]
+            x = tl.load(src_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
+            tl.store(out_ptr + rows[:, None] * (3 * C) + j * C + cols[None, :], x, mask=mask)
+            s = tl.sum(x.to(tl.float32), axis=0)
+            tl.store(part_ptr + pid * (3 * C) + j * C + cols, s, mask=cols < C)
+
+    @triton.jit
+    def _qkv_grad_kernel(dq_ptr, dk_ptr, dv_ptr, out_ptr, part_ptr, M, C: tl.constexpr,
+                         ROWS: tl.constexpr, COLS: tl.constexpr):  # fmt: skip
+        # grid (row tiles, 3): program (i, j) copies row tile i of dq / dk / dv (j = 0 / 1 / 2)
+        pid = tl.program_id(0).to(tl.int64)
+        j = tl.program_id(1)
+        if j == 0:
+            _copy_colsum(dq_ptr, out_ptr, part_ptr, pid, 0, M, C, ROWS, COLS)
+        elif j == 1:
+            _copy_colsum(dk_ptr, out_ptr, part_ptr, pid, 1, M, C, ROWS, COLS)
+        else:
+            _copy_colsum(dv_ptr, out_ptr, part_ptr, pid, 2, M, C, ROWS, COLS)
+
+    @torch.library.triton_op("fastgpt2::qkv_grad_cat", mutates_args={})
+    def _qkv_grad_traced(
+        dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        M, C = dq.shape
+        out = torch.empty((M, 3 * C), dtype=dq.dtype, device=dq.device)
+        programs = triton.cdiv(M, ROWS)
+        part = torch.empty((programs, 3 * C), dtype=torch.float32, device=dq.device)
+        launch(_qkv_grad_kernel)[(programs, 3)](
+            dq, dk, dv, out, part, M, C=C, ROWS=ROWS, COLS=COLS, num_warps=4
+        )
+        return out, part.sum(0)
+
+
+def qkv_grad_cat(
+    dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.cat([dq, dk, dv], 1)`` and its column sums, in one pass over the three.
+
+    Args:
+        dq, dk, dv: (M, C) contiguous, one dtype (bf16 in the step), C a multiple of 256.
+
+    Returns:
+        (dqkv (M, 3C) of their dtype, colsum (3C,) fp32).
+
+    Raises:
+        ValueError: shapes, dtypes or layouts that differ from the above.
+    """
+    if any(t.dim() != 2 or t.shape != dq.shape or t.dtype != dq.dtype for t in (dk, dv)):
+        raise ValueError(
+            "qkv_grad_cat needs three (M, C) tensors of one dtype, got "
+            f"{[(tuple(t.shape), t.dtype) for t in (dq, dk, dv)]}"
+        )
+    if dq.shape[1] % COLS or not all(t.is_contiguous() for t in (dq, dk, dv)):
+        raise ValueError(f"qkv_grad_cat needs contiguous rows, C a multiple of {COLS}")
+    return _qkv_grad_traced(dq, dk, dv)
+
+
+class _QKVHeads(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, b, n_head):
+        B, T, C = x.shape
+        hs = C // n_head
+        x2 = x.reshape(B * T, C).to(torch.bfloat16)  # as autocast casts c_attn's input
+        qkv = torch.addmm(b.to(torch.bfloat16), x2, w.to(torch.bfloat16).t())  # (B*T, 3C)
+        ctx.save_for_backward(x2, w)
+        ctx.meta = (B, T, C, x.dtype, b.dtype)
+        q, k, v = qkv.view(B, T, 3 * C).split(C, dim=2)
+        return tuple(t.view(B, T, n_head, hs).transpose(1, 2) for t in (q, k, v))
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):
+        x2, w = ctx.saved_tensors
+        B, T, C, x_dtype, b_dtype = ctx.meta
+        # (B, nh, T, hs) -> (B*T, C): a view when SDPA returned the (B, T, nh, hs) memory order
+        g = [t.transpose(1, 2).reshape(B * T, C).to(torch.bfloat16).contiguous() for t in
+             (dq, dk, dv)]  # fmt: skip
+        dqkv, db = qkv_grad_cat(*g)
+        dx = (dqkv @ w.to(torch.bfloat16)).view(B, T, C).to(x_dtype)
+        dw = (dqkv.t() @ x2).to(w.dtype)
+        return dx, dw, db.to(b_dtype), None
+
+
+def qkv_heads(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, n_head: int):
+    """``c_attn`` (bf16 matmul, as under autocast) and the split into heads: q, k, v, each
+    (B, n_head, T, C / n_head) bf16, from x (B, T, C), w (3C, C), b (3C,); the backward runs
+    :func:`qkv_grad_cat`."""
+    return _QKVHeads.apply(x, w, b, n_head)
+
+
+def attention_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """``CausalSelfAttention.forward`` with :func:`qkv_heads` for ``c_attn`` and the split."""
+    B, T, C = x.size()
+    q, k, v = qkv_heads(x, self.c_attn.weight, self.c_attn.bias, self.n_head)
+    y = self.attend(q, k, v)  # (B, nh, T, hs)
+    y = y.transpose(1, 2).contiguous().view(B, T, C)
+    return self.resid_dropout(self.c_proj(y))
+
+
+def experiment() -> contextlib.AbstractContextManager:
+    """``benchmarks/perf.py``'s variant ``qkv-grad``: every block's attention uses
+    :func:`attention_forward` while the context is open."""
+    from helpers.core.model import CausalSelfAttention
+
+    return mock.patch.object(CausalSelfAttention, "forward", attention_forward)
