@@ -30,67 +30,79 @@ COLS = 256  # columns per inner step (768 = 3 x 256 for GPT-2 124M)
 if triton is not None and TRITON_OP_MISSING is None:
 
     @triton.jit
-    def _copy_colsum(src_ptr, out_ptr, part_ptr, pid, j, M, C: tl.constexpr, ROWS: tl.constexpr,
-                     COLS: tl.constexpr):  # fmt: skip
-        # rows [pid * ROWS, +ROWS) of src (M, C) into columns [j * C, +C) of out (M, 3C), and
-        # their column sums (fp32) into part[pid, j * C : (j + 1) * C]
+    def _copy_colsum(src_ptr, out_ptr, part_ptr, pid, j, M, T, sB, sH, sT, sD, C: tl.constexpr,
+                     HS: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):  # fmt: skip
+        # rows [pid * ROWS, +ROWS) of src, a (B, nh, T, hs) tensor read as (M = B*T, C = nh*hs)
+        # through its strides, into columns [j * C, +C) of out (M, 3C), and their column sums
+        # (fp32) into part[pid, j * C : (j + 1) * C]
         rows = pid * ROWS + tl.arange(0, ROWS)
+        row_off = (rows // T) * sB + (rows % T) * sT
         for c0 in range(0, C, COLS):
             cols = c0 + tl.arange(0, COLS)
+            col_off = (cols // HS) * sH + (cols % HS) * sD
             mask = (rows < M)[:, None] & (cols < C)[None, :]
-            x = tl.load(src_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
+            x = tl.load(src_ptr + row_off[:, None] + col_off[None, :], mask=mask, other=0.0)
             tl.store(out_ptr + rows[:, None] * (3 * C) + j * C + cols[None, :], x, mask=mask)
             s = tl.sum(x.to(tl.float32), axis=0)
             tl.store(part_ptr + pid * (3 * C) + j * C + cols, s, mask=cols < C)
 
     @triton.jit
-    def _qkv_grad_kernel(dq_ptr, dk_ptr, dv_ptr, out_ptr, part_ptr, M, C: tl.constexpr,
-                         ROWS: tl.constexpr, COLS: tl.constexpr):  # fmt: skip
+    def _qkv_grad_kernel(dq_ptr, dk_ptr, dv_ptr, out_ptr, part_ptr, M, T, sB, sH, sT, sD,
+                         C: tl.constexpr, HS: tl.constexpr, ROWS: tl.constexpr,
+                         COLS: tl.constexpr):  # fmt: skip
         # grid (row tiles, 3): program (i, j) copies row tile i of dq / dk / dv (j = 0 / 1 / 2)
         pid = tl.program_id(0).to(tl.int64)
         j = tl.program_id(1)
         if j == 0:
-            _copy_colsum(dq_ptr, out_ptr, part_ptr, pid, 0, M, C, ROWS, COLS)
+            _copy_colsum(dq_ptr, out_ptr, part_ptr, pid, 0, M, T, sB, sH, sT, sD, C, HS, ROWS, COLS)
         elif j == 1:
-            _copy_colsum(dk_ptr, out_ptr, part_ptr, pid, 1, M, C, ROWS, COLS)
+            _copy_colsum(dk_ptr, out_ptr, part_ptr, pid, 1, M, T, sB, sH, sT, sD, C, HS, ROWS, COLS)
         else:
-            _copy_colsum(dv_ptr, out_ptr, part_ptr, pid, 2, M, C, ROWS, COLS)
+            _copy_colsum(dv_ptr, out_ptr, part_ptr, pid, 2, M, T, sB, sH, sT, sD, C, HS, ROWS, COLS)
 
     @torch.library.triton_op("fastgpt2::qkv_grad_cat", mutates_args={})
     def _qkv_grad_traced(
         dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        M, C = dq.shape
+        B, nh, T, hs = dq.shape
+        M, C = B * T, nh * hs
         out = torch.empty((M, 3 * C), dtype=dq.dtype, device=dq.device)
         programs = triton.cdiv(M, ROWS)
         part = torch.empty((programs, 3 * C), dtype=torch.float32, device=dq.device)
         launch(_qkv_grad_kernel)[(programs, 3)](
-            dq, dk, dv, out, part, M, C=C, ROWS=ROWS, COLS=COLS, num_warps=4
-        )
+            dq, dk, dv, out, part, M, T, *dq.stride(), C=C, HS=hs, ROWS=ROWS, COLS=COLS,
+            num_warps=4,
+        )  # fmt: skip
         return out, part.sum(0)
 
 
 def qkv_grad_cat(
     dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``torch.cat([dq, dk, dv], 1)`` and its column sums, in one pass over the three.
+    """The gradients of q, k, v side by side as c_attn's (B*T, 3C) output gradient, and its
+    column sums (c_attn's bias gradient), in one pass over the three.
 
     Args:
-        dq, dk, dv: (M, C) contiguous, one dtype (bf16 in the step), C a multiple of 256.
+        dq, dk, dv: (B, nh, T, hs), one dtype (bf16 in the step) and one set of strides (any
+            memory order: SDPA's backends return (B, nh, T, hs) or (B, T, nh, hs) order), with
+            C = nh * hs a multiple of 256.
 
     Returns:
-        (dqkv (M, 3C) of their dtype, colsum (3C,) fp32).
+        (dqkv (B*T, 3C) of their dtype, row-major; colsum (3C,) fp32).
 
     Raises:
-        ValueError: shapes, dtypes or layouts that differ from the above.
+        ValueError: shapes, dtypes or strides that differ between the three, or C not a multiple
+            of 256.
     """
-    if any(t.dim() != 2 or t.shape != dq.shape or t.dtype != dq.dtype for t in (dk, dv)):
+    if dq.dim() != 4 or any(
+        t.shape != dq.shape or t.dtype != dq.dtype or t.stride() != dq.stride() for t in (dk, dv)
+    ):
         raise ValueError(
-            "qkv_grad_cat needs three (M, C) tensors of one dtype, got "
-            f"{[(tuple(t.shape), t.dtype) for t in (dq, dk, dv)]}"
+            "qkv_grad_cat needs three (B, nh, T, hs) tensors of one dtype and layout, got "
+            f"{[(tuple(t.shape), t.dtype, t.stride()) for t in (dq, dk, dv)]}"
         )
-    if dq.shape[1] % COLS or not all(t.is_contiguous() for t in (dq, dk, dv)):
-        raise ValueError(f"qkv_grad_cat needs contiguous rows, C a multiple of {COLS}")
+    if (dq.shape[1] * dq.shape[3]) % COLS:
+        raise ValueError(f"qkv_grad_cat needs C = nh * hs a multiple of {COLS}")
     return _qkv_grad_traced(dq, dk, dv)
 
 
@@ -110,10 +122,10 @@ class _QKVHeads(torch.autograd.Function):
     def backward(ctx, dq, dk, dv):
         x2, w = ctx.saved_tensors
         B, T, C, x_dtype, b_dtype = ctx.meta
-        # (B, nh, T, hs) -> (B*T, C): a view when SDPA returned the (B, T, nh, hs) memory order
-        g = [t.transpose(1, 2).reshape(B * T, C).to(torch.bfloat16).contiguous() for t in
-             (dq, dk, dv)]  # fmt: skip
-        dqkv, db = qkv_grad_cat(*g)
+        g = [t.to(torch.bfloat16) for t in (dq, dk, dv)]
+        if not (g[1].stride() == g[2].stride() == g[0].stride()):
+            g = [t.contiguous() for t in g]
+        dqkv, db = qkv_grad_cat(*g)  # read in whatever memory order SDPA returned
         dx = (dqkv @ w.to(torch.bfloat16)).view(B, T, C).to(x_dtype)
         dw = (dqkv.t() @ x2).to(w.dtype)
         return dx, dw, db.to(b_dtype), None

@@ -20,18 +20,26 @@ CHECK = textwrap.dedent(
     device = sys.argv[1]
     BREAK = sys.argv[2]  # "none", or one deliberate mistake the checks must catch
 
-    # 1. the kernel: M = 70 is not a multiple of its 64 rows per program (the last is masked)
+    # 1. the kernel, on both memory orders SDPA's backends return: (B, nh, T, hs) and
+    # (B, T, nh, hs). M = B*T = 70 is not a multiple of its 64 rows per program (the last is masked)
     torch.manual_seed(0)
-    M, C = 70, 512
-    dq, dk, dv = (torch.randn(M, C, device=device).to(torch.bfloat16) for _ in range(3))
-    if BREAK == "order":
-        dk, dv = dv, dk
-    out, colsum = qkv_grad.qkv_grad_cat(dq, dk, dv)
-    if BREAK == "colsum":
-        colsum = colsum - out[-1].float()  # the masked last program's row left out
-    ref = torch.cat([dq, dk, dv], dim=1) if BREAK != "order" else torch.cat([dq, dv, dk], 1)
-    assert torch.equal(out, ref), "the concatenation"
-    assert torch.allclose(colsum, ref.float().sum(0), rtol=1e-5, atol=1e-4), "the column sums"
+    B, nh, T, hs = 2, 4, 35, 128
+    for order in ("BHTD", "BTHD"):
+        if order == "BHTD":
+            g = [torch.randn(B, nh, T, hs, device=device) for _ in range(3)]
+        else:
+            g = [torch.randn(B, T, nh, hs, device=device).transpose(1, 2) for _ in range(3)]
+        dq, dk, dv = (t.to(torch.bfloat16) for t in g)
+        if BREAK == "order":
+            dk, dv = dv, dk
+        out, colsum = qkv_grad.qkv_grad_cat(dq, dk, dv)
+        if BREAK == "colsum":
+            colsum = colsum - out[-1].float()  # the masked last program's row left out
+        if BREAK == "order":
+            dk, dv = dv, dk
+        ref = torch.cat([t.transpose(1, 2).reshape(B * T, nh * hs) for t in (dq, dk, dv)], 1)
+        assert torch.equal(out, ref), f"the concatenation ({order})"
+        assert torch.allclose(colsum, ref.float().sum(0), rtol=1e-5, atol=1e-4), "column sums"
 
     # 2. the attention with qkv_heads against CausalSelfAttention's own forward: same output,
     # same gradients for x, c_attn's weight and bias (bf16 matmuls in both, as under autocast)
