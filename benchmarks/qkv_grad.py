@@ -11,6 +11,11 @@ dq, dk, dv again (0.87 ms). :func:`qkv_grad_cat` does both in one read: each pro
 tile of rows into its place in the (B*T, 3C) gradient and writes the tile's column sums.
 Predicted: about -0.8 ms per B=64 step, -0.2 ms at B=16.
 
+Measured on an H100 (results/perf-log.md, 2026-12-06): the kernel took 0.92 ms less than the two it
+replaces at B=64, but torch.compile copies dq, dk and dv into the memory order it traced the custom
+op with ((B, nh, T, hs); cuDNN returns them in (B, T, nh, hs) order) before calling it, and that
+copy costs as much as the concatenation: the step got slower (+1.1 ms at B=64). Not a rung.
+
 :func:`qkv_heads` is ``c_attn`` plus the split into heads, as an autograd Function whose backward
 calls the kernel; :func:`experiment` patches ``CausalSelfAttention.forward`` to use it.
 """
