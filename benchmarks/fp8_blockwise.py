@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 
 import torch
@@ -27,24 +26,17 @@ import torch.nn.functional as F
 
 from helpers.measure import results
 
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from fp8_matmuls import bench  # noqa: E402  (this folder's CUDA-event timer)
+
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
 BLOCK = 128
 
 
-def _time(fn, reps: int = 30) -> float:
-    """Median ms per call over ``reps`` CUDA-event-timed calls after 3 warm-up calls."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+def _time(fn) -> float:
+    """Median ms of 30 CUDA-event-timed calls after 3 warm-up calls (``fp8_matmuls.bench``)."""
+    return bench(fn, n=30, warmup=3)
 
 
 def quant_rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
