@@ -24,25 +24,19 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from helpers.core.kernels.fp8 import E4M3_MAX, rowwise_e4m3, scaled_mm
 from helpers.measure import results
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from fp8_matmuls import bench  # noqa: E402  (this folder's CUDA-event timer)
 
 E4M3 = torch.float8_e4m3fn
-E4M3_MAX = 448.0
 BLOCK = 128
 
 
 def _time(fn) -> float:
     """Median ms of 30 CUDA-event-timed calls after 3 warm-up calls (``fp8_matmuls.bench``)."""
     return bench(fn, n=30, warmup=3)
-
-
-def quant_rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(R, K) -> e4m3 (R, K), dequant scale (R, 1) fp32."""
-    s = x.float().abs().amax(1, keepdim=True).clamp(min=1e-12) / E4M3_MAX
-    return (x.float() / s).to(E4M3), s
 
 
 def quant_1x128(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,8 +68,9 @@ def dequant_1x128(x8, s):
 
 
 def rowwise_mm(a8, b8, sa, sb):
-    """a8 (M, K) @ b8 (N, K).T with rowwise dequant scales sa (M, 1), sb (N, 1): bf16 (M, N)."""
-    return torch._scaled_mm(a8, b8.t(), sa, sb.t(), out_dtype=torch.bfloat16)
+    """a8 (M, K) @ b8 (N, K).T with rowwise dequant scales sa (M, 1), sb (N, 1): bf16 (M, N)
+    (the fp8 MLP's own ``scaled_mm``, no fast accumulation)."""
+    return scaled_mm(a8, b8.t(), sa, sb.t(), False)
 
 
 def block_mm(a8, b8, sa, ra, sb, rb):
@@ -150,8 +145,8 @@ def main(argv=None) -> int:
             ref = g.float().t() @ act.float()
             run(r, f"{wname}_bf16", ref, lambda g, act: g.t() @ act, g, act)
             gT, actT = g.t().contiguous(), act.t().contiguous()
-            g8r, gsr = quant_rowwise(gT)
-            a8r, asr = quant_rowwise(actT)
+            g8r, gsr = rowwise_e4m3(gT)
+            a8r, asr = rowwise_e4m3(actT)
             run(r, f"{wname}_fp8_rowwise", ref, rowwise_mm, g8r, a8r, gsr, asr)
             g8b, gsb = quant_1x128(gT)
             a8b, asb = quant_1x128(actT)
@@ -159,8 +154,8 @@ def main(argv=None) -> int:
         # forward c_proj y = a @ W_proj.T and input gradient dx = dh @ W_fc: (M, 4C) @ (4C, C)
         for fname, act, w in (("fwd_proj", a, w_proj), ("dgrad_fc", dh, w_fc.t().contiguous())):
             ref = act.float() @ w.float().t()
-            a8r, asr = quant_rowwise(act)
-            w8r, wsr = quant_rowwise(w)
+            a8r, asr = rowwise_e4m3(act)
+            w8r, wsr = rowwise_e4m3(w)
             run(r, f"{fname}_fp8_rowwise", ref, rowwise_mm, a8r, w8r, asr, wsr)
             a8b, asb = quant_1x128(act)
             w8b, wsb = quant_128x128(w)
@@ -171,7 +166,6 @@ def main(argv=None) -> int:
         for tname, t in (("cast_t_x", x), ("cast_t_a", a)):
             for BN, warps in ((32, 4), (64, 4), (64, 8), (128, 8)):
                 name = f"{tname}_BN{BN}_w{warps}"
-                ref8, refs = quant_1x128(t.t().contiguous())
 
                 def cast(t=t, BN=BN, warps=warps):
                     return cast_t_1x128(t, BN, warps)
