@@ -81,12 +81,15 @@ ROWS_PER_PROGRAM = 32  # rows each of its programs sums into its column partial 
 if triton is not None and TRITON_OP_MISSING is None:
     # Triton resolves the jit functions a kernel calls from the kernel's module globals
     from helpers.core.kernels.fp8_mlp import (
-        INTERPRETER_CONFIG,
-        TILE_CONFIGS,
+        BACKWARD_CONFIGS,
+        INTERPRETER_BACKWARD,
         _fp8_out,
         _store_rowwise_e4m3,
     )
 
+    # the fp8 MLP backward's (rows per tile, warps), without its prefetching
+    TILE_CONFIGS = sorted({(c["ROWS"], c["num_warps"]) for c in BACKWARD_CONFIGS})
+    INTERPRETER_CONFIG = (INTERPRETER_BACKWARD["ROWS"], INTERPRETER_BACKWARD["num_warps"])
     if any(ROWS_PER_PROGRAM % rows for rows, _ in [*TILE_CONFIGS, INTERPRETER_CONFIG]):
         raise ValueError("each tile's rows must divide ROWS_PER_PROGRAM (rows per program)")
 

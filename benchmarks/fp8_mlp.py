@@ -5,9 +5,10 @@ rung before, at one B=64 layer's size, on a CUDA GPU with fp8 (compute capabilit
     python benchmarks/fp8_mlp.py --out results/h200-fp8-mlp-kernels-DATE.json
     python benchmarks/fp8_mlp.py --sweep --out ...   # also every tile config, and a plain copy
 
-``--sweep`` times each kernel at every (rows per tile, warps) of a grid wider than the autotune
-list ``TILE_CONFIGS`` and, for the backward, other rows per program than ``BACKWARD_ROWS``, next
-to a bf16 copy of the same (M, N) (``Tensor.copy_``: the bandwidth a one-pass kernel can hope for).
+``--sweep`` times each kernel at every config of its autotune list (``FORWARD_CONFIGS``,
+``BACKWARD_CONFIGS``: rows per tile, tiles per program, prefetching loop or not, warps) and, for
+the backward, other rows per program than ``BACKWARD_ROWS``, next to a bf16 copy of the same
+(M, N) (``Tensor.copy_``: the bandwidth a one-pass kernel can hope for).
 
 The step with and without the rung: ``python benchmarks/perf.py --variants final bf16-mlp``.
 """
@@ -22,13 +23,10 @@ import torch
 
 from helpers.core.kernels import fp8_available
 from helpers.core.kernels.fp8_mlp import (
-    E4M3_MAX,
-    GELU_C,
-    ROW_BLOCK,
+    BACKWARD_CONFIGS,
+    FORWARD_CONFIGS,
     _bwd_kernel,
     _fwd_kernel,
-    _gelu_backward_cast_kernel,
-    _gelu_cast_kernel,
     gelu_backward_rowwise_e4m3,
     gelu_rowwise_e4m3,
 )
@@ -73,54 +71,40 @@ def bench_kernels(M: int = 65536, N: int = 3072) -> dict:
 
 
 def sweep_configs(M: int = 65536, N: int = 3072) -> dict:
-    """Each GELU kernel at fixed tile configs (not autotuned), and a bf16 copy of (M, N).
+    """Each GELU kernel at fixed configs (not autotuned): every autotune config, and for the
+    backward also other rows per program; next to a bf16 copy of (M, N).
 
     Returns:
-        {"copy": {"ms", "GB/s"}, "forward": [{"rows", "warps", "ms", "GB/s"}, ...],
-        "backward": [{"rows", "warps", "rows_per_program", "ms", "GB/s"}, ...]}; GB/s counts the
-        bytes that must move (5 B/element forward, 7 backward, 4 for the copy).
+        {"copy": {"ms", "GB/s"}, "forward": [{**config, "ms", "GB/s"}, ...],
+        "backward": [{**config, "rows_per_program", "ms", "GB/s"}, ...]}, fastest first; GB/s
+        counts the bytes that must move (5 B/element forward, 7 backward, 4 for the copy).
     """
-    from triton import cdiv
     from triton.testing import do_bench
+
+    from helpers.core.kernels import fp8_mlp
 
     h = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
     da = torch.randn(M, N, device="cuda", dtype=torch.bfloat16) * 1e-3
-    a, dh = torch.empty_like(h), torch.empty_like(h)
-    a8 = torch.empty(M, N, device="cuda", dtype=torch.float8_e4m3fn)
-    inv = torch.empty(M, 1, device="cuda", dtype=torch.float32)
+    a = torch.empty_like(h)
     el = M * N
     copy_ms = do_bench(lambda: a.copy_(h), warmup=25, rep=200)
     out = {"copy": {"ms": copy_ms, "GB/s": 4 * el / copy_ms / 1e6}, "forward": [], "backward": []}
-    common = dict(GELU_C=GELU_C, E4M3_MAX=E4M3_MAX, BLOCK=ROW_BLOCK, HW_CAST=True)
-    for rows in (1, 2, 4):
-        for warps in (4, 8, 16, 32):
-
-            def fwd(rows=rows, warps=warps):
-                _gelu_cast_kernel[(cdiv(M, rows),)](
-                    h, a, a8, inv, M, N, ROWS=rows, num_warps=warps, **common
-                )
-
-            ms = do_bench(fwd, warmup=25, rep=100)
-            gbs = 5 * el / ms / 1e6
-            out["forward"].append({"rows": rows, "warps": warps, "ms": ms, "GB/s": gbs})
-            for per_program in (16, 32, 64):
-                if per_program % rows:
-                    continue
-                programs = cdiv(M, per_program)
-                partial = torch.empty(programs, N, device="cuda", dtype=torch.float32)
-
-                def bwd(rows=rows, warps=warps, per_program=per_program, partial=partial):
-                    _gelu_backward_cast_kernel[(cdiv(M, per_program),)](
-                        da, h, dh, a8, inv, partial, M, N, ROWS=rows,
-                        GROUPS=per_program // rows, num_warps=warps, **common,
-                    )  # fmt: skip
-                    partial.sum(0)
-
-                ms = do_bench(bwd, warmup=25, rep=100)
-                out["backward"].append(
-                    {"rows": rows, "warps": warps, "rows_per_program": per_program, "ms": ms,
-                     "GB/s": 7 * el / ms / 1e6}
-                )  # fmt: skip
+    as_is = lambda kernel: kernel  # noqa: E731  (launch the raw kernel with the config given)
+    for config in FORWARD_CONFIGS:
+        ms = do_bench(lambda c=config: fp8_mlp._gelu_impl(h, as_is, c), warmup=25, rep=100)
+        out["forward"].append({**config, "ms": ms, "GB/s": 5 * el / ms / 1e6})
+    backward = [*BACKWARD_CONFIGS]
+    for per_program in (16, 64):  # other programs than BACKWARD_ROWS (each its partial sums)
+        for c in BACKWARD_CONFIGS:
+            backward.append({**c, "GROUPS": per_program // c["ROWS"]})
+    for config in backward:
+        per_program = config["ROWS"] * config["GROUPS"]
+        ms = do_bench(
+            lambda c=config: fp8_mlp._gelu_backward_impl(da, h, as_is, c), warmup=25, rep=100
+        )
+        out["backward"].append(
+            {**config, "rows_per_program": per_program, "ms": ms, "GB/s": 7 * el / ms / 1e6}
+        )
     for key in ("forward", "backward"):
         out[key].sort(key=lambda r: r["ms"])
     return out

@@ -92,6 +92,8 @@ VARIANTS = {
     **{name: {} for name in fp8_linears.VARIANTS},
     # c_attn's backward: dq, dk, dv concatenated and summed for the bias in one kernel
     "qkv-grad": {},
+    # the fp8 MLP's GELU kernels autotuned without their prefetching configs
+    "gelu-no-prefetch": {},
 }
 FUSED_CHUNKS = {
     "fused-unchunked": None,
@@ -166,6 +168,8 @@ def experiment(name: str):
         return fp8_linears.experiment(name)
     if name == "qkv-grad":
         return qkv_grad.experiment()
+    if name == "gelu-no-prefetch":
+        return gelu_configs(prefetch=False)
     if name == "deterministic":
         # PyTorch's deterministic kernels (warn-only: an op without one warns and runs as it is)
         # and inductor's deterministic mode (no on-device benchmarking of choices that change the
@@ -202,6 +206,30 @@ def experiment(name: str):
 
         return no_cudnn()
     return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def gelu_configs(prefetch: bool):
+    """The fp8 MLP's two GELU kernels autotuned only over their configs with ``PREFETCH ==
+    prefetch``; torch.compile reads an autotuned kernel's configs when it traces it, so the step
+    must be built inside this context (with inductor's caches off, so it does not reuse a step
+    compiled with the other configs). Restores the configs and clears the picks afterwards."""
+    import torch._inductor.config as inductor_config
+
+    from helpers.core.kernels import fp8_mlp
+
+    kernels = (fp8_mlp._fwd_kernel, fp8_mlp._bwd_kernel)
+    before = [k.configs for k in kernels]
+    for k in kernels:
+        k.configs = [c for c in k.configs if c.kwargs["PREFETCH"] == prefetch]
+        k.cache.clear()
+    try:
+        with inductor_config.patch(force_disable_caches=True):
+            yield
+    finally:
+        for k, configs in zip(kernels, before):
+            k.configs = configs
+            k.cache.clear()
 
 
 FAMILIES = [  # (family, regex on the kernel name), first match wins

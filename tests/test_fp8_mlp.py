@@ -122,6 +122,33 @@ CHECK = textwrap.dedent(
     dh8_ref = rowwise_e4m3(dh)[0]
     assert (dh8.view(torch.uint8) != dh8_ref.view(torch.uint8)).float().mean() < 1e-3
 
+    # 3b. every config of the kernels (rows per tile, tiles per program, the prefetching loop)
+    # writes the same bytes as the one checked above: in the interpreter, the plain loop and
+    # other tilings (the checks above ran its prefetching config); on a GPU, all autotune configs
+    launch_as_is = lambda kernel: kernel  # the raw kernel, outside torch.compile
+    fwd_configs, bwd_configs = fp8_mlp.FORWARD_CONFIGS, fp8_mlp.BACKWARD_CONFIGS
+    if device == "cpu":
+        fwd_configs = [{"ROWS": 1, "GROUPS": 1, "PREFETCH": False, "num_warps": 4},
+                       {"ROWS": 4, "GROUPS": 3, "PREFETCH": False, "num_warps": 4},
+                       {"ROWS": 1, "GROUPS": 7, "PREFETCH": True, "num_warps": 4}]
+        bwd_configs = [{"ROWS": 2, "GROUPS": 16, "PREFETCH": False, "num_warps": 4},
+                       {"ROWS": 4, "GROUPS": 5, "PREFETCH": True, "num_warps": 4}]
+    h_fwd = h[:47].contiguous()  # rows no config's program count divides
+    want = [t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+            for t in fp8_mlp.gelu_rowwise_e4m3(h_fwd)]
+    for i, config in enumerate(fwd_configs):
+        got = fp8_mlp._gelu_impl(h_fwd, launch_as_is, config)
+        got = [t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t for t in got]
+        if BREAK == "config" and i == len(fwd_configs) - 1:
+            got[0][-1] = 0  # one config misses the last row
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), f"forward {config}"
+    want = [dh, dh8.view(torch.uint8), inv]
+    for config in bwd_configs:
+        got = fp8_mlp._gelu_backward_impl(da, h, launch_as_is, config)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2]), f"backward {config}"
+        assert torch.equal(got[1].view(torch.uint8), want[1]), f"backward {config}"
+        assert torch.allclose(got[3], db, rtol=1e-5, atol=1e-6), f"backward {config}"
+
     # 4. the whole MLP against the bf16 one, value and gradients; the model's fp8 MLP is it
     from helpers.core.model import MLP, GPTConfig
     cfg = GPTConfig(n_embd=256, n_head=4, dropout=0.0)
@@ -172,7 +199,9 @@ def test_the_fp8_mlp_kernels_match_pytorch_in_the_triton_interpreter():
 
 
 @needs_triton
-@pytest.mark.parametrize("broken", ["bits", "gelu", "scale", "rowmax", "nan", "dbias", "bias"])
+@pytest.mark.parametrize(
+    "broken", ["bits", "gelu", "scale", "rowmax", "nan", "dbias", "config", "bias"]
+)
 def test_each_check_rejects_its_mistake(broken):
     out = run_check("cpu", broken)
     assert out.returncode != 0 and "AssertionError" in out.stderr, out.stderr[-2000:]

@@ -27,10 +27,13 @@ amax and again for the cast: with them the fp8 MLP was slower than bf16
 
 The kernels are ``torch.library.triton_op``s: torch.compile launches them from its own generated
 code (as opaque custom ops, called through Python, they doubled the host's time per B=16 step).
-On a GPU they are autotuned over rows per tile and warps at the first call and cast to e4m3 with
-the hardware's instruction; Triton's CPU interpreter (the tests) runs one configuration and a
-hand-written rounding (:func:`_e4m3_bits`), equal to torch's cast bit for bit. A NaN stays NaN in
-the e4m3 values (and so in the matmul's output row); the row's scale comes from its other values.
+On a GPU they are autotuned at the first call (rows per tile, tiles per program, warps, and
+whether a program issues its next tile's loads before this tile's row reduction and stores, which
+keeps memory busy while it waits on them: -7% for the backward kernel on an H100, perf-log
+2026-12-06) and cast to e4m3 with the hardware's instruction; Triton's CPU interpreter (the
+tests) runs one configuration and a hand-written rounding (:func:`_e4m3_bits`), equal to torch's
+cast bit for bit. A NaN stays NaN in the e4m3 values (and so in the matmul's output row); the
+row's scale comes from its other values.
 
 Measured on the H200 (results/perf-log.md): -4.3 to -7.8 ms per B=64 step against the bf16 MLP;
 at B=16, where the matmuls are 4x smaller, within the steps' spread.
@@ -54,12 +57,26 @@ from helpers.core.kernels.fp8 import E4M3_MAX, rowwise_e4m3, scaled_mm
 ROW_BLOCK = 4096  # the kernels' row width in registers: the next power of 2 above 4 * 768
 BACKWARD_ROWS = 32  # rows per program in the backward kernel (its bias-gradient partial sums)
 GELU_C = math.sqrt(2.0 / math.pi)  # GELU's tanh approximation (Hendrycks & Gimpel 2016, eq. 2)
-# On a GPU each kernel is autotuned over rows per tile and warps (the fastest of these configs at
-# the first call); the CPU interpreter runs one config (it cannot time kernels).
-TILE_CONFIGS = [(rows, warps) for rows in (1, 2, 4) for warps in (4, 8, 16)]
-INTERPRETER_CONFIG = (2, 4)
-if any(BACKWARD_ROWS % rows for rows, _ in [*TILE_CONFIGS, INTERPRETER_CONFIG]):
-    raise ValueError("each tile's rows must divide BACKWARD_ROWS (the backward's rows per program)")
+# On a GPU each kernel is autotuned over these configs (the fastest at the first call): rows per
+# tile, tiles per program (GROUPS), whether the next tile's loads are issued before this tile's
+# stores (PREFETCH), warps. The backward's programs each cover BACKWARD_ROWS rows (its partial
+# bias sums are per program). The CPU interpreter runs one config (it cannot time kernels).
+FORWARD_CONFIGS = [
+    *({"ROWS": rows, "GROUPS": 1, "PREFETCH": False, "num_warps": w} for rows in (1, 2, 4)
+      for w in (4, 8, 16)),
+    *({"ROWS": rows, "GROUPS": groups, "PREFETCH": True, "num_warps": w} for rows in (1, 2)
+      for groups in (4, 8) for w in (4, 8, 16)),
+]  # fmt: skip
+BACKWARD_CONFIGS = [
+    {"ROWS": rows, "GROUPS": BACKWARD_ROWS // rows, "PREFETCH": prefetch, "num_warps": w}
+    for prefetch in (False, True)
+    for rows in (1, 2, 4)
+    for w in (4, 8, 16)
+]
+INTERPRETER_FORWARD = {"ROWS": 2, "GROUPS": 5, "PREFETCH": True, "num_warps": 4}
+INTERPRETER_BACKWARD = {"ROWS": 2, "GROUPS": BACKWARD_ROWS // 2, "PREFETCH": True, "num_warps": 4}
+if any(c["ROWS"] * c["GROUPS"] != BACKWARD_ROWS for c in [*BACKWARD_CONFIGS, INTERPRETER_BACKWARD]):
+    raise ValueError("each backward config must cover BACKWARD_ROWS rows per program")
 
 if triton is not None and TRITON_OP_MISSING is None:
     from helpers.core.kernels._triton import _INTERPRETED_AT_IMPORT
@@ -110,44 +127,73 @@ if triton is not None and TRITON_OP_MISSING is None:
         return tl.fdiv(1.0, 1.0 + tl.exp(-2.0 * u), ieee_rounding=False)
 
     @triton.jit
+    def _tile(rows1, cols, n_rows, n_cols):
+        # the offsets and mask of the (ROWS, BLOCK) tile of rows ``rows1`` in an (M, N) tensor
+        rows = rows1[:, None]
+        return rows * n_cols + cols, (rows < n_rows) & (cols < n_cols)
+
+    @triton.jit
     def _gelu_cast_kernel(
         h_ptr, a_ptr, a8_ptr, inv_ptr, n_rows, n_cols,
         GELU_C: tl.constexpr, E4M3_MAX: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
-        HW_CAST: tl.constexpr,
+        GROUPS: tl.constexpr, PREFETCH: tl.constexpr, HW_CAST: tl.constexpr,
     ):  # fmt: skip
-        # ROWS rows per program: a = GELU(h) in bf16, a * scale in e4m3, 1 / scale
-        rows1 = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-        rows = rows1[:, None]
+        # GROUPS tiles of ROWS rows per program: a = GELU(h) in bf16, a * scale in e4m3,
+        # 1 / scale. PREFETCH: the next tile's loads are issued before this tile's reduction
+        # and stores, so they are in flight while the program waits on those
+        pid = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)[None, :]
-        mask = (rows < n_rows) & (cols < n_cols)
-        off = rows * n_cols + cols
-        h = tl.load(h_ptr + off, mask=mask, other=0.0).to(tl.float32)
-        a16 = (h * _sigmoid_2u(h, GELU_C)).to(tl.bfloat16)
-        tl.store(a_ptr + off, a16, mask=mask)
-        # cast what c_proj's weight gradient sees (the bf16 a), as rowwise_e4m3(a) would
-        _store_rowwise_e4m3(
-            a16.to(tl.float32), a8_ptr, off, mask, inv_ptr, rows1, rows1 < n_rows, E4M3_MAX,
-            HW_CAST,
-        )  # fmt: skip
+        first = pid * GROUPS * ROWS + tl.arange(0, ROWS)
+        if PREFETCH:
+            off, mask = _tile(first, cols, n_rows, n_cols)
+            h_next = tl.load(h_ptr + off, mask=mask, other=0.0)
+        for g in range(GROUPS):
+            rows1 = first + g * ROWS
+            off, mask = _tile(rows1, cols, n_rows, n_cols)
+            if PREFETCH:
+                h = h_next.to(tl.float32)
+                ahead = tl.where(g + 1 < GROUPS, n_rows, 0)  # no tile after the last
+                off_n, mask_n = _tile(rows1 + ROWS, cols, ahead, n_cols)
+                h_next = tl.load(h_ptr + off_n, mask=mask_n, other=0.0)
+            else:
+                h = tl.load(h_ptr + off, mask=mask, other=0.0).to(tl.float32)
+            a16 = (h * _sigmoid_2u(h, GELU_C)).to(tl.bfloat16)
+            tl.store(a_ptr + off, a16, mask=mask)
+            # cast what c_proj's weight gradient sees (the bf16 a), as rowwise_e4m3(a) would
+            _store_rowwise_e4m3(
+                a16.to(tl.float32), a8_ptr, off, mask, inv_ptr, rows1, rows1 < n_rows, E4M3_MAX,
+                HW_CAST,
+            )  # fmt: skip
 
     @triton.jit
     def _gelu_backward_cast_kernel(
         da_ptr, h_ptr, dh_ptr, dh8_ptr, inv_ptr, dbias_ptr, n_rows, n_cols,
         GELU_C: tl.constexpr, E4M3_MAX: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
-        GROUPS: tl.constexpr, HW_CAST: tl.constexpr,
+        GROUPS: tl.constexpr, PREFETCH: tl.constexpr, HW_CAST: tl.constexpr,
     ):  # fmt: skip
         # GROUPS tiles of ROWS rows per program: dh = da * GELU'(h) in bf16 and e4m3 (row
-        # scale), and this program's column sums of dh (fp32) for the bias gradient
+        # scale), and this program's column sums of dh (fp32) for the bias gradient. PREFETCH:
+        # as in _gelu_cast_kernel
         pid = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)[None, :]
         colsum = tl.zeros((BLOCK,), dtype=tl.float32)
+        first = pid * GROUPS * ROWS + tl.arange(0, ROWS)
+        if PREFETCH:
+            off, mask = _tile(first, cols, n_rows, n_cols)
+            da_next = tl.load(da_ptr + off, mask=mask, other=0.0)
+            h_next = tl.load(h_ptr + off, mask=mask, other=0.0)
         for g in range(GROUPS):
-            rows1 = (pid * GROUPS + g) * ROWS + tl.arange(0, ROWS)
-            rows = rows1[:, None]
-            mask = (rows < n_rows) & (cols < n_cols)
-            off = rows * n_cols + cols
-            da = tl.load(da_ptr + off, mask=mask, other=0.0).to(tl.float32)
-            h = tl.load(h_ptr + off, mask=mask, other=0.0).to(tl.float32)
+            rows1 = first + g * ROWS
+            off, mask = _tile(rows1, cols, n_rows, n_cols)
+            if PREFETCH:
+                da, h = da_next.to(tl.float32), h_next.to(tl.float32)
+                ahead = tl.where(g + 1 < GROUPS, n_rows, 0)  # no tile after the last
+                off_n, mask_n = _tile(rows1 + ROWS, cols, ahead, n_cols)
+                da_next = tl.load(da_ptr + off_n, mask=mask_n, other=0.0)
+                h_next = tl.load(h_ptr + off_n, mask=mask_n, other=0.0)
+            else:
+                da = tl.load(da_ptr + off, mask=mask, other=0.0).to(tl.float32)
+                h = tl.load(h_ptr + off, mask=mask, other=0.0).to(tl.float32)
             # GELU'(h) = s + 2 h s (1 - s) u'(h), s = sigmoid(2u)
             s = _sigmoid_2u(h, GELU_C)
             d = s + 2.0 * h * s * (1.0 - s) * GELU_C * (1.0 + 3 * 0.044715 * h * h)
@@ -164,22 +210,21 @@ if triton is not None and TRITON_OP_MISSING is None:
             mask=tl.arange(0, BLOCK) < n_cols,
         )
 
-    if _INTERPRETED_AT_IMPORT:
-        _fwd_kernel, _bwd_kernel = _gelu_cast_kernel, _gelu_backward_cast_kernel
-        rows, warps = INTERPRETER_CONFIG
-        _FWD_FIXED = {"ROWS": rows, "num_warps": warps}
-        _BWD_FIXED = {**_FWD_FIXED, "GROUPS": BACKWARD_ROWS // rows}
-    else:
-        _fwd_kernel = triton.autotune(
-            [triton.Config({"ROWS": r}, num_warps=w) for r, w in TILE_CONFIGS], key=["n_cols"]
-        )(_gelu_cast_kernel)
-        _bwd_kernel = triton.autotune(
+    def _autotuned(kernel, configs):
+        return triton.autotune(
             [
-                triton.Config({"ROWS": r, "GROUPS": BACKWARD_ROWS // r}, num_warps=w)
-                for r, w in TILE_CONFIGS
+                triton.Config({k: v for k, v in c.items() if k != "num_warps"}, c["num_warps"])
+                for c in configs
             ],
             key=["n_cols"],
-        )(_gelu_backward_cast_kernel)
+        )(kernel)
+
+    if _INTERPRETED_AT_IMPORT:
+        _fwd_kernel, _bwd_kernel = _gelu_cast_kernel, _gelu_backward_cast_kernel
+        _FWD_FIXED, _BWD_FIXED = dict(INTERPRETER_FORWARD), dict(INTERPRETER_BACKWARD)
+    else:
+        _fwd_kernel = _autotuned(_gelu_cast_kernel, FORWARD_CONFIGS)
+        _bwd_kernel = _autotuned(_gelu_backward_cast_kernel, BACKWARD_CONFIGS)
         _FWD_FIXED = _BWD_FIXED = {}  # autotune chooses
 
     def _fp8_out(t: torch.Tensor) -> torch.Tensor:
@@ -187,29 +232,36 @@ if triton is not None and TRITON_OP_MISSING is None:
         # interpreter (which writes the bits _e4m3_bits makes)
         return t.view(torch.uint8) if _INTERPRETED_AT_IMPORT else t
 
-    def _gelu_impl(h, launch):
+    def _gelu_impl(h, launch, config=None):
+        # config: one of FORWARD_CONFIGS to launch as it is (benchmarks, tests), else autotuned
         M, N = h.shape
+        kernel, fixed = (_fwd_kernel, _FWD_FIXED) if config is None else (_gelu_cast_kernel, config)
         a = torch.empty_like(h)
         a8 = torch.empty((M, N), dtype=torch.float8_e4m3fn, device=h.device)
         inv = torch.empty((M, 1), dtype=torch.float32, device=h.device)
-        launch(_fwd_kernel)[lambda meta: (triton.cdiv(M, meta["ROWS"]),)](
+        launch(kernel)[lambda meta: (triton.cdiv(M, meta["ROWS"] * meta["GROUPS"]),)](
             h, a, _fp8_out(a8), inv, M, N,
             GELU_C=GELU_C, E4M3_MAX=E4M3_MAX, BLOCK=ROW_BLOCK,
-            HW_CAST=not _INTERPRETED_AT_IMPORT, **_FWD_FIXED,
+            HW_CAST=not _INTERPRETED_AT_IMPORT, **fixed,
         )  # fmt: skip
         return a, a8, inv
 
-    def _gelu_backward_impl(da, h, launch):
+    def _gelu_backward_impl(da, h, launch, config=None):
+        # config: one of BACKWARD_CONFIGS to launch as it is, else autotuned
         M, N = h.shape
-        programs = triton.cdiv(M, BACKWARD_ROWS)  # every config covers BACKWARD_ROWS rows
+        kernel = _bwd_kernel if config is None else _gelu_backward_cast_kernel
+        fixed = _BWD_FIXED if config is None else config
+        # every autotune config covers BACKWARD_ROWS rows per program
+        per_program = BACKWARD_ROWS if config is None else config["ROWS"] * config["GROUPS"]
+        programs = triton.cdiv(M, per_program)
         dh = torch.empty_like(h)
         dh8 = torch.empty((M, N), dtype=torch.float8_e4m3fn, device=h.device)
         inv = torch.empty((M, 1), dtype=torch.float32, device=h.device)
         partial = torch.empty((programs, N), dtype=torch.float32, device=h.device)
-        launch(_bwd_kernel)[(programs,)](
+        launch(kernel)[(programs,)](
             da, h, dh, _fp8_out(dh8), inv, partial, M, N,
             GELU_C=GELU_C, E4M3_MAX=E4M3_MAX, BLOCK=ROW_BLOCK, HW_CAST=not _INTERPRETED_AT_IMPORT,
-            **_BWD_FIXED,
+            **fixed,
         )  # fmt: skip
         return dh, dh8, inv, partial.sum(0)
 
