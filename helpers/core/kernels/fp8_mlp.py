@@ -29,7 +29,7 @@ The kernels are ``torch.library.triton_op``s: torch.compile launches them from i
 code (as opaque custom ops, called through Python, they doubled the host's time per B=16 step).
 On a GPU they are autotuned at the first call (rows per tile, tiles per program, warps, and
 whether a program issues its next tile's loads before this tile's row reduction and stores, which
-keeps memory busy while it waits on them: -7% for the backward kernel on an H100, perf-log
+keeps memory busy while it waits on them: -6% for the backward kernel on an H100, perf-log
 2026-12-06) and cast to e4m3 with the hardware's instruction; Triton's CPU interpreter (the
 tests) runs one configuration and a hand-written rounding (:func:`_e4m3_bits`), equal to torch's
 cast bit for bit. A NaN stays NaN in the e4m3 values (and so in the matmul's output row); the
