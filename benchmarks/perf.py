@@ -94,6 +94,8 @@ VARIANTS = {
     "qkv-grad": {},
     # the fp8 MLP's GELU kernels autotuned without their prefetching configs
     "gelu-no-prefetch": {},
+    # the fp8 LM head's transposes autotuned over only the 64 x 64-byte tile with 4 warps
+    "transpose-tile-64": {},
 }
 FUSED_CHUNKS = {
     "fused-unchunked": None,
@@ -170,6 +172,8 @@ def experiment(name: str):
         return qkv_grad.experiment()
     if name == "gelu-no-prefetch":
         return gelu_configs(prefetch=False)
+    if name == "transpose-tile-64":
+        return transpose_tiles({"BM": 64, "BN": 64, "num_warps": 4})
     if name == "deterministic":
         # PyTorch's deterministic kernels (warn-only: an op without one warns and runs as it is)
         # and inductor's deterministic mode (no on-device benchmarking of choices that change the
@@ -230,6 +234,28 @@ def gelu_configs(prefetch: bool):
         for k, configs in zip(kernels, before):
             k.configs = configs
             k.cache.clear()
+
+
+@contextlib.contextmanager
+def transpose_tiles(*keep: dict):
+    """``transpose_fp8`` autotuned only over the tile configs ``keep`` (entries of
+    ``fp8.TRANSPOSE_CONFIGS``). The transpose is an opaque custom op, so a step compiled before
+    still calls the kernel with these configs; its picks are cleared before and after."""
+    from helpers.core.kernels import fp8
+
+    kernel = fp8._transpose_tuned
+    before = kernel.configs
+    kernel.configs = [
+        c for c in before if {**c.kwargs, "num_warps": c.num_warps} in [dict(k) for k in keep]
+    ]
+    if not kernel.configs:
+        raise ValueError(f"none of {keep} is in fp8.TRANSPOSE_CONFIGS")
+    kernel.cache.clear()
+    try:
+        yield
+    finally:
+        kernel.configs = before
+        kernel.cache.clear()
 
 
 FAMILIES = [  # (family, regex on the kernel name), first match wins

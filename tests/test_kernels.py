@@ -225,11 +225,16 @@ FP8_CHECK = textwrap.dedent(
         finally:
             fused_ce.E5M2_HARDWARE_CAST = hardware_cast
         assert torch.equal(g8_bits.view(torch.uint8), g8.view(torch.uint8))
-    # 2. the transpose, on shapes that are not multiples of its tile
-    for M, N in ((1, 1), (70, 130), (128, 64), (3, 200)):
+    # 2. the transpose, on shapes that are not multiples of its tiles: as autotuned, and at each
+    # tile config (every autotune config on a GPU; two in the interpreter, which has no autotune)
+    tiles = (fp8.TRANSPOSE_CONFIGS if device == "cuda"
+             else [fp8.INTERPRETER_TRANSPOSE, {"BM": 128, "BN": 256, "num_warps": 8}])
+    for M, N in ((1, 1), (70, 130), (128, 64), (3, 200), (300, 257)):
         a = torch.randn(M, N, device=device).to(torch.float8_e4m3fn)
-        assert torch.equal(kernels.transpose_fp8(a).view(torch.uint8),
-                           a.t().contiguous().view(torch.uint8)), (M, N)
+        want = a.t().contiguous().view(torch.uint8)
+        assert torch.equal(kernels.transpose_fp8(a).view(torch.uint8), want), (M, N)
+        for tile in tiles:
+            assert torch.equal(fp8._transpose_impl(a, tile).view(torch.uint8), want), (M, N, tile)
     # 3. the whole fp8 LM head + CE
     # the fp8 value of a in the forward, the identity in backward (no fp8 gradients here)
     def rounded(a):
@@ -335,6 +340,23 @@ def test_a_wrong_fp8_lm_head_fails_its_check(bug):
     assert broken != FP8_CHECK
     out = run_fp8_check(broken)
     assert out.returncode != 0 and "AssertionError" in out.stderr, out.stderr[-2000:]
+
+
+@needs_triton
+@needs_cpu_fp8
+def test_a_wrong_transpose_tile_fails_the_fp8_check():
+    """Each transpose tile config is checked on its own: one that drops its last column fails,
+    though the autotuned transpose (config None) stays right."""
+    bug = (
+        "_impl = fp8._transpose_impl\n"
+        "fp8._transpose_impl = lambda a, c=None: _impl(a) if c is None else "
+        "torch.cat([_impl(a, c)[:, :-1], torch.zeros_like(_impl(a, c)[:, :1])], 1)\n"
+    )
+    broken = FP8_CHECK.replace("# 2. the transpose", bug + "# 2. the transpose")
+    assert broken != FP8_CHECK
+    out = run_fp8_check(broken)
+    assert out.returncode != 0 and "AssertionError" in out.stderr, out.stderr[-2000:]
+    assert "AssertionError: (1, 1, {'BM'" in out.stderr, out.stderr[-2000:]  # a tile's check
 
 
 @needs_cuda

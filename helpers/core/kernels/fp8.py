@@ -19,11 +19,25 @@ from __future__ import annotations
 
 import torch
 
-from helpers.core.kernels._triton import TRITON_OP_MISSING, available, tl, triton
+from helpers.core.kernels._triton import (
+    _INTERPRETED_AT_IMPORT,
+    TRITON_OP_MISSING,
+    available,
+    tl,
+    triton,
+)
 
 E4M3_MAX = 448.0  # the largest float8_e4m3fn value
 FP8_GRAD_SCALE = 2.0**15  # the e5m2 gradient's fixed scale
-TRANSPOSE_TILE = 64  # bytes per side of transpose_fp8's tiles
+# transpose_fp8's tiles: BM source rows x BN source columns (bytes), and warps. On a GPU it is
+# autotuned over these (the fastest at the first call of each shape); 128-byte sides fill whole
+# 128-byte cache lines on the read (BN) and on the write (BM). The CPU interpreter runs one config.
+TRANSPOSE_CONFIGS = [
+    {"BM": bm, "BN": bn, "num_warps": w}
+    for bm, bn in ((64, 64), (64, 128), (128, 64), (128, 128), (128, 256), (256, 128))
+    for w in (4, 8)
+]
+INTERPRETER_TRANSPOSE = {"BM": 64, "BN": 64, "num_warps": 4}
 
 
 if triton is not None and TRITON_OP_MISSING is None:
@@ -38,20 +52,33 @@ if triton is not None and TRITON_OP_MISSING is None:
         tile = tl.load(src_ptr + rm[:, None] * N + rn[None, :], mask=mask)
         tl.store(dst_ptr + rn[None, :] * M + rm[:, None], tile, mask=mask)
 
-    @torch.library.custom_op("fastgpt2::transpose_fp8", mutates_args=())
-    def _transpose_fp8(src: torch.Tensor) -> torch.Tensor:
+    if _INTERPRETED_AT_IMPORT:
+        _transpose_tuned, _TRANSPOSE_FIXED = _transpose_kernel, dict(INTERPRETER_TRANSPOSE)
+    else:
+        _transpose_tuned = triton.autotune(
+            [
+                triton.Config({"BM": c["BM"], "BN": c["BN"]}, num_warps=c["num_warps"])
+                for c in TRANSPOSE_CONFIGS
+            ],
+            key=["M", "N"],
+        )(_transpose_kernel)
+        _TRANSPOSE_FIXED = {}  # autotune chooses
+
+    def _transpose_impl(src: torch.Tensor, config: dict | None = None) -> torch.Tensor:
+        # config: one of TRANSPOSE_CONFIGS to launch as it is (benchmarks, tests), else autotuned
         M, N = src.shape
+        kernel, fixed = (
+            (_transpose_tuned, _TRANSPOSE_FIXED) if config is None else (_transpose_kernel, config)
+        )
         dst = torch.empty((N, M), dtype=src.dtype, device=src.device)
-        _transpose_kernel[(triton.cdiv(M, TRANSPOSE_TILE), triton.cdiv(N, TRANSPOSE_TILE))](
-            src.view(torch.uint8),
-            dst.view(torch.uint8),
-            M,
-            N,
-            BM=TRANSPOSE_TILE,
-            BN=TRANSPOSE_TILE,
-            num_warps=4,
+        kernel[lambda meta: (triton.cdiv(M, meta["BM"]), triton.cdiv(N, meta["BN"]))](
+            src.view(torch.uint8), dst.view(torch.uint8), M, N, **fixed
         )
         return dst
+
+    @torch.library.custom_op("fastgpt2::transpose_fp8", mutates_args=())
+    def _transpose_fp8(src: torch.Tensor) -> torch.Tensor:
+        return _transpose_impl(src)
 
     @_transpose_fp8.register_fake
     def _(src):
