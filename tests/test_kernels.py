@@ -225,8 +225,8 @@ FP8_CHECK = textwrap.dedent(
         finally:
             fused_ce.E5M2_HARDWARE_CAST = hardware_cast
         assert torch.equal(g8_bits.view(torch.uint8), g8.view(torch.uint8))
-    # 2. the transpose, on shapes that are not multiples of its tiles: as autotuned, and at each
-    # tile config (every autotune config on a GPU; two in the interpreter, which has no autotune)
+    # 2. the transpose, on shapes that are and are not multiples of its tiles: autotuned, and at
+    # each tile config (every autotune config on a GPU; two in the interpreter, which cannot time)
     tiles = (fp8.TRANSPOSE_CONFIGS if device == "cuda"
              else [fp8.INTERPRETER_TRANSPOSE, {"BM": 128, "BN": 256, "num_warps": 8}])
     for M, N in ((1, 1), (70, 130), (128, 64), (3, 200), (300, 257)):
