@@ -16,7 +16,6 @@ The step with and without the rung: ``python benchmarks/perf.py --variants final
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
@@ -122,11 +121,7 @@ def main(argv=None) -> int:
     out = {**results.provenance(torch.device("cuda")), "kernels": bench_kernels()}
     if args.sweep:
         out["sweep"] = sweep_configs()
-    text = json.dumps(out, indent=1)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+    results.print_and_save(out, args.out)
     return 0
 
 

@@ -17,7 +17,6 @@ transpose-tile-64 final``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
@@ -65,11 +64,7 @@ def main(argv=None) -> int:
         return 2
     out = {**results.provenance(torch.device("cuda"))}
     out["shapes"] = {f"{M}x{N}": sweep(M, N) for M, N in SHAPES}
-    text = json.dumps(out, indent=1)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+    results.print_and_save(out, args.out)
     return 0
 
 

@@ -173,7 +173,7 @@ def experiment(name: str):
     if name == "gelu-no-prefetch":
         return gelu_configs(prefetch=False)
     if name == "transpose-tile-64":
-        return transpose_tiles({"BM": 64, "BN": 64, "num_warps": 4})
+        return transpose_tiles(BM=64, BN=64, num_warps=4)
     if name == "deterministic":
         # PyTorch's deterministic kernels (warn-only: an op without one warns and runs as it is)
         # and inductor's deterministic mode (no on-device benchmarking of choices that change the
@@ -213,22 +213,29 @@ def experiment(name: str):
 
 
 @contextlib.contextmanager
-def gelu_configs(prefetch: bool):
-    """The fp8 MLP's two GELU kernels autotuned only over their configs with ``PREFETCH ==
-    prefetch``; torch.compile reads an autotuned kernel's configs when it traces it, so the step
-    must be built inside this context (with inductor's caches off, so it does not reuse a step
-    compiled with the other configs). Restores the configs and clears the picks afterwards."""
+def autotune_only(kernels, keep, recompile: bool):
+    """Triton autotuned ``kernels`` restricted to their configs for which ``keep(config)`` is true
+    (a ``triton.Config``); their picks are cleared before and restored afterwards. ``recompile``:
+    torch.compile reads an autotuned kernel's configs when it traces it (``triton_op`` kernels),
+    so such a step must be built inside this context, with inductor's caches off so it does not
+    reuse a step compiled with the other configs; an opaque custom op's kernel needs no recompile.
+
+    Raises:
+        ValueError: if ``keep`` leaves a kernel no config.
+    """
     import torch._inductor.config as inductor_config
 
-    from helpers.core.kernels import fp8_mlp
-
-    kernels = (fp8_mlp._fwd_kernel, fp8_mlp._bwd_kernel)
     before = [k.configs for k in kernels]
-    for k in kernels:
-        k.configs = [c for c in k.configs if c.kwargs["PREFETCH"] == prefetch]
-        k.cache.clear()
+    caches = (
+        inductor_config.patch(force_disable_caches=True) if recompile else contextlib.nullcontext()
+    )
     try:
-        with inductor_config.patch(force_disable_caches=True):
+        for k in kernels:
+            k.configs = [c for c in k.configs if keep(c)]
+            if not k.configs:
+                raise ValueError("keep() left an autotuned kernel without a config")
+            k.cache.clear()
+        with caches:
             yield
     finally:
         for k, configs in zip(kernels, before):
@@ -236,26 +243,24 @@ def gelu_configs(prefetch: bool):
             k.cache.clear()
 
 
-@contextlib.contextmanager
-def transpose_tiles(*keep: dict):
-    """``transpose_fp8`` autotuned only over the tile configs ``keep`` (entries of
-    ``fp8.TRANSPOSE_CONFIGS``). The transpose is an opaque custom op, so a step compiled before
-    still calls the kernel with these configs; its picks are cleared before and after."""
+def gelu_configs(prefetch: bool):
+    """The fp8 MLP's two GELU kernels autotuned only over their configs with ``PREFETCH ==
+    prefetch`` (a context; the step must be compiled inside it)."""
+    from helpers.core.kernels import fp8_mlp
+
+    kernels = (fp8_mlp._fwd_kernel, fp8_mlp._bwd_kernel)
+    return autotune_only(kernels, lambda c: c.kwargs["PREFETCH"] == prefetch, recompile=True)
+
+
+def transpose_tiles(BM: int, BN: int, num_warps: int):
+    """``transpose_fp8`` autotuned only over the tile config (BM, BN, num_warps), one of
+    ``fp8.TRANSPOSE_CONFIGS`` (a context). The transpose is an opaque custom op: a step compiled
+    before calls the kernel with this config too."""
     from helpers.core.kernels import fp8
 
-    kernel = fp8._transpose_tuned
-    before = kernel.configs
-    kernel.configs = [
-        c for c in before if {**c.kwargs, "num_warps": c.num_warps} in [dict(k) for k in keep]
-    ]
-    if not kernel.configs:
-        raise ValueError(f"none of {keep} is in fp8.TRANSPOSE_CONFIGS")
-    kernel.cache.clear()
-    try:
-        yield
-    finally:
-        kernel.configs = before
-        kernel.cache.clear()
+    tile = (BM, BN, num_warps)
+    keep = lambda c: (c.kwargs["BM"], c.kwargs["BN"], c.num_warps) == tile  # noqa: E731
+    return autotune_only((fp8._transpose_tuned,), keep, recompile=False)
 
 
 FAMILIES = [  # (family, regex on the kernel name), first match wins

@@ -121,6 +121,15 @@ def provenance(device: torch.device | str) -> dict:
     }
 
 
+def print_and_save(out: dict, path: str | Path | None) -> None:
+    """Print ``out`` as indented JSON and, where ``path`` is given (a benchmark's ``--out``), write
+    the same text there (replacing the file: the caller named it)."""
+    text = json.dumps(out, indent=1)
+    print(text)
+    if path:
+        Path(path).write_text(text + "\n")
+
+
 def _commit() -> str | None:
     try:
         out = subprocess.run(

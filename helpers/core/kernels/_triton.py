@@ -86,3 +86,17 @@ def launch(kernel):
     Python functions that older torch (2.11) refuses to wrap, and compile is not used with them.
     """
     return kernel if _INTERPRETED_AT_IMPORT else torch.library.wrap_triton(kernel)
+
+
+def autotuned(kernel, configs: list[dict], key: list[str]):
+    """``kernel`` autotuned over ``configs``: each a dict of the kernel's constexpr meta-parameters
+    plus ``num_warps`` (how the kernel modules list their configs, so tests and benchmarks can
+    launch each one as it is). Autotune times every config at the first call for each value of
+    the ``key`` arguments and keeps the fastest (``triton.autotune``)."""
+    return triton.autotune(
+        [
+            triton.Config({k: v for k, v in c.items() if k != "num_warps"}, c["num_warps"])
+            for c in configs
+        ],
+        key=key,
+    )(kernel)

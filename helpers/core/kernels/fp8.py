@@ -22,6 +22,7 @@ import torch
 from helpers.core.kernels._triton import (
     _INTERPRETED_AT_IMPORT,
     TRITON_OP_MISSING,
+    autotuned,
     available,
     tl,
     triton,
@@ -55,13 +56,7 @@ if triton is not None and TRITON_OP_MISSING is None:
     if _INTERPRETED_AT_IMPORT:
         _transpose_tuned, _TRANSPOSE_FIXED = _transpose_kernel, dict(INTERPRETER_TRANSPOSE)
     else:
-        _transpose_tuned = triton.autotune(
-            [
-                triton.Config({"BM": c["BM"], "BN": c["BN"]}, num_warps=c["num_warps"])
-                for c in TRANSPOSE_CONFIGS
-            ],
-            key=["M", "N"],
-        )(_transpose_kernel)
+        _transpose_tuned = autotuned(_transpose_kernel, TRANSPOSE_CONFIGS, key=["M", "N"])
         _TRANSPOSE_FIXED = {}  # autotune chooses
 
     def _transpose_impl(src: torch.Tensor, config: dict | None = None) -> torch.Tensor:

@@ -48,6 +48,7 @@ import torch
 from helpers.core.kernels._triton import (
     _INTERPRETED_AT_IMPORT,
     TRITON_OP_MISSING,
+    autotuned,
     launch,
     tl,
     triton,
@@ -210,21 +211,12 @@ if triton is not None and TRITON_OP_MISSING is None:
             mask=tl.arange(0, BLOCK) < n_cols,
         )
 
-    def _autotuned(kernel, configs):
-        return triton.autotune(
-            [
-                triton.Config({k: v for k, v in c.items() if k != "num_warps"}, c["num_warps"])
-                for c in configs
-            ],
-            key=["n_cols"],
-        )(kernel)
-
     if _INTERPRETED_AT_IMPORT:
         _fwd_kernel, _bwd_kernel = _gelu_cast_kernel, _gelu_backward_cast_kernel
         _FWD_FIXED, _BWD_FIXED = dict(INTERPRETER_FORWARD), dict(INTERPRETER_BACKWARD)
     else:
-        _fwd_kernel = _autotuned(_gelu_cast_kernel, FORWARD_CONFIGS)
-        _bwd_kernel = _autotuned(_gelu_backward_cast_kernel, BACKWARD_CONFIGS)
+        _fwd_kernel = autotuned(_gelu_cast_kernel, FORWARD_CONFIGS, key=["n_cols"])
+        _bwd_kernel = autotuned(_gelu_backward_cast_kernel, BACKWARD_CONFIGS, key=["n_cols"])
         _FWD_FIXED = _BWD_FIXED = {}  # autotune chooses
 
     def _fp8_out(t: torch.Tensor) -> torch.Tensor:
