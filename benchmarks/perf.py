@@ -34,7 +34,8 @@ from helpers.ladder import last_runnable
 from helpers.measure import power, results
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import fp8_linears  # noqa: E402  (this folder's experiment modules)
+import bias_in_matmul  # noqa: E402  (this folder's experiment modules)
+import fp8_linears  # noqa: E402
 import qkv_grad  # noqa: E402
 
 VARIANTS = {
@@ -92,6 +93,8 @@ VARIANTS = {
     **{name: {} for name in fp8_linears.VARIANTS},
     # c_attn's backward: dq, dk, dv concatenated and summed for the bias in one kernel
     "qkv-grad": {},
+    # c_attn's bias as a column of its weight times a ones column of its input (no bias sum)
+    "bias-in-matmul": {},
     # the fp8 MLP's GELU kernels autotuned without their prefetching configs
     "gelu-no-prefetch": {},
     # the fp8 LM head's transposes autotuned over only the 64 x 64-byte tile with 4 warps
@@ -170,6 +173,8 @@ def experiment(name: str):
         return fp8_linears.experiment(name)
     if name == "qkv-grad":
         return qkv_grad.experiment()
+    if name == "bias-in-matmul":
+        return bias_in_matmul.experiment()
     if name == "gelu-no-prefetch":
         return gelu_configs(prefetch=False)
     if name == "transpose-tile-64":
