@@ -16,10 +16,10 @@ in the matmul's fp32 accumulator, then rounded to bf16, as autocast's bf16 bias 
 Predicted: -1.1 ms of kernel time per B=64 step on an H100, about -0.75 on the H200.
 
 Measured on the H200 (results/perf-log.md, 2026-12-06): the sum went (-0.89 ms per B=64 step), but
-cuBLAS's kernels for the 776-wide matmuls took 1.02 ms more (8 more columns can cost a whole tile:
-13 steps of 64 instead of 12, 7 tiles of 128 instead of 6) and inductor normalized the LayerNorm's
-output into the wider buffer in a kernel of its own (+0.49 ms net): +0.94 ms of kernels per B=64
-step, +0.41 at B=16. Not a rung.
+the kernels cuBLAS picked for the 776-wide matmuls took 0.71 ms more (likely tile quantization: 8
+more columns can cost a whole tile, 13 steps of 64 instead of 12, 7 tiles of 128 instead of 6), and
+inductor normalized the LayerNorm's output into the wider buffer in a kernel of its own (+0.49 ms
+net): +0.94 ms of kernels per B=64 step, +0.41 at B=16. Not a rung.
 """
 
 from __future__ import annotations

@@ -37,8 +37,8 @@ def bench_kernels(M: int = 65536, N: int = 3072) -> dict:
     forward and its backward with the bias gradient (what the rung before runs there).
 
     Returns:
-        {name: {"ms": median ms per call (triton.testing.do_bench), "GB/s": bytes that must move
-        / time, "config": autotune's pick}}
+        {name: {"ms": mean ms per call (triton.testing.do_bench's default), "GB/s": bytes that
+        must move / time, "config": autotune's pick}}
     """
     from triton.testing import do_bench
 

@@ -32,8 +32,8 @@ def sweep(M: int, N: int) -> dict:
 
     Returns:
         {"copy": {"ms", "GB/s"}, "autotuned": {"ms", "GB/s", "config"},
-        "configs": [{**config, "ms", "GB/s"}, ...] fastest first}; ms is the median per call
-        (``triton.testing.do_bench``), GB/s counts the 2 * M * N bytes read and written.
+        "configs": [{**config, "ms", "GB/s"}, ...] fastest first}; ms is the mean per call
+        (``triton.testing.do_bench``'s default), GB/s counts the 2 * M * N bytes read and written.
     """
     from triton.testing import do_bench
 
