@@ -93,6 +93,8 @@ VARIANTS = {
     **{name: {} for name in fp8_linears.VARIANTS},
     # c_attn's backward: dq, dk, dv concatenated and summed for the bias in one kernel
     "qkv-grad": {},
+    # the same kernel in an opaque custom op: it takes cuDNN's gradients in their own memory order
+    "qkv-grad-opaque": {},
     # c_attn's bias as a column of its weight times a ones column of its input (no bias sum)
     "bias-in-matmul": {},
     # the fp8 MLP's GELU kernels autotuned without their prefetching configs
@@ -171,8 +173,8 @@ def experiment(name: str):
         return mock.patch.object(fused_ce, "FUSED_CHUNK_ROWS", FUSED_CHUNKS[name])
     if name in fp8_linears.VARIANTS:
         return fp8_linears.experiment(name)
-    if name == "qkv-grad":
-        return qkv_grad.experiment()
+    if name in ("qkv-grad", "qkv-grad-opaque"):
+        return qkv_grad.experiment(opaque=name == "qkv-grad-opaque")
     if name == "bias-in-matmul":
         return bias_in_matmul.experiment()
     if name == "gelu-no-prefetch":

@@ -16,6 +16,16 @@ replaces at B=64, but torch.compile copies dq, dk and dv into the memory order i
 op with ((B, nh, T, hs); cuDNN returns them in (B, T, nh, hs) order) before calling it, and that
 copy costs as much as the concatenation: the step got slower (+1.1 ms at B=64). Not a rung.
 
+Variant ``qkv-grad-opaque`` (not yet run on a GPU): the same kernel launched from an opaque custom
+op, which torch.compile calls without tracing the launch, so the kernel reads dq, dk, dv through the
+strides they arrive with, and a backward that reads no stride while it is traced. Found on a CPU
+(``tests/test_qkv_grad.py``, an opaque op standing in for cuDNN's backward): torch.compile traces
+an autograd Function's backward with guessed, contiguous gradients, and a backward that reads their
+strides (the check that the three share a layout) made inductor copy the real gradients into
+contiguous order before the op; without the read, it passes the producer's buffers as they are.
+Predicted: the traced kernel's -0.92 ms per B=64 step on an H100 with no copy added, about -0.9 ms
+on the H200 (its concatenation and bias sum took 1.66 + 0.89 ms).
+
 :func:`qkv_heads` is ``c_attn`` plus the split into heads, as an autograd Function whose backward
 calls the kernel; :func:`experiment` patches ``CausalSelfAttention.forward`` to use it.
 """
@@ -65,32 +75,55 @@ if triton is not None and TRITON_OP_MISSING is None:
         else:
             _copy_colsum(dv_ptr, out_ptr, part_ptr, pid, 2, M, T, sB, sH, sT, sD, C, HS, ROWS, COLS)
 
-    @torch.library.triton_op("fastgpt2::qkv_grad_cat", mutates_args={})
-    def _qkv_grad_traced(
-        dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _qkv_grad_run(dq, dk, dv, launcher):
         B, nh, T, hs = dq.shape
         M, C = B * T, nh * hs
         out = torch.empty((M, 3 * C), dtype=dq.dtype, device=dq.device)
         programs = triton.cdiv(M, ROWS)
         part = torch.empty((programs, 3 * C), dtype=torch.float32, device=dq.device)
-        launch(_qkv_grad_kernel)[(programs, 3)](
+        launcher(_qkv_grad_kernel)[(programs, 3)](
             dq, dk, dv, out, part, M, T, *dq.stride(), C=C, HS=hs, ROWS=ROWS, COLS=COLS,
             num_warps=4,
         )  # fmt: skip
         return out, part.sum(0)
 
+    # Traced: torch.compile sees the launch, with the strides it traced as constants, and copies
+    # inputs that arrive in another memory order into that order first.
+    @torch.library.triton_op("fastgpt2::qkv_grad_cat", mutates_args={})
+    def _qkv_grad_traced(
+        dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return _qkv_grad_run(dq, dk, dv, launch)
+
+    # Opaque: torch.compile calls it as it is, and the kernel reads the strides it is given at run
+    # time, so no copy is needed whatever order SDPA's backward returns.
+    @torch.library.custom_op("fastgpt2::qkv_grad_cat_opaque", mutates_args=())
+    def _qkv_grad_opaque(
+        dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not (dk.stride() == dv.stride() == dq.stride()):
+            dq, dk, dv = (t.contiguous() for t in (dq, dk, dv))
+        return _qkv_grad_run(dq, dk, dv, lambda kernel: kernel)
+
+    @_qkv_grad_opaque.register_fake
+    def _(dq, dk, dv):
+        B, nh, T, hs = dq.shape
+        C = nh * hs
+        return dq.new_empty((B * T, 3 * C)), dq.new_empty((3 * C,), dtype=torch.float32)
+
 
 def qkv_grad_cat(
-    dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor
+    dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, opaque: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The gradients of q, k, v side by side as c_attn's (B*T, 3C) output gradient, and its
     column sums (c_attn's bias gradient), in one pass over the three.
 
     Args:
         dq, dk, dv: (B, nh, T, hs), one dtype (bf16 in the step) and one set of strides (any
-            memory order: SDPA's backends return (B, nh, T, hs) or (B, T, nh, hs) order), with
-            C = nh * hs a multiple of 256.
+            memory order: SDPA's backends return (B, nh, T, hs) or (B, T, nh, hs) order; the
+            opaque op also takes three different ones), with C = nh * hs a multiple of 256.
+        opaque: launch the kernel from an opaque custom op (torch.compile does not trace it and
+            the kernel takes the strides it is given) instead of a traced ``triton_op``.
 
     Returns:
         (dqkv (B*T, 3C) of their dtype, row-major; colsum (3C,) fp32).
@@ -100,61 +133,76 @@ def qkv_grad_cat(
             of 256.
     """
     if dq.dim() != 4 or any(
-        t.shape != dq.shape or t.dtype != dq.dtype or t.stride() != dq.stride() for t in (dk, dv)
+        t.shape != dq.shape
+        or t.dtype != dq.dtype
+        or (not opaque and t.stride() != dq.stride())  # the opaque op checks when it runs
+        for t in (dk, dv)
     ):
         raise ValueError(
             "qkv_grad_cat needs three (B, nh, T, hs) tensors of one dtype and layout, got "
-            f"{[(tuple(t.shape), t.dtype, t.stride()) for t in (dq, dk, dv)]}"
+            f"{[(tuple(t.shape), t.dtype) for t in (dq, dk, dv)]}"
         )
     if (dq.shape[1] * dq.shape[3]) % COLS:
         raise ValueError(f"qkv_grad_cat needs C = nh * hs a multiple of {COLS}")
-    return _qkv_grad_traced(dq, dk, dv)
+    return (_qkv_grad_opaque if opaque else _qkv_grad_traced)(dq, dk, dv)
 
 
 class _QKVHeads(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w, b, n_head):
+    def forward(ctx, x, w, b, n_head, opaque):
         B, T, C = x.shape
         hs = C // n_head
         x2 = x.reshape(B * T, C).to(torch.bfloat16)  # as autocast casts c_attn's input
         qkv = torch.addmm(b.to(torch.bfloat16), x2, w.to(torch.bfloat16).t())  # (B*T, 3C)
         ctx.save_for_backward(x2, w)
-        ctx.meta = (B, T, C, x.dtype, b.dtype)
+        ctx.meta = (B, T, C, x.dtype, b.dtype, opaque)
         q, k, v = qkv.view(B, T, 3 * C).split(C, dim=2)
         return tuple(t.view(B, T, n_head, hs).transpose(1, 2) for t in (q, k, v))
 
     @staticmethod
     def backward(ctx, dq, dk, dv):
         x2, w = ctx.saved_tensors
-        B, T, C, x_dtype, b_dtype = ctx.meta
+        B, T, C, x_dtype, b_dtype, opaque = ctx.meta
         g = [t.to(torch.bfloat16) for t in (dq, dk, dv)]
-        if not (g[1].stride() == g[2].stride() == g[0].stride()):
-            g = [t.contiguous() for t in g]
-        dqkv, db = qkv_grad_cat(*g)  # read in whatever memory order SDPA returned
+        if opaque:
+            # no stride may be read here: torch.compile traces this backward with guessed
+            # (contiguous) gradients, and code that reads their strides makes it copy the real
+            # ones into that order; the op reads them when it runs
+            dqkv, db = qkv_grad_cat(*g, opaque=True)
+        else:
+            if not (g[1].stride() == g[2].stride() == g[0].stride()):
+                g = [t.contiguous() for t in g]
+            dqkv, db = qkv_grad_cat(*g)  # read in whatever memory order SDPA returned
         dx = (dqkv @ w.to(torch.bfloat16)).view(B, T, C).to(x_dtype)
         dw = (dqkv.t() @ x2).to(w.dtype)
-        return dx, dw, db.to(b_dtype), None
+        return dx, dw, db.to(b_dtype), None, None
 
 
-def qkv_heads(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, n_head: int):
+def qkv_heads(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, n_head: int, opaque: bool = False):
     """``c_attn`` (bf16 matmul, as under autocast) and the split into heads: q, k, v, each
     (B, n_head, T, C / n_head) bf16, from x (B, T, C), w (3C, C), b (3C,); the backward runs
-    :func:`qkv_grad_cat`."""
-    return _QKVHeads.apply(x, w, b, n_head)
+    :func:`qkv_grad_cat` (``opaque`` as there)."""
+    return _QKVHeads.apply(x, w, b, n_head, opaque)
 
 
-def attention_forward(self, x: torch.Tensor) -> torch.Tensor:
+def attention_forward(self, x: torch.Tensor, opaque: bool = False) -> torch.Tensor:
     """``CausalSelfAttention.forward`` with :func:`qkv_heads` for ``c_attn`` and the split."""
     B, T, C = x.size()
-    q, k, v = qkv_heads(x, self.c_attn.weight, self.c_attn.bias, self.n_head)
+    q, k, v = qkv_heads(x, self.c_attn.weight, self.c_attn.bias, self.n_head, opaque)
     y = self.attend(q, k, v)  # (B, nh, T, hs)
     y = y.transpose(1, 2).contiguous().view(B, T, C)
     return self.resid_dropout(self.c_proj(y))
 
 
-def experiment() -> contextlib.AbstractContextManager:
-    """``benchmarks/perf.py``'s variant ``qkv-grad``: every block's attention uses
-    :func:`attention_forward` while the context is open."""
+def attention_forward_opaque(self, x: torch.Tensor) -> torch.Tensor:
+    """:func:`attention_forward` with the kernel in an opaque custom op."""
+    return attention_forward(self, x, opaque=True)
+
+
+def experiment(opaque: bool = False) -> contextlib.AbstractContextManager:
+    """``benchmarks/perf.py``'s variants ``qkv-grad`` and (``opaque``) ``qkv-grad-opaque``: every
+    block's attention uses :func:`attention_forward` while the context is open."""
     from helpers.core.model import CausalSelfAttention
 
-    return mock.patch.object(CausalSelfAttention, "forward", attention_forward)
+    forward = attention_forward_opaque if opaque else attention_forward
+    return mock.patch.object(CausalSelfAttention, "forward", forward)

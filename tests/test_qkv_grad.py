@@ -24,7 +24,7 @@ CHECK = textwrap.dedent(
     # (B, T, nh, hs). M = B*T = 70 is not a multiple of its 64 rows per program (the last is masked)
     torch.manual_seed(0)
     B, nh, T, hs = 2, 4, 35, 128
-    for order in ("BHTD", "BTHD"):
+    for order, opaque in [(o, op) for o in ("BHTD", "BTHD") for op in (False, True)]:
         if order == "BHTD":
             g = [torch.randn(B, nh, T, hs, device=device) for _ in range(3)]
         else:
@@ -32,7 +32,7 @@ CHECK = textwrap.dedent(
         dq, dk, dv = (t.to(torch.bfloat16) for t in g)
         if BREAK == "order":
             dk, dv = dv, dk
-        out, colsum = qkv_grad.qkv_grad_cat(dq, dk, dv)
+        out, colsum = qkv_grad.qkv_grad_cat(dq, dk, dv, opaque=opaque)
         if BREAK == "colsum":
             colsum = colsum - out[-1].float()  # the masked last program's row left out
         if BREAK == "order":
@@ -56,12 +56,13 @@ CHECK = textwrap.dedent(
         return y.float(), x.grad.clone(), attn.c_attn.weight.grad.clone(), attn.c_attn.bias.grad
 
     plain = run(CausalSelfAttention.forward)
-    fused = run(qkv_grad.attention_forward)
-    if BREAK == "bias":
-        fused = (*fused[:3], fused[3] * 1.01)
-    for name, a, b in zip(("output", "dx", "dW", "db"), fused, plain):
-        err = ((a - b).norm() / b.norm()).item()
-        assert err < 5e-3, f"{name}: relative error {err:.2e}"
+    for forward in (qkv_grad.attention_forward, qkv_grad.attention_forward_opaque):
+        fused = run(forward)
+        if BREAK == "bias":
+            fused = (*fused[:3], fused[3] * 1.01)
+        for name, a, b in zip(("output", "dx", "dW", "db"), fused, plain):
+            err = ((a - b).norm() / b.norm()).item()
+            assert err < 5e-3, f"{forward.__name__} {name}: relative error {err:.2e}"
     print("OK")
     """
 )
@@ -82,3 +83,90 @@ def test_qkv_grad_in_the_interpreter(broken):
 def test_qkv_grad_on_the_gpu():
     r = run_script(CHECK, "qkv_grad_check", "cuda")
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
+
+
+# Under torch.compile (inductor on the CPU, the kernel in the interpreter): the opaque op is
+# handed the gradients in the memory order their producer returned them, with no copy first.
+# The producer stands in for cuDNN's backward: an opaque op returning (B, nh, T, hs) gradients
+# stored in (B, T, nh, hs) order.
+COMPILED = textwrap.dedent(
+    """
+    import sys
+    sys.path[:1] = [".", "benchmarks"]
+    from unittest import mock
+    import torch
+    import qkv_grad
+
+    BREAK = sys.argv[2]  # "none", or "copy": the backward copies the gradients first
+    B, T, nh, hs = 2, 16, 2, 128
+    C = nh * hs
+    order = (T * C, hs, C, 1)  # (B, nh, T, hs) strides of a (B, T, nh, hs) layout
+
+    def btnh_like(g):
+        return g.new_empty(B, T, nh, hs).transpose(1, 2)
+
+    @torch.library.custom_op("probe::attn_bwd", mutates_args=())
+    def attn_bwd(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        outs = tuple(btnh_like(g) for _ in range(3))
+        for s, o in zip((1.0, 2.0, 3.0), outs):
+            o.copy_(g * s)
+        return outs
+
+    @attn_bwd.register_fake
+    def _(g):
+        return tuple(btnh_like(g) for _ in range(3))
+
+    class Attn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            return q + 2.0 * k + 3.0 * v
+
+        @staticmethod
+        def backward(ctx, g):
+            return attn_bwd(g)
+
+    seen = []
+    run = qkv_grad._qkv_grad_run
+
+    def spy(dq, dk, dv, launcher):
+        seen.append(dq.stride())
+        return run(dq, dk, dv, launcher)
+
+    cat = qkv_grad.qkv_grad_cat
+
+    def copying(dq, dk, dv, opaque=False):
+        return cat(*(t.contiguous() for t in (dq, dk, dv)), opaque=opaque)
+
+    def f(x, w, b):
+        q, k, v = qkv_grad.qkv_heads(x, w, b, nh, opaque=True)
+        return Attn.apply(q, k, v)
+
+    torch.manual_seed(0)
+    x = torch.randn(B, T, C, requires_grad=True)
+    w = (torch.randn(3 * C, C) * 0.05).requires_grad_()
+    b = torch.randn(3 * C, requires_grad=True)
+    grads = []
+    with mock.patch.object(qkv_grad, "_qkv_grad_run", spy):
+        if BREAK == "copy":
+            mock.patch.object(qkv_grad, "qkv_grad_cat", copying).start()
+        for fn in (f, torch.compile(f)):
+            for t in (x, w, b):
+                t.grad = None
+            fn(x, w, b).float().sum().backward()
+            grads.append([t.grad.clone() for t in (x, w, b)])
+    for name, a, e in zip(("dx", "dW", "db"), grads[1], grads[0]):
+        assert torch.allclose(a, e, rtol=1e-2, atol=1e-2), name
+    assert seen[-1] == order, f"the compiled op got strides {seen[-1]}, not {order}: a copy"
+    print("OK")
+    """
+)
+
+
+@needs_triton
+@pytest.mark.parametrize("broken", ["none", "copy"])
+def test_the_opaque_op_gets_the_gradients_without_a_copy_under_compile(broken):
+    r = run_script(COMPILED, "qkv_grad_compiled", "cpu", broken)
+    if broken == "none":
+        assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
+    else:
+        assert r.returncode != 0 and "a copy" in r.stderr, r.stderr[-3000:]
