@@ -51,23 +51,16 @@ def augmented(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, pad: int = PAD)
     return x_aug, w_aug
 
 
-def attention_forward(self, x: torch.Tensor) -> torch.Tensor:
-    """``CausalSelfAttention.forward`` with ``c_attn``'s bias inside its matmul."""
-    B, T, C = x.size()
+def qkv_projection(self, x: torch.Tensor) -> torch.Tensor:
+    """``CausalSelfAttention._qkv`` with ``c_attn``'s bias inside its matmul: (B, T, C) ->
+    (B, T, 3C)."""
     x_aug, w_aug = augmented(x, self.c_attn.weight, self.c_attn.bias)
-    q, k, v = F.linear(x_aug, w_aug).split(C, dim=2)  # 3 x (B, T, C)
-    hs = C // self.n_head
-    q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
-    k = k.view(B, T, self.n_head, hs).transpose(1, 2)
-    v = v.view(B, T, self.n_head, hs).transpose(1, 2)
-    y = self.attend(q, k, v)  # (B, nh, T, hs)
-    y = y.transpose(1, 2).contiguous().view(B, T, C)
-    return self.resid_dropout(self.c_proj(y))
+    return F.linear(x_aug, w_aug)
 
 
 def experiment() -> contextlib.AbstractContextManager:
-    """``benchmarks/perf.py``'s variant ``bias-in-matmul``: every block's attention uses
-    :func:`attention_forward` while the context is open."""
+    """``benchmarks/perf.py``'s variant ``bias-in-matmul``: every block's attention projects q, k, v
+    with :func:`qkv_projection` while the context is open."""
     from helpers.core.model import CausalSelfAttention
 
-    return mock.patch.object(CausalSelfAttention, "forward", attention_forward)
+    return mock.patch.object(CausalSelfAttention, "_qkv", qkv_projection)

@@ -143,9 +143,14 @@ class CausalSelfAttention(nn.Module):
     def _sdpa(self, q, k, v):
         return sdpa_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
 
+    def _qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """The QKV projection: x (B, T, C) -> q, k, v side by side (B, T, 3C). One method, so an
+        experiment (benchmarks/bias_in_matmul.py) can replace the projection alone."""
+        return self.c_attn(x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.size()  # (B, T, C)
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)  # 3 x (B, T, C)
+        q, k, v = self._qkv(x).split(self.n_embd, dim=2)  # 3 x (B, T, C)
         hs = C // self.n_head
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
