@@ -165,7 +165,8 @@ def select_rungs(configs: list[RunConfig], rungs: list[str]) -> list[RunConfig]:
     unknown = sorted(r for r in rungs if r.casefold() not in known)
     if unknown:
         raise ValueError(
-            f"unknown rung(s) {unknown}; rungs are {[_short(c.name) for c in configs]}"
+            f"unknown rung(s) {unknown}; rungs are {[_short(c.name) for c in configs]} "
+            '(quote names with spaces: --rungs fp32 "bf16 autocast")'
         )
     return [c for c in configs if aliases(c) & asked]
 
@@ -187,11 +188,9 @@ def run_ladder(
     model_config, default_b, default_t = default_shapes(device)
     B = default_b if batch_size is None else batch_size
     T = default_t if seq_len is None else seq_len
-    if B < 1 or T < 1 or iters < 1 or warmup < 0:
-        raise ValueError(
-            "need --batch-size >= 1, --seq-len >= 1, --iters >= 1, --warmup >= 0; "
-            f"got {B}, {T}, {iters}, {warmup}"
-        )
+    for name, value, minimum in (("batch_size", B, 1), ("seq_len", T, 1), ("iters", iters, 1),
+                                 ("warmup", warmup, 0)):  # fmt: skip
+        cli.at_least(name, value, minimum)
     if T > model_config.block_size:
         raise ValueError(
             f"--seq-len {T} > block_size {model_config.block_size} of the {device.type} "

@@ -169,7 +169,7 @@ def test_unknown_rung_and_too_long_sequence_are_clear_errors(capsys):
     assert ladder.main(["--device", "cpu", "--rungs", "fp64"]) == 2
     assert ladder.main(["--device", "cpu", "--seq-len", "4096"]) == 2
     err = capsys.readouterr().err
-    assert "unknown rung" in err and "block_size" in err
+    assert "unknown rung" in err and "quote names with spaces" in err and "block_size" in err
 
 
 def test_an_out_or_plot_path_that_cannot_be_written_is_refused_before_the_run(capsys, tmp_path):
@@ -189,7 +189,10 @@ def test_bad_arguments_are_refused_not_replaced(capsys):
     ):
         assert ladder.main(["--device", "cpu", *argv] if argv[0] != "--device" else argv) == 2, argv
     err = capsys.readouterr().err
-    assert "--batch-size >= 1" in err and "unknown device 'tpu'" in err
+    for named in ("--batch-size must be >= 1, got 0", "--seq-len must be >= 1, got 0",
+                  "--iters must be >= 1, got 0", "--warmup must be >= 0, got -1"):  # fmt: skip
+        assert named in err, named  # each message names the one value that is wrong
+    assert "unknown device 'tpu'" in err
 
 
 def test_cuda_asked_without_cuda_is_a_clear_error(capsys, monkeypatch):
