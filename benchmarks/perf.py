@@ -95,6 +95,8 @@ VARIANTS = {
     "qkv-grad": {},
     # the same kernel in an opaque custom op: it takes cuDNN's gradients in their own memory order
     "qkv-grad-opaque": {},
+    # AdamW as one Triton launch per parameter group (helpers.core.kernels.adamw)
+    "adamw-triton": {"optimizer": "triton"},
     # c_attn's bias as a column of its weight times a ones column of its input (no bias sum)
     "bias-in-matmul": {},
     # the fp8 MLP's GELU kernels autotuned without their prefetching configs

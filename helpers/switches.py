@@ -152,8 +152,8 @@ SWITCHES: tuple[Switch, ...] = (
             ),
         },
         "AdamW: fused where available, else foreach; the for-loop version only for debugging",
-        values=("for-loop", "foreach", "fused"),
-        doc="AdamW implementation",
+        values=("for-loop", "foreach", "fused", "triton"),
+        doc="AdamW implementation (triton: one Triton launch per parameter group)",
     ),
     Switch(
         "residual_dtype",

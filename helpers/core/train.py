@@ -213,10 +213,11 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
             f"this run's autocast is {run.autocast!r}: keep residual_dtype='fp32' with it"
         )
     if run.fused_clip and (
-        run.optimizer != "fused" or run.autocast == "fp16" or run.grad_clip is None
+        run.optimizer not in ("fused", "triton") or run.autocast == "fp16" or run.grad_clip is None
     ):
         return (
-            "fused_clip hands the clip factor to fused AdamW: it needs optimizer='fused', "
+            "fused_clip hands the clip factor to fused AdamW: it needs optimizer='fused' "
+            "(or 'triton'), "
             "a grad_clip, and no fp16 GradScaler "
             f"(this run: optimizer={run.optimizer!r}, grad_clip={run.grad_clip}, "
             f"autocast={run.autocast!r})"
@@ -272,12 +273,19 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
         )
     if run.optimizer == "fused" and device.type not in ("cuda", "cpu"):
         return f"fused AdamW is not implemented for device type {device.type}"
+    if run.optimizer == "triton":
+        from helpers.core import kernels
+
+        ok, why = kernels.available(device)
+        if not ok:
+            return f"the Triton AdamW kernel cannot run: {why}"
     return None
 
 
 def make_optimizer(model: torch.nn.Module, run: RunConfig) -> torch.optim.AdamW:
     """AdamW with weight decay on 2-D weights only (matmul weights, embeddings), none on biases and
-    LayerNorm gains; implementation chosen by ``run.optimizer`` (for-loop / foreach / fused)."""
+    LayerNorm gains; implementation chosen by ``run.optimizer`` (for-loop / foreach / fused /
+    triton: :class:`helpers.core.kernels.adamw.TritonAdamW`)."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
@@ -285,6 +293,10 @@ def make_optimizer(model: torch.nn.Module, run: RunConfig) -> torch.optim.AdamW:
         {"params": decay, "weight_decay": run.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+    if run.optimizer == "triton":
+        from helpers.core.kernels.adamw import TritonAdamW
+
+        return TritonAdamW(groups, lr=run.lr, betas=run.betas, eps=1e-8)
     impl = {
         "for-loop": dict(foreach=False),
         "foreach": dict(foreach=True),

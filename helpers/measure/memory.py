@@ -228,8 +228,10 @@ def peak_estimate(
         )
     if attention not in ("manual", "sdpa"):
         raise ValueError(f"attention must be 'manual' or 'sdpa', got {attention!r}")
-    if optimizer not in ("foreach", "for-loop", "fused"):
-        raise ValueError(f"optimizer must be 'foreach', 'for-loop' or 'fused', got {optimizer!r}")
+    if optimizer not in ("foreach", "for-loop", "fused", "triton"):
+        raise ValueError(
+            f"optimizer must be 'foreach', 'for-loop', 'fused' or 'triton', got {optimizer!r}"
+        )
     n_params = _param_count(config)
     C, L, V = config.n_embd, config.n_layer, config.padded_vocab_size
     tokens = B * T
@@ -248,7 +250,9 @@ def peak_estimate(
         "logits": tokens * V * ((2 if autocast else 4) + 12),
         "optimizer_temporaries": 0,
     }
-    temporaries = {"foreach": 4 * n_params, "for-loop": 4 * V * C, "fused": 0}[optimizer]
+    temporaries = {"foreach": 4 * n_params, "for-loop": 4 * V * C, "fused": 0, "triton": 0}[
+        optimizer
+    ]
     step = dict.fromkeys(parts, 0)
     step.update(
         parameters=4 * n_params,

@@ -1,0 +1,111 @@
+"""AdamW alone over GPT-2 124M's parameters on a CUDA GPU: PyTorch's fused AdamW against
+:class:`helpers.core.kernels.adamw.TritonAdamW` at each (BLOCK, warps) config, next to a copy:
+
+    python benchmarks/adamw_kernel.py --out results/h200-adamw-kernel-DATE.json
+
+Each optimizer steps the real model's 148 fp32 parameter tensors (vocabulary padded to 50304:
+124.5M parameters) with random gradients and a clip divisor in ``grad_scale``, as the last rung
+does (``fused_clip``). AdamW moves 28 bytes per parameter (reads weight, gradient and both moments,
+writes weight and moments); "GB/s" counts those bytes. "copy" is ``Tensor.copy_`` of one fp32
+buffer of all the parameters (reads and writes 8 bytes per parameter): the bandwidth a one-pass
+kernel can hope for. Before timing, each Triton config's weights after three steps are compared
+with fused AdamW's from the same start (``max_abs_diff``: fp32 rounding, not a different update).
+
+The step with it: ``python benchmarks/perf.py --variants final adamw-triton``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from unittest import mock
+
+import torch
+
+from helpers.core.kernels import adamw
+from helpers.core.model import GPT, GPTConfig
+from helpers.measure import results
+
+CONFIGS = [{"BLOCK": b, "NUM_WARPS": w} for b in (1024, 2048, 4096, 8192) for w in (4, 8, 16)]
+
+
+def _groups(params: list[torch.Tensor]) -> list[dict]:
+    # make_optimizer's groups: weight decay on 2-D weights only
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+
+
+def _optimizer(kind: str, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+    kw = dict(lr=6e-4, betas=(0.9, 0.95), eps=1e-8)
+    if kind == "fused":
+        return torch.optim.AdamW(_groups(params), fused=True, **kw)
+    return adamw.TritonAdamW(_groups(params), **kw)
+
+
+def _params(model: GPT, grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    params = [p.detach().clone().requires_grad_() for p in model.parameters()]
+    for p, g in zip(params, grads):
+        p.grad = g
+    return params
+
+
+def sweep(steps_checked: int = 3) -> dict:
+    """Time fused AdamW and every Triton config on GPT-2 124M's parameters.
+
+    Returns:
+        {"parameters": int, "tensors": int, "copy": {"ms", "GB/s"}, "fused": {"ms", "GB/s"},
+        "configs": [{"BLOCK", "NUM_WARPS", "ms", "GB/s", "max_abs_diff"}, ...] fastest first};
+        ms is the mean per step (``triton.testing.do_bench``), GB/s counts 28 bytes per parameter
+        (8 for the copy).
+    """
+    from triton.testing import do_bench
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_multiple=64)).cuda()
+    n = sum(p.numel() for p in model.parameters())
+    grads = [torch.randn_like(p) * 1e-2 for p in model.parameters()]
+    scale = torch.tensor(1.3, device="cuda")
+    gbs = lambda ms, per_param=28: per_param * n / ms / 1e6  # noqa: E731
+
+    flat = torch.randn(n, device="cuda")
+    dst = torch.empty_like(flat)
+    copy_ms = do_bench(lambda: dst.copy_(flat), warmup=25, rep=200)
+    out = {"parameters": n, "tensors": len(grads), "copy": {"ms": copy_ms, "GB/s": gbs(copy_ms, 8)}}
+
+    def timed(kind: str) -> tuple[float, list[torch.Tensor]]:
+        params = _params(model, grads)
+        opt = _optimizer(kind, params)
+        opt.grad_scale = scale
+        for _ in range(steps_checked):
+            opt.step()
+        after = [p.detach().clone() for p in params]
+        return do_bench(opt.step, warmup=10, rep=200), after
+
+    fused_ms, want = timed("fused")
+    out["fused"] = {"ms": fused_ms, "GB/s": gbs(fused_ms)}
+    out["configs"] = []
+    for config in CONFIGS:
+        with mock.patch.multiple(adamw, **config):
+            ms, got = timed("triton")
+        diff = max((a - b).abs().max().item() for a, b in zip(got, want))
+        out["configs"].append({**config, "ms": ms, "GB/s": gbs(ms), "max_abs_diff": diff})
+    out["configs"].sort(key=lambda r: r["ms"])
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=None, help="write the JSON here too")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available() or adamw.triton is None:
+        print("benchmarks/adamw_kernel.py needs a CUDA GPU and Triton", file=sys.stderr)
+        return 2
+    out = {**results.provenance(torch.device("cuda")), **sweep()}
+    results.print_and_save(out, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
