@@ -63,11 +63,14 @@ def test_weight_decay_only_on_two_dimensional_parameters():
     assert all(name.endswith(("bias", "weight")) for name in plain["examples"])
 
 
-def test_optimizer_sweep_times_every_implementation():
+def test_optimizer_sweep_times_every_pytorch_implementation():
     rows = data_and_optimizer.optimizer_sweep(RUN, CFG, "cpu", warmup=0, iters=1, step_iters=1)
     whats = [r["what"] for r in rows]
-    for impl in switches.get("optimizer").values:
+    assert set(train.TORCH_ADAMW) < set(switches.get("optimizer").values)
+    for impl in train.TORCH_ADAMW:
         assert f"optimizer.step(), {impl}" in whats and f"full step, {impl}" in whats
+    with pytest.raises(ValueError, match="AdamW 'triton' cannot run on cpu"):
+        data_and_optimizer.optimizer_sweep(RUN, CFG, "cpu", impls=("triton",), iters=1)
     assert "full step, foreach, no clipping" in whats
     assert all(r["ms"] > 0 for r in rows)
 

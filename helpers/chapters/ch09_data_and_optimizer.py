@@ -18,7 +18,6 @@ from collections.abc import Iterator
 import torch
 import torch.nn as nn
 
-from helpers import switches
 from helpers.core import data, tokenizer, train
 from helpers.core.model import GPTConfig
 from helpers.measure import results, timing
@@ -324,14 +323,15 @@ def optimizer_sweep(
     run: train.RunConfig,
     model_config: GPTConfig,
     device: torch.device | str,
-    impls: tuple[str, ...] = switches.get("optimizer").values,
+    impls: tuple[str, ...] = train.TORCH_ADAMW,
     warmup: int = 1,
     iters: int = 3,
     step_iters: int = 3,
 ) -> list[dict]:
-    """For each AdamW implementation: ``optimizer.step()`` alone (median of ``iters`` after
-    ``warmup``) and the full training step (median of ``step_iters``), in ms; then, with
-    ``run.optimizer``, ``clip_grad_norm_`` alone and the full step without clipping.
+    """For each AdamW implementation (default: PyTorch's three, :data:`train.TORCH_ADAMW`):
+    ``optimizer.step()`` alone (median of ``iters`` after ``warmup``) and the full training step
+    (median of ``step_iters``), in ms; then, with ``run.optimizer``, ``clip_grad_norm_`` alone
+    and the full step without clipping.
 
     One model; each implementation gets its own optimizer (and state). Returns rows {"what", "ms"}.
     Raises ValueError for an implementation the device lacks (:func:`train.unsupported_reason`),

@@ -282,6 +282,10 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
     return None
 
 
+# PyTorch's own AdamW implementations among the optimizer switch's values (chapter 9 times them)
+TORCH_ADAMW = ("for-loop", "foreach", "fused")
+
+
 def make_optimizer(model: torch.nn.Module, run: RunConfig) -> torch.optim.AdamW:
     """AdamW with weight decay on 2-D weights only (matmul weights, embeddings), none on biases and
     LayerNorm gains; implementation chosen by ``run.optimizer`` (for-loop / foreach / fused /
