@@ -16,15 +16,17 @@ replaces at B=64, but torch.compile copies dq, dk and dv into the memory order i
 op with ((B, nh, T, hs); cuDNN returns them in (B, T, nh, hs) order) before calling it, and that
 copy costs as much as the concatenation: the step got slower (+1.1 ms at B=64). Not a rung.
 
-Variant ``qkv-grad-opaque`` (not yet run on a GPU): the same kernel launched from an opaque custom
-op, which torch.compile calls without tracing the launch, so the kernel reads dq, dk, dv through the
-strides they arrive with, and a backward that reads no stride while it is traced. Found on a CPU
+Variant ``qkv-grad-opaque``: the same kernel launched from an opaque custom op, which
+torch.compile calls without tracing the launch, so the kernel reads dq, dk, dv through the strides
+they arrive with, and a backward that reads no stride while it is traced. Found on a CPU
 (``tests/test_qkv_grad.py``, an opaque op standing in for cuDNN's backward): torch.compile traces
 an autograd Function's backward with guessed, contiguous gradients, and a backward that reads their
 strides (the check that the three share a layout) made inductor copy the real gradients into
 contiguous order before the op; without the read, it passes the producer's buffers as they are.
-Predicted: the traced kernel's -0.92 ms per B=64 step on an H100 with no copy added, about -0.9 ms
-on the H200 (its concatenation and bias sum took 1.66 + 0.89 ms).
+Measured on an H100 at B=64 (results/h100-perf-qkv-adamw-b64-2026-12-07.json): no copy added; the
+kernel (2.66 ms per step) and its partial sums' reduction (+0.16) replace inductor's two kernels
+(3.60 ms), -0.78 ms of kernel time; the step 105.7 -> 104.6 ms, inside its 10-13% spread. Not yet
+a rung (not measured on the H200, nor in the ladder).
 
 :func:`qkv_heads` is ``c_attn`` plus the split into heads, as an autograd Function whose backward
 calls the kernel; :func:`experiment` patches ``CausalSelfAttention.forward`` to use it.

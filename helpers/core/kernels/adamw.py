@@ -2,14 +2,18 @@
 issue 24; ``benchmarks/adamw_kernel.py`` measures it against PyTorch's fused AdamW).
 
 AdamW moves 28 bytes per fp32 parameter each step: it reads the weight, its gradient and the two
-moments (16 B) and writes the weight and the moments back (12 B). For GPT-2 124M (124.5M
-parameters with the padded vocabulary) that is 3.49 GB, about 0.83 ms at the H200's copy speed
-(4.2 TB/s, results/h200-fp8-transpose-2026-12-06.json); PyTorch's fused AdamW took 1.39 ms of a
-B=64 step (results/perf-log.md, 2026-12-06), about 2.5 TB/s. Its multi-tensor launch walks the
-148 tensors in fixed chunks, a few tensors per launch; here one launch covers a whole group: each
-program looks up which tensor and which block of it it owns in a table made once (the tensors'
-addresses, read through ``tl.pointer_type``), so every program streams ``BLOCK`` contiguous
-elements of one tensor, whatever the tensors' sizes.
+moments (16 B) and writes the weight and the moments back (12 B); 3.49 GB for GPT-2 124M's 124.5M
+parameters (vocabulary padded to 50304). PyTorch's fused AdamW given a clip divisor
+(``grad_scale``) also writes the divided gradients back (32 B per parameter). Here one launch
+covers a whole parameter group: each program looks up which tensor and which block of it it owns in a table made
+once (the tensors' addresses, read through ``tl.pointer_type``), so every program streams
+``BLOCK`` contiguous elements of one tensor, whatever the tensors' sizes.
+
+Measured alone on an H100 (``benchmarks/adamw_kernel.py``, torch 2.11,
+results/h100-adamw-kernel-2026-12-07.json): 1.17 ms per step at ``BLOCK=1024`` with 16 warps (3.0
+TB/s, a copy's speed there) against fused AdamW's 1.53 ms; larger blocks were slower (4096 with 8
+warps: 2.10 ms). Not yet measured in the step at that config (perf.py variant ``adamw-triton``); not
+a rung.
 
 The update is PyTorch's (``torch.optim.AdamW``, decoupled weight decay, Loshchilov & Hutter 2019,
 https://arxiv.org/abs/1711.05101, algorithm 2), in fp32 for each element::
@@ -31,8 +35,8 @@ import torch
 
 from helpers.core.kernels._triton import _INTERPRETED_AT_IMPORT, TRITON_OP_MISSING, tl, triton
 
-BLOCK = 4096  # elements per program (fp32: 16 KiB of each of the four streams)
-NUM_WARPS = 8
+BLOCK = 1024  # elements per program (fp32: 4 KiB of each of the four streams)
+NUM_WARPS = 16  # the fastest of benchmarks/adamw_kernel.py's 12 configs on an H100
 
 if triton is not None and TRITON_OP_MISSING is None:
 
