@@ -3,11 +3,11 @@ issue 24; ``benchmarks/adamw_kernel.py`` measures it against PyTorch's fused Ada
 
 AdamW moves 28 bytes per fp32 parameter each step: it reads the weight, its gradient and the two
 moments (16 B) and writes the weight and the moments back (12 B); 3.49 GB for GPT-2 124M's 124.5M
-parameters (vocabulary padded to 50304). PyTorch's fused AdamW given a clip divisor
-(``grad_scale``) also writes the divided gradients back (32 B per parameter). Here one launch
-covers a whole parameter group: each program looks up which tensor and which block of it it owns in a table made
-once (the tensors' addresses, read through ``tl.pointer_type``), so every program streams
-``BLOCK`` contiguous elements of one tensor, whatever the tensors' sizes.
+parameters (vocabulary padded to 50304). PyTorch's fused AdamW given a clip divisor (``grad_scale``)
+also writes the divided gradients back (32 B per parameter). Here one launch covers a whole
+parameter group: each program looks up which tensor and which block of it it owns in tables of the
+tensors' addresses (read through ``tl.pointer_type``; made again only when an address changes), so
+every program streams ``BLOCK`` contiguous elements of one tensor, whatever the tensors' sizes.
 
 Measured alone on an H100 (``benchmarks/adamw_kernel.py``, torch 2.11,
 results/h100-adamw-kernel-2026-12-07.json): 1.17 ms per step at ``BLOCK=1024`` with 16 warps (3.0
