@@ -81,6 +81,24 @@ CHECK = textwrap.dedent(
     a = train_steps(base.replace(optimizer="fused"))
     b = train_steps(base.replace(optimizer="triton"))
     assert (a - b).abs().max().item() < 2e-5, (a - b).abs().max().item()
+    # what the kernel cannot read is refused with the reason, before anything is launched
+    p = torch.nn.Parameter(torch.zeros(4, device=device))
+    opt = adamw.TritonAdamW([p])
+    if hasattr(p, "grad_dtype"):  # where torch lets a gradient have another dtype than its tensor
+        p.grad_dtype = None
+        p.grad = torch.zeros(4, device=device, dtype=torch.bfloat16)
+        try:
+            opt.step()
+            raise AssertionError("bf16 gradients were read as fp32")
+        except ValueError as e:
+            assert "fp32 gradients" in str(e), e
+    p.grad = torch.zeros(4, device=device)
+    opt.grad_scale = 2.0
+    try:
+        opt.step()
+        raise AssertionError("a float grad_scale was handed to the kernel as a pointer")
+    except ValueError as e:
+        assert "grad_scale" in str(e), e
     print("OK")
     """
 )

@@ -143,13 +143,26 @@ class TritonAdamW(torch.optim.AdamW):
             with torch.enable_grad():
                 loss = closure()
         scale = getattr(self, "grad_scale", None)
+        if scale is not None and not (
+            isinstance(scale, torch.Tensor) and scale.numel() == 1 and scale.dtype == torch.float32
+        ):
+            raise ValueError(
+                "optimizer.grad_scale must be a one-element fp32 tensor on the parameters' device "
+                f"(the divisor every gradient is divided by), got {scale!r}"
+            )
         for gi, group in enumerate(self.param_groups):
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
             for p in params:
-                if p.grad.is_sparse or not p.grad.is_contiguous():
-                    raise ValueError("TritonAdamW needs dense, contiguous gradients")
+                g = p.grad
+                if g.is_sparse or not g.is_contiguous() or g.dtype != torch.float32:
+                    raise ValueError(
+                        "TritonAdamW needs dense, contiguous fp32 gradients (the kernel reads "
+                        f"them as fp32); got {g.dtype}, contiguous={g.is_contiguous()}"
+                    )
+                if g.device != p.device or p.device != params[0].device:
+                    raise ValueError("TritonAdamW needs the parameters and gradients on one device")
                 state = self.state[p]
                 if not state:
                     state["step"] = torch.tensor(0.0)
