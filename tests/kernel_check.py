@@ -33,3 +33,12 @@ def run_script(code: str, name: str, device: str, broken: str = "none"):
             text=True,
             timeout=600,
         )
+
+
+def assert_caught(r, broken: str = "none") -> None:
+    """A check script's result (:func:`run_script`): it printed OK when nothing was broken, and
+    failed on an AssertionError when ``broken`` named a broken variant (the check can fail)."""
+    if broken == "none":
+        assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
+    else:
+        assert r.returncode != 0 and "AssertionError" in r.stderr, (broken, r.stderr[-3000:])

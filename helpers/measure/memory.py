@@ -228,12 +228,12 @@ def peak_estimate(
         )
     if attention not in ("manual", "sdpa"):
         raise ValueError(f"attention must be 'manual' or 'sdpa', got {attention!r}")
-    if optimizer not in ("foreach", "for-loop", "fused", "triton"):
-        raise ValueError(
-            f"optimizer must be 'foreach', 'for-loop', 'fused' or 'triton', got {optimizer!r}"
-        )
     n_params = _param_count(config)
     C, L, V = config.n_embd, config.n_layer, config.padded_vocab_size
+    # per implementation: the step's temporaries (bytes)
+    temporaries = {"foreach": 4 * n_params, "for-loop": 4 * V * C, "fused": 0, "triton": 0}
+    if optimizer not in temporaries:
+        raise ValueError(f"optimizer must be one of {tuple(temporaries)}, got {optimizer!r}")
     tokens = B * T
     r = 2 if residual_bf16 else 4
     kept = [not (checkpoint_every and i % checkpoint_every == 0) for i in range(L)]
@@ -250,15 +250,12 @@ def peak_estimate(
         "logits": tokens * V * ((2 if autocast else 4) + 12),
         "optimizer_temporaries": 0,
     }
-    temporaries = {"foreach": 4 * n_params, "for-loop": 4 * V * C, "fused": 0, "triton": 0}[
-        optimizer
-    ]
     step = dict.fromkeys(parts, 0)
     step.update(
         parameters=4 * n_params,
         gradients=4 * n_params,
         adamw_state=8 * n_params,
-        optimizer_temporaries=temporaries,
+        optimizer_temporaries=temporaries[optimizer],
     )
     chosen = max(parts, step, key=lambda moment: sum(moment.values()))
     chosen["total"] = sum(chosen.values())
