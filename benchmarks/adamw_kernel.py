@@ -24,6 +24,7 @@ from unittest import mock
 
 import torch
 
+from helpers.core import train
 from helpers.core.kernels import adamw
 from helpers.core.model import GPT, GPTConfig
 from helpers.measure import results
@@ -31,19 +32,14 @@ from helpers.measure import results
 CONFIGS = [{"BLOCK": b, "NUM_WARPS": w} for b in (1024, 2048, 4096, 8192) for w in (4, 8, 16)]
 
 
-def _groups(params: list[torch.Tensor]) -> list[dict]:
-    # make_optimizer's groups: weight decay on 2-D weights only
-    return [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-
-
 def _optimizer(kind: str, params: list[torch.Tensor]) -> torch.optim.Optimizer:
-    kw = dict(lr=6e-4, betas=(0.9, 0.95), eps=1e-8)
+    # the trainer's optimizer: its hyperparameters and groups (train.make_optimizer)
+    run = train.RunConfig()
+    groups = train.param_groups(params, run.weight_decay)
+    kw = dict(lr=run.lr, betas=run.betas, eps=1e-8)
     if kind == "fused":
-        return torch.optim.AdamW(_groups(params), fused=True, **kw)
-    return adamw.TritonAdamW(_groups(params), **kw)
+        return torch.optim.AdamW(groups, fused=True, **kw)
+    return adamw.TritonAdamW(groups, **kw)
 
 
 def _params(model: GPT, grads: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -282,6 +282,15 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
     return None
 
 
+def param_groups(params: list[torch.Tensor], weight_decay: float) -> list[dict]:
+    """AdamW's two parameter groups: ``weight_decay`` on the 2-D tensors (matmul weights,
+    embeddings), none on the 1-D ones (biases, LayerNorm gains)."""
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+
+
 # PyTorch's own AdamW implementations among the optimizer switch's values (chapter 9 times them)
 TORCH_ADAMW = ("for-loop", "foreach", "fused")
 
@@ -290,13 +299,7 @@ def make_optimizer(model: torch.nn.Module, run: RunConfig) -> torch.optim.AdamW:
     """AdamW with weight decay on 2-D weights only (matmul weights, embeddings), none on biases and
     LayerNorm gains; implementation chosen by ``run.optimizer`` (for-loop / foreach / fused /
     triton: :class:`helpers.core.kernels.adamw.TritonAdamW`)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    groups = [
-        {"params": decay, "weight_decay": run.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
+    groups = param_groups([p for p in model.parameters() if p.requires_grad], run.weight_decay)
     if run.optimizer == "triton":
         from helpers.core.kernels.adamw import TritonAdamW
 
