@@ -48,6 +48,32 @@ FUSED_CHUNK_ROWS: int | None = 32768
 # took 2.07 ms with it and 2.85 ms with _e5m2_bits; False runs _e5m2_bits everywhere
 # (benchmarks/perf.py's variant software-e5m2).
 E5M2_HARDWARE_CAST = True
+# Warps of the fp8 LM head's one-read kernel (_ce_row_in_registers_e5m2_kernel), which holds a
+# whole row of logits in its registers and so reads it from memory once instead of twice
+# (benchmarks/ce_one_read.py); None: the two-read kernel (_ce_fused_e5m2_kernel).
+ONE_READ_WARPS: int | None = None
+# The one-read kernel keeps exp(x - max) of its row in fp32 registers for the gradient (True)
+# instead of computing the exponentials again from the logits (False).
+ONE_READ_KEEP_EXP = False
+
+
+def row_parts(n_cols: int) -> tuple[int, int, int]:
+    """(A, B, C): powers of two (or 0) whose blocks, one after the other, cover a row of ``n_cols``
+    columns with little padding, for a kernel that holds the whole row (Triton's blocks are powers
+    of two): A the largest power of two <= n_cols, B the largest <= what is left, C the smallest
+    >= what is then left. 50304 -> (32768, 16384, 2048): 51200 columns, 1.8% masked.
+
+    Raises:
+        ValueError: n_cols < 1.
+    """
+    if n_cols < 1:
+        raise ValueError(f"a row needs at least one column, got n_cols={n_cols}")
+    a = 1 << (n_cols.bit_length() - 1)
+    rest = n_cols - a
+    b = 1 << (rest.bit_length() - 1) if rest else 0
+    rest -= b
+    c = 1 << (rest - 1).bit_length() if rest else 0
+    return a, b, c
 
 
 if triton is not None and TRITON_OP_MISSING is None:
@@ -154,6 +180,86 @@ if triton is not None and TRITON_OP_MISSING is None:
             else:
                 tl.store(grad_ptr + row * n_cols + idx, _e5m2_bits(g), mask=mask)
 
+    @triton.jit
+    def _row_part(row_ptr, start, PART: tl.constexpr, n_cols: tl.constexpr):
+        # columns start .. start + PART - 1 of a row as fp32 (-3e38 past its end) and their indices
+        idx = start + tl.arange(0, PART)
+        return tl.load(row_ptr + idx, mask=idx < n_cols, other=-3.0e38).to(tl.float32), idx
+
+    @triton.jit
+    def _store_part_e5m2(
+        grad_row_ptr, idx, e, inv_s, target, keep, n_cols: tl.constexpr, HW_CAST: tl.constexpr
+    ):
+        # (e / s - [j == target]) * keep as float8_e5m2 (HW_CAST: by the GPU's conversion, else as
+        # bits by _e5m2_bits, grad_row_ptr then pointing at uint8)
+        g = (e * inv_s - tl.where(idx == target, 1.0, 0.0)) * keep
+        if HW_CAST:
+            tl.store(grad_row_ptr + idx, g.to(tl.float8e5), mask=idx < n_cols)
+        else:
+            tl.store(grad_row_ptr + idx, _e5m2_bits(g), mask=idx < n_cols)
+
+    @triton.jit
+    def _ce_row_in_registers_e5m2_kernel(
+        logits_ptr,
+        targets_ptr,
+        loss_ptr,
+        grad_ptr,
+        row_stride,
+        ignore_index,
+        n_cols: tl.constexpr,
+        A: tl.constexpr,
+        B: tl.constexpr,
+        C: tl.constexpr,
+        GRAD_SCALE: tl.constexpr,
+        KEEP_EXP: tl.constexpr,
+        HW_CAST: tl.constexpr,
+    ):
+        # _ce_fused_e5m2_kernel with the row read from memory once: the
+        # whole row is loaded into registers as blocks of A, B and C columns (row_parts), its max
+        # and sum of exp taken from there, and the gradient written from there; 3 bytes of traffic
+        # per bf16 logit instead of 5. KEEP_EXP keeps exp(x - max) for the gradient (more
+        # registers) instead of computing it again.
+        row = tl.program_id(0).to(tl.int64)
+        row_ptr = logits_ptr + row * row_stride
+        xa, ia = _row_part(row_ptr, 0, A, n_cols)
+        m = tl.max(xa, axis=0)
+        if B > 0:
+            xb, ib = _row_part(row_ptr, A, B, n_cols)
+            m = tl.maximum(m, tl.max(xb, axis=0))
+        if C > 0:
+            xc, ic = _row_part(row_ptr, A + B, C, n_cols)
+            m = tl.maximum(m, tl.max(xc, axis=0))
+        ea = tl.exp(xa - m)
+        s = tl.sum(ea, axis=0)
+        if B > 0:
+            eb = tl.exp(xb - m)
+            s += tl.sum(eb, axis=0)
+        if C > 0:
+            ec = tl.exp(xc - m)
+            s += tl.sum(ec, axis=0)
+        log_s = tl.log(s)
+        target = tl.load(targets_ptr + row)
+        in_range = (target >= 0) & (target < n_cols)
+        x_target = tl.load(row_ptr + tl.where(in_range, target, 0)).to(tl.float32)
+        loss = (m - x_target) + log_s
+        loss = tl.where(target == ignore_index, 0.0, tl.where(in_range, loss, float("nan")))
+        tl.store(loss_ptr + row, loss)
+        keep = tl.where(target != ignore_index, GRAD_SCALE, 0.0)
+        keep = tl.where(in_range | (target == ignore_index), keep, float("nan"))
+        inv_s = 1.0 / s
+        grad_row_ptr = grad_ptr + row * n_cols
+        if not KEEP_EXP:
+            ea = tl.exp(xa - m)
+        _store_part_e5m2(grad_row_ptr, ia, ea, inv_s, target, keep, n_cols, HW_CAST)
+        if B > 0:
+            if not KEEP_EXP:
+                eb = tl.exp(xb - m)
+            _store_part_e5m2(grad_row_ptr, ib, eb, inv_s, target, keep, n_cols, HW_CAST)
+        if C > 0:
+            if not KEEP_EXP:
+                ec = tl.exp(xc - m)
+            _store_part_e5m2(grad_row_ptr, ic, ec, inv_s, target, keep, n_cols, HW_CAST)
+
     # The fp8 ops are opaque custom ops: torch.compile calls them as they are and does not
     # re-compile their kernels (launched here by Triton's own JIT), so the compiled step runs the
     # same kernels as eager code.
@@ -171,6 +277,25 @@ if triton is not None and TRITON_OP_MISSING is None:
             and not _INTERPRETED_AT_IMPORT
             and torch.cuda.get_device_capability(logits.device) >= (9, 0)
         )
+        if ONE_READ_WARPS is not None:
+            a, b, c = row_parts(V)
+            _ce_row_in_registers_e5m2_kernel[(N,)](
+                logits,
+                targets,
+                loss,
+                grad if hw_cast else grad.view(torch.uint8),
+                logits.stride(0),
+                IGNORE_INDEX,
+                n_cols=V,
+                A=a,
+                B=b,
+                C=c,
+                GRAD_SCALE=FP8_GRAD_SCALE,
+                KEEP_EXP=ONE_READ_KEEP_EXP,
+                HW_CAST=hw_cast,
+                num_warps=ONE_READ_WARPS,
+            )
+            return loss, grad
         _ce_fused_e5m2_kernel[(N,)](
             logits,
             targets,
