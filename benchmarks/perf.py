@@ -36,7 +36,8 @@ from helpers.measure import power, results
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import bias_in_matmul  # noqa: E402  (this folder's experiment modules)
 import fp8_linears  # noqa: E402
-import qkv_grad  # noqa: E402
+
+from helpers.core.kernels import qkv_grad  # noqa: E402
 
 VARIANTS = {
     "final": {},
@@ -91,10 +92,13 @@ VARIANTS = {
     # the blocks' linears through benchmarks/fp8_linears.py (matmuls in fp8; not kept); with the
     # fp8 MLP on, only the attention's two linears still go through nn.Linear
     **{name: {} for name in fp8_linears.VARIANTS},
-    # c_attn's backward: dq, dk, dv concatenated and summed for the bias in one kernel
+    # c_attn's backward: dq, dk, dv concatenated and summed for the bias in one kernel launched
+    # from a traced triton_op (torch.compile copies cuDNN's gradients in front of it)
     "qkv-grad": {},
-    # the same kernel in an opaque custom op: it takes cuDNN's gradients in their own memory order
-    "qkv-grad-opaque": {},
+    # the same kernel from an opaque custom op (rung "+ one-pass QKV grad"), and the last rung
+    # without it
+    "qkv-grad-opaque": {"qkv_grad": True},
+    "no-qkv-grad": {"qkv_grad": False},
     # AdamW as one Triton launch per parameter group (helpers.core.kernels.adamw)
     "adamw-triton": {"optimizer": "triton"},
     # c_attn's bias as a column of its weight times a ones column of its input (no bias sum)
@@ -189,8 +193,8 @@ def experiment(name: str):
         return mock.patch.object(fused_ce, "FUSED_CHUNK_ROWS", FUSED_CHUNKS[name])
     if name in fp8_linears.VARIANTS:
         return fp8_linears.experiment(name)
-    if name in ("qkv-grad", "qkv-grad-opaque"):
-        return qkv_grad.experiment(opaque=name == "qkv-grad-opaque")
+    if name == "qkv-grad":
+        return qkv_grad.experiment()
     if name == "bias-in-matmul":
         return bias_in_matmul.experiment()
     if name == "gelu-no-prefetch":

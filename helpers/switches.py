@@ -266,6 +266,23 @@ SWITCHES: tuple[Switch, ...] = (
         where="model",
     ),
     Switch(
+        "qkv_grad",
+        False,
+        (("+ one-pass QKV grad", True),),
+        "12",
+        {
+            True: (
+                "when the profile shows the concatenation of the attention's dq, dk, dv and the "
+                "QKV bias gradient's sum as separate kernels: one kernel copies the three into "
+                "c_attn's (B*T, 3C) gradient and sums the bias gradient in the same read "
+                "(helpers.core.kernels.qkv_grad); bf16 autocast, n_embd a multiple of 256"
+            ),
+        },
+        values=(False, True),
+        doc="c_attn's backward: dq, dk, dv concatenated and the bias gradient summed in one kernel",
+        where="model",
+    ),
+    Switch(
         "grad_accum_steps",
         1,
         (),
@@ -329,6 +346,7 @@ RUNG_ORDER = (
     "+ fp8 LM head",
     "+ fp8 MLP",
     "+ CUDA graphs",
+    "+ one-pass QKV grad",
 )
 
 

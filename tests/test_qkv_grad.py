@@ -1,4 +1,4 @@
-"""benchmarks/qkv_grad.py (the qkv-grad experiment of results/perf-log.md, 2026-12-06): its
+"""helpers/core/kernels/qkv_grad.py (rung "+ one-pass QKV grad", results/perf-log.md): its
 one-pass concatenation + column-sum kernel and the attention that uses it against PyTorch, in
 Triton's CPU interpreter (a subprocess: the interpreter is chosen at import) and, where a CUDA
 GPU is present, on it. Each deliberate mistake must make the check fail."""
@@ -12,9 +12,9 @@ from kernel_check import assert_caught, needs_triton, run_script
 CHECK = textwrap.dedent(
     """
     import sys
-    sys.path[:1] = [".", "benchmarks"]  # the repository, not the script's (temporary) folder
+    sys.path[:1] = ["."]  # the repository, not the script's (temporary) folder
     import torch
-    import qkv_grad
+    from helpers.core.kernels import qkv_grad
     from helpers.core.model import CausalSelfAttention, GPTConfig
 
     device = sys.argv[1]
@@ -41,28 +41,33 @@ CHECK = textwrap.dedent(
         assert torch.equal(out, ref), f"the concatenation ({order})"
         assert torch.allclose(colsum, ref.float().sum(0), rtol=1e-5, atol=1e-4), "column sums"
 
-    # 2. the attention with qkv_heads against CausalSelfAttention's own forward: same output,
-    # same gradients for x, c_attn's weight and bias (bf16 matmuls in both, as under autocast)
+    # 2. the attention with qkv_heads (the traced op, and the rung's module with the opaque op)
+    # against CausalSelfAttention's own forward: same output, same gradients for x, c_attn's weight
+    # and bias (bf16 matmuls in both, as under autocast)
     cfg = GPTConfig(block_size=32, vocab_size=64, n_layer=1, n_head=4, n_embd=256)
     attn = CausalSelfAttention(cfg, attention="sdpa").to(device)
+    rung = CausalSelfAttention(cfg, attention="sdpa", qkv_grad=True).to(device)
+    rung.load_state_dict(attn.state_dict())
     x = torch.randn(2, 32, 256, device=device, requires_grad=True)
 
-    def run(forward):
-        attn.zero_grad()
+    def run(module, forward):
+        module.zero_grad()
         x.grad = None
         with torch.autocast(device, dtype=torch.bfloat16):
-            y = forward(attn, x)
+            y = forward(module, x)
         (y.float() * torch.linspace(-1, 1, y.numel(), device=device).view_as(y)).sum().backward()
-        return y.float(), x.grad.clone(), attn.c_attn.weight.grad.clone(), attn.c_attn.bias.grad
+        w = module.c_attn
+        return y.float(), x.grad.clone(), w.weight.grad.clone(), w.bias.grad
 
-    plain = run(CausalSelfAttention.forward)
-    for forward in (qkv_grad.attention_forward, qkv_grad.attention_forward_opaque):
-        fused = run(forward)
+    plain = run(attn, CausalSelfAttention.forward)
+    for name, module, forward in (("traced", attn, qkv_grad.attention_forward),
+                                  ("rung", rung, CausalSelfAttention.forward)):
+        fused = run(module, forward)
         if BREAK == "bias":
             fused = (*fused[:3], fused[3] * 1.01)
-        for name, a, b in zip(("output", "dx", "dW", "db"), fused, plain):
+        for what, a, b in zip(("output", "dx", "dW", "db"), fused, plain):
             err = ((a - b).norm() / b.norm()).item()
-            assert err < 5e-3, f"{forward.__name__} {name}: relative error {err:.2e}"
+            assert err < 5e-3, f"{name} {what}: relative error {err:.2e}"
     print("OK")
     """
 )
@@ -89,10 +94,10 @@ def test_qkv_grad_on_the_gpu():
 COMPILED = textwrap.dedent(
     """
     import sys
-    sys.path[:1] = [".", "benchmarks"]
+    sys.path[:1] = ["."]
     from unittest import mock
     import torch
-    import qkv_grad
+    from helpers.core.kernels import qkv_grad
 
     BREAK = sys.argv[2]  # "none", or "copy": the backward copies the gradients first
     B, T, nh, hs = 2, 16, 2, 128
@@ -167,3 +172,23 @@ def test_the_opaque_op_gets_the_gradients_without_a_copy_under_compile(broken):
         assert_caught(r)
     else:
         assert r.returncode != 0 and "a copy" in r.stderr, r.stderr[-3000:]
+
+
+def test_the_rung_says_why_it_cannot_run(monkeypatch):
+    """unsupported_reason names the kernel on a CPU without the interpreter, and bf16 autocast
+    where the kernel could run; GPT refuses a width its kernel cannot copy."""
+    from helpers.core import kernels, train
+    from helpers.core.model import GPT, GPTConfig
+
+    run = train.RunConfig(qkv_grad=True, autocast="bf16", attention="sdpa")
+    if not kernels.available("cpu")[0]:
+        assert "QKV gradient kernel cannot run" in train.unsupported_reason(run, "cpu")
+    monkeypatch.setattr(kernels, "available", lambda device: (True, ""))
+    assert train.unsupported_reason(run, "cpu") is None
+    assert "autocast='bf16'" in train.unsupported_reason(run.replace(autocast="fp16"), "cpu")
+    assert "compiled only on a CUDA GPU" in train.unsupported_reason(
+        run.replace(compile="default"), "cpu"
+    )
+    cfg = GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=128)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        GPT(cfg, attention="sdpa", qkv_grad=True)

@@ -28,6 +28,7 @@ LADDER_BEFORE_THE_REGISTRY = [
     ("+ fp8 LM head", dict(lm_head_fp8=True)),
     ("+ fp8 MLP", dict(mlp_fp8=True)),
     ("+ CUDA graphs", dict(compile="reduce-overhead")),  # the compile switch's second rung
+    ("+ one-pass QKV grad", dict(qkv_grad=True)),
 ]
 
 

@@ -15,8 +15,8 @@ the model are keyword arguments of :class:`GPT` (their records are in :mod:`help
   cuDNN) that never stores the scores (chapter 06).
 - ``loss_kernel``: ``"pytorch"`` (``F.cross_entropy``), ``"triton"`` (the hand-written kernel of
   :mod:`helpers.core.kernels`) or ``"fused"`` (LM head and loss in chunks, chapter 12).
-- ``residual_dtype``, ``detach_logits``, ``lm_head_fp8``, ``mlp_fp8``, ``checkpoint_every``,
-  ``checkpoint_policy``: chapters 09 and 12.
+- ``residual_dtype``, ``detach_logits``, ``lm_head_fp8``, ``mlp_fp8``, ``qkv_grad``,
+  ``checkpoint_every``, ``checkpoint_policy``: chapters 09 and 12.
 
 ``GPTConfig.vocab_multiple`` pads the embedding / LM-head rows from 50257 up to a multiple (64 ->
 50304) so the LM-head matmul has tensor-core friendly shapes (chapter 07). Targets never reach the
@@ -122,7 +122,7 @@ class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with a fused QKV projection; ``attention`` picks the
     kernel."""
 
-    def __init__(self, config: GPTConfig, attention: str = "manual"):
+    def __init__(self, config: GPTConfig, attention: str = "manual", qkv_grad: bool = False):
         super().__init__()
         self.n_head = config.n_head
         self.n_embd = config.n_embd
@@ -133,6 +133,11 @@ class CausalSelfAttention(nn.Module):
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.attend = self._sdpa if attention == "sdpa" else self._manual
+        self.qkv_grad = qkv_grad
+        if qkv_grad:  # rung "+ one-pass QKV grad" (GPT checks its requirements)
+            from helpers.core.kernels import qkv_grad as one_pass  # imports Triton: only here
+
+            self.one_pass_forward = one_pass.attention_forward
         if attention == "manual":
             mask = torch.tril(torch.ones(config.block_size, config.block_size, dtype=torch.bool))
             self.register_buffer("causal_mask", mask, persistent=False)
@@ -149,6 +154,8 @@ class CausalSelfAttention(nn.Module):
         return self.c_attn(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.qkv_grad:  # the same function; c_attn's backward concatenates dq, dk, dv at once
+            return self.one_pass_forward(self, x, opaque=True)  # (B, T, C)
         B, T, C = x.size()  # (B, T, C)
         q, k, v = self._qkv(x).split(self.n_embd, dim=2)  # 3 x (B, T, C)
         hs = C // self.n_head
@@ -186,10 +193,16 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """One pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
-    def __init__(self, config: GPTConfig, attention: str = "manual", mlp_fp8: bool = False):
+    def __init__(
+        self,
+        config: GPTConfig,
+        attention: str = "manual",
+        mlp_fp8: bool = False,
+        qkv_grad: bool = False,
+    ):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd)
-        self.attn = CausalSelfAttention(config, attention)
+        self.attn = CausalSelfAttention(config, attention, qkv_grad)
         self.ln_2 = nn.LayerNorm(config.n_embd)
         self.mlp = MLP(config, fp8=mlp_fp8)
 
@@ -213,7 +226,8 @@ class GPT(nn.Module):
     ``detach_logits`` (return logits.detach() with targets: no logits-sized gradient input to
     backward), ``lm_head_fp8`` (with loss_kernel="fused": the LM head's matmuls in fp8),
     ``mlp_fp8`` (the MLP's forward and input-gradient matmuls in fp8, :mod:`helpers.core.kernels.
-    fp8_mlp`; no dropout) and
+    fp8_mlp`; no dropout), ``qkv_grad`` (``c_attn``'s backward concatenates dq, dk, dv and sums its
+    bias gradient in one kernel, :mod:`helpers.core.kernels.qkv_grad`; n_embd a multiple of 256) and
     ``checkpoint_every`` (0 = off, k = recompute every k-th block in backward) and
     ``checkpoint_policy`` (what a checkpointed block keeps: "block" = only its input, "selective" =
     also its matmul and attention outputs, :mod:`helpers.core.recompute`).
@@ -229,7 +243,8 @@ class GPT(nn.Module):
     Raises:
         ValueError: a switch value its record does not accept, ``lm_head_fp8`` without
             ``loss_kernel="fused"`` or with a width or vocabulary that is not a multiple of 16,
-            ``mlp_fp8`` with dropout, a width that is not a multiple of 16 or over 1024;
+            ``mlp_fp8`` with dropout, a width that is not a multiple of 16 or over 1024,
+            ``qkv_grad`` with n_embd not a multiple of 256;
             in forward, T > block_size.
     """
 
@@ -242,6 +257,7 @@ class GPT(nn.Module):
         detach_logits: bool = False,
         lm_head_fp8: bool = False,
         mlp_fp8: bool = False,
+        qkv_grad: bool = False,
         checkpoint_every: int = 0,
         checkpoint_policy: str = "block",
     ):
@@ -253,6 +269,7 @@ class GPT(nn.Module):
             detach_logits=detach_logits,
             lm_head_fp8=lm_head_fp8,
             mlp_fp8=mlp_fp8,
+            qkv_grad=qkv_grad,
             checkpoint_every=checkpoint_every,
             checkpoint_policy=checkpoint_policy,
         )
@@ -284,6 +301,14 @@ class GPT(nn.Module):
             ]
             if wrong:
                 raise ValueError(f"GPT(mlp_fp8=True): {'; '.join(wrong)}")
+        if qkv_grad:
+            from helpers.core.kernels import qkv_grad as one_pass  # imports Triton: only here
+
+            if config.n_embd % one_pass.COLS:
+                raise ValueError(
+                    f"GPT(qkv_grad=True): its kernel copies {one_pass.COLS} columns at a time, so "
+                    f"n_embd must be a multiple of {one_pass.COLS}, got {config.n_embd}"
+                )
         self.config = config
         self.switches = chosen  # what this model was built with, for reports and tests
         # One seed drawn from the global RNG before any module exists (so torch.manual_seed fixes
@@ -295,7 +320,9 @@ class GPT(nn.Module):
                 wte=nn.Embedding(config.padded_vocab_size, config.n_embd),  # token embedding
                 wpe=nn.Embedding(config.block_size, config.n_embd),  # position embedding
                 drop=nn.Dropout(config.dropout),
-                h=nn.ModuleList([Block(config, attention, mlp_fp8) for _ in range(config.n_layer)]),
+                h=nn.ModuleList(
+                    [Block(config, attention, mlp_fp8, qkv_grad) for _ in range(config.n_layer)]
+                ),
                 ln_f=nn.LayerNorm(config.n_embd),
             )
         )

@@ -271,6 +271,22 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
             "the fp8 MLP returns bf16 into a bf16-autocast step: it needs autocast='bf16', "
             f"not {run.autocast!r}"
         )
+    if run.qkv_grad:
+        from helpers.core import kernels
+
+        ok, why = kernels.available(device)
+        if not ok:
+            return f"the one-pass QKV gradient kernel cannot run: {why}"
+        if run.compile is not None and device.type != "cuda":
+            return (
+                "the one-pass QKV gradient kernel runs compiled only on a CUDA GPU "
+                "(Triton's CPU interpreter runs it eagerly): use compile=None here"
+            )
+        if run.autocast != "bf16":
+            return (
+                "the one-pass QKV gradient computes c_attn in bf16, as bf16 autocast does: it "
+                f"needs autocast='bf16', not {run.autocast!r}"
+            )
     if run.optimizer == "fused" and device.type not in ("cuda", "cpu"):
         return f"fused AdamW is not implemented for device type {device.type}"
     if run.optimizer == "triton":

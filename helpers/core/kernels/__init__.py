@@ -1,4 +1,5 @@
-"""Hand-written Triton kernels for the LM head, its cross-entropy and the MLP: four rungs.
+"""Hand-written Triton kernels for the LM head, its cross-entropy, the MLP, the attention's QKV
+gradient and AdamW: five rungs and one experiment.
 
 One file per mechanism, each explained at its top:
 
@@ -12,6 +13,10 @@ One file per mechanism, each explained at its top:
   tiled transpose (:func:`transpose_fp8`) and whether fp8 matmuls run here (:func:`fp8_available`).
 - ``fp8_mlp.py``, rung "+ fp8 MLP": :func:`mlp_fp8`, the MLP's forward and input-gradient matmuls
   in fp8 with the GELU and its casts in two one-pass kernels.
+- ``qkv_grad.py``, rung "+ one-pass QKV grad": :func:`qkv_grad.qkv_grad_cat`, dq, dk, dv
+  concatenated into ``c_attn``'s gradient and summed for its bias gradient in one read.
+- ``adamw.py``, ``RunConfig(optimizer="triton")`` (an experiment, no rung):
+  :class:`adamw.TritonAdamW`, AdamW in one launch per parameter group.
 - ``_triton.py``: the Triton import (``triton`` is None without the package), :func:`available`,
   :data:`TRITON_OP_MISSING` and the launch that ``torch.compile`` traces.
 

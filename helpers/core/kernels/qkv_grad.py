@@ -1,35 +1,28 @@
-"""An experiment, not a rung (results/perf-log.md, 2026-12-06): ``c_attn``'s backward with the
-concatenation of dq, dk, dv and its bias gradient in one pass.
+"""Rung "+ one-pass QKV grad": ``c_attn``'s backward with the concatenation of dq, dk, dv and its
+bias gradient in one pass (``qkv_grad=True``, a ``GPT`` keyword).
 
-    python benchmarks/perf.py --batch-size 16 64 --variants final qkv-grad --profile
-
-In the last rung's backward, SDPA (cuDNN) returns dq, dk and dv as three tensors; ``c_attn``'s
-backward needs them side by side as one (B*T, 3C) gradient for its input- and weight-gradient
-matmuls, and summed over the rows for its bias gradient. Inductor makes the concatenation in one
-kernel (1.66 ms per B=64 step on the H200, 2026-12-05) and the bias gradient in another that reads
-dq, dk, dv again (0.87 ms). :func:`qkv_grad_cat` does both in one read: each program copies a
+In the step's backward, SDPA (cuDNN) returns dq, dk and dv as three tensors; ``c_attn``'s backward
+needs them side by side as one (B*T, 3C) gradient for its input- and weight-gradient matmuls, and
+summed over the rows for its bias gradient. Inductor makes the concatenation in one kernel (1.66 ms
+per B=64 step on the H200, results/perf-log.md, 2026-12-05) and the bias gradient in another that
+reads dq, dk, dv again (0.87 ms). :func:`qkv_grad_cat` does both in one read: each program copies a
 tile of rows into its place in the (B*T, 3C) gradient and writes the tile's column sums.
-Predicted: about -0.8 ms per B=64 step, -0.2 ms at B=16.
 
-Measured on an H100 (results/perf-log.md, 2026-12-06): the kernel took 0.92 ms less than the two it
-replaces at B=64, but torch.compile copies dq, dk and dv into the memory order it traced the custom
-op with ((B, nh, T, hs); cuDNN returns them in (B, T, nh, hs) order) before calling it, and that
-copy costs as much as the concatenation: the step got slower (+1.1 ms at B=64). Not a rung.
+The kernel is launched from an opaque custom op, which torch.compile calls without tracing the
+launch, so it reads dq, dk, dv through the strides they arrive with (cuDNN returns them in
+(B, T, nh, hs) memory order), and :class:`_QKVHeads`' backward reads no stride while it is traced:
+torch.compile traces an autograd Function's backward with guessed, contiguous gradients, and a
+backward that reads their strides makes inductor copy the real gradients into contiguous order
+before the op (found on a CPU, ``tests/test_qkv_grad.py``). The same kernel from a traced
+``triton_op`` (``opaque=False``, ``benchmarks/perf.py``'s variant ``qkv-grad``) gets such a copy
+in front of it, which cost as much as it saved (an H100, 2026-12-06).
 
-Variant ``qkv-grad-opaque``: the same kernel launched from an opaque custom op, which
-torch.compile calls without tracing the launch, so the kernel reads dq, dk, dv through the strides
-they arrive with, and a backward that reads no stride while it is traced. Found on a CPU
-(``tests/test_qkv_grad.py``, an opaque op standing in for cuDNN's backward): torch.compile traces
-an autograd Function's backward with guessed, contiguous gradients, and a backward that reads their
-strides (the check that the three share a layout) made inductor copy the real gradients into
-contiguous order before the op; without the read, it passes the producer's buffers as they are.
-Measured on an H100 at B=64 (results/h100-perf-qkv-adamw-b64-2026-12-07.json): no copy added; the
-kernel (2.66 ms per step) and its partial sums' reduction (+0.16) replace inductor's two kernels
-(3.60 ms), -0.78 ms of kernel time; the step 105.7 -> 104.6 ms, inside its 10-13% spread. Not yet
-a rung (not measured on the H200, nor in the ladder).
+Measured on an H100 at B=64 (results/h100-perf-qkv-adamw-b64-2026-12-07.json): the kernel (2.66 ms
+per step) and its partial sums' reduction (+0.16) replace inductor's two kernels (3.60 ms), -0.78
+ms of kernel time, no copy added.
 
 :func:`qkv_heads` is ``c_attn`` plus the split into heads, as an autograd Function whose backward
-calls the kernel; :func:`experiment` patches ``CausalSelfAttention.forward`` to use it.
+calls the kernel; :func:`attention_forward` is ``CausalSelfAttention.forward`` with it.
 """
 
 from __future__ import annotations
@@ -196,15 +189,10 @@ def attention_forward(self, x: torch.Tensor, opaque: bool = False) -> torch.Tens
     return self.resid_dropout(self.c_proj(y))
 
 
-def attention_forward_opaque(self, x: torch.Tensor) -> torch.Tensor:
-    """:func:`attention_forward` with the kernel in an opaque custom op."""
-    return attention_forward(self, x, opaque=True)
-
-
-def experiment(opaque: bool = False) -> contextlib.AbstractContextManager:
-    """``benchmarks/perf.py``'s variants ``qkv-grad`` and (``opaque``) ``qkv-grad-opaque``: every
-    block's attention uses :func:`attention_forward` while the context is open."""
+def experiment() -> contextlib.AbstractContextManager:
+    """``benchmarks/perf.py``'s variant ``qkv-grad``: every block's attention uses
+    :func:`attention_forward` with the traced ``triton_op`` (not the rung's opaque op) while the
+    context is open."""
     from helpers.core.model import CausalSelfAttention
 
-    forward = attention_forward_opaque if opaque else attention_forward
-    return mock.patch.object(CausalSelfAttention, "forward", forward)
+    return mock.patch.object(CausalSelfAttention, "forward", attention_forward)
