@@ -182,17 +182,18 @@ if triton is not None and TRITON_OP_MISSING is None:
 
     @triton.jit
     def _row_part(row_ptr, start, PART: tl.constexpr, n_cols: tl.constexpr):
-        # columns start .. start + PART - 1 of a row as fp32 (-3e38 past its end) and their indices
+        # columns start .. start + PART - 1 of a row in the logits' dtype (bf16 takes half the
+        # registers of fp32), -3e38 past its end, and their indices
         idx = start + tl.arange(0, PART)
-        return tl.load(row_ptr + idx, mask=idx < n_cols, other=-3.0e38).to(tl.float32), idx
+        return tl.load(row_ptr + idx, mask=idx < n_cols, other=-3.0e38), idx
 
     @triton.jit
-    def _store_part_e5m2(
-        grad_row_ptr, idx, e, inv_s, target, keep, n_cols: tl.constexpr, HW_CAST: tl.constexpr
+    def _part_grad_e5m2(
+        grad_row_ptr, idx, p, target, keep, n_cols: tl.constexpr, HW_CAST: tl.constexpr
     ):
-        # (e / s - [j == target]) * keep as float8_e5m2 (HW_CAST: by the GPU's conversion, else as
-        # bits by _e5m2_bits, grad_row_ptr then pointing at uint8)
-        g = (e * inv_s - tl.where(idx == target, 1.0, 0.0)) * keep
+        # (p - [j == target]) * keep, p = softmax(x)_j, as float8_e5m2 (HW_CAST: by the GPU's
+        # conversion, else as bits by _e5m2_bits, grad_row_ptr then pointing at uint8)
+        g = (p - tl.where(idx == target, 1.0, 0.0)) * keep
         if HW_CAST:
             tl.store(grad_row_ptr + idx, g.to(tl.float8e5), mask=idx < n_cols)
         else:
@@ -214,51 +215,50 @@ if triton is not None and TRITON_OP_MISSING is None:
         KEEP_EXP: tl.constexpr,
         HW_CAST: tl.constexpr,
     ):
-        # _ce_fused_e5m2_kernel with the row read from memory once: the
-        # whole row is loaded into registers as blocks of A, B and C columns (row_parts), its max
-        # and sum of exp taken from there, and the gradient written from there; 3 bytes of traffic
-        # per bf16 logit instead of 5. KEEP_EXP keeps exp(x - max) for the gradient (more
-        # registers) instead of computing it again.
+        # _ce_fused_e5m2_kernel with the row read from memory once: the whole row is loaded into
+        # registers as blocks of A, B and C columns (row_parts; B or C may be 0), its max and sum
+        # of exp taken from there, and the gradient written from there: 3 bytes of traffic per
+        # bf16 logit instead of 5. The gradient is exp(x - lse), as the two-read kernel's, from
+        # the logits still in registers; KEEP_EXP keeps exp(x - max) in fp32 instead and scales it
+        # by 1 / sum (more registers, half the exponentials).
         row = tl.program_id(0).to(tl.int64)
         row_ptr = logits_ptr + row * row_stride
         xa, ia = _row_part(row_ptr, 0, A, n_cols)
-        m = tl.max(xa, axis=0)
+        m = tl.max(xa.to(tl.float32), axis=0)
         if B > 0:
             xb, ib = _row_part(row_ptr, A, B, n_cols)
-            m = tl.maximum(m, tl.max(xb, axis=0))
+            m = tl.maximum(m, tl.max(xb.to(tl.float32), axis=0))
         if C > 0:
             xc, ic = _row_part(row_ptr, A + B, C, n_cols)
-            m = tl.maximum(m, tl.max(xc, axis=0))
-        ea = tl.exp(xa - m)
+            m = tl.maximum(m, tl.max(xc.to(tl.float32), axis=0))
+        ea = tl.exp(xa.to(tl.float32) - m)
         s = tl.sum(ea, axis=0)
         if B > 0:
-            eb = tl.exp(xb - m)
+            eb = tl.exp(xb.to(tl.float32) - m)
             s += tl.sum(eb, axis=0)
         if C > 0:
-            ec = tl.exp(xc - m)
+            ec = tl.exp(xc.to(tl.float32) - m)
             s += tl.sum(ec, axis=0)
         log_s = tl.log(s)
+        lse = m + log_s
         target = tl.load(targets_ptr + row)
         in_range = (target >= 0) & (target < n_cols)
         x_target = tl.load(row_ptr + tl.where(in_range, target, 0)).to(tl.float32)
-        loss = (m - x_target) + log_s
+        loss = (m - x_target) + log_s  # = lse - x_target, without rounding lse at the size of m
         loss = tl.where(target == ignore_index, 0.0, tl.where(in_range, loss, float("nan")))
         tl.store(loss_ptr + row, loss)
         keep = tl.where(target != ignore_index, GRAD_SCALE, 0.0)
         keep = tl.where(in_range | (target == ignore_index), keep, float("nan"))
         inv_s = 1.0 / s
         grad_row_ptr = grad_ptr + row * n_cols
-        if not KEEP_EXP:
-            ea = tl.exp(xa - m)
-        _store_part_e5m2(grad_row_ptr, ia, ea, inv_s, target, keep, n_cols, HW_CAST)
+        pa = ea * inv_s if KEEP_EXP else tl.exp(xa.to(tl.float32) - lse)
+        _part_grad_e5m2(grad_row_ptr, ia, pa, target, keep, n_cols, HW_CAST)
         if B > 0:
-            if not KEEP_EXP:
-                eb = tl.exp(xb - m)
-            _store_part_e5m2(grad_row_ptr, ib, eb, inv_s, target, keep, n_cols, HW_CAST)
+            pb = eb * inv_s if KEEP_EXP else tl.exp(xb.to(tl.float32) - lse)
+            _part_grad_e5m2(grad_row_ptr, ib, pb, target, keep, n_cols, HW_CAST)
         if C > 0:
-            if not KEEP_EXP:
-                ec = tl.exp(xc - m)
-            _store_part_e5m2(grad_row_ptr, ic, ec, inv_s, target, keep, n_cols, HW_CAST)
+            pc = ec * inv_s if KEEP_EXP else tl.exp(xc.to(tl.float32) - lse)
+            _part_grad_e5m2(grad_row_ptr, ic, pc, target, keep, n_cols, HW_CAST)
 
     # The fp8 ops are opaque custom ops: torch.compile calls them as they are and does not
     # re-compile their kernels (launched here by Triton's own JIT), so the compiled step runs the
