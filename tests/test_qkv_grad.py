@@ -192,3 +192,25 @@ def test_the_rung_says_why_it_cannot_run(monkeypatch):
     cfg = GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=128)
     with pytest.raises(ValueError, match="multiple of 256"):
         GPT(cfg, attention="sdpa", qkv_grad=True)
+
+
+def test_the_rung_computes_the_plain_function_without_bf16_autocast():
+    """A model built with qkv_grad=True and used without bf16 autocast (generation after training,
+    fp32 evaluation) takes the plain path: the same fp32 logits as the model without the switch;
+    under bf16 autocast it takes the one-pass path (its forward needs no kernel) and agrees to bf16
+    rounding."""
+    from helpers.core.model import GPT, GPTConfig
+
+    cfg = GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=256)
+    torch.manual_seed(0)
+    plain = GPT(cfg, attention="sdpa").eval()
+    rung = GPT(cfg, attention="sdpa", qkv_grad=True).eval()
+    rung.load_state_dict(plain.state_dict())
+    idx = torch.randint(0, 64, (2, 16))
+    with torch.no_grad():
+        assert torch.equal(rung(idx)[0], plain(idx)[0])
+        with torch.autocast("cpu", dtype=torch.float16):  # not the rung's dtype: the plain path
+            assert torch.equal(rung(idx)[0], plain(idx)[0])
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            a, b = rung(idx)[0].float(), plain(idx)[0].float()
+    assert ((a - b).norm() / b.norm()).item() < 2e-2

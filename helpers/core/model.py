@@ -118,6 +118,15 @@ def sdpa_attention(
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
 
 
+def _bf16_autocast(device_type: str) -> bool:
+    """Whether bf16 autocast is on for ``device_type`` (torch.compile reads it as a constant and
+    guards on it, no graph break)."""
+    return (
+        torch.is_autocast_enabled(device_type)
+        and torch.get_autocast_dtype(device_type) == torch.bfloat16
+    )
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with a fused QKV projection; ``attention`` picks the
     kernel."""
@@ -154,7 +163,10 @@ class CausalSelfAttention(nn.Module):
         return self.c_attn(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.qkv_grad:  # the same function; c_attn's backward concatenates dq, dk, dv at once
+        if self.qkv_grad and _bf16_autocast(x.device.type):
+            # the same function; c_attn's backward concatenates dq, dk, dv at once. Its c_attn is a
+            # bf16 matmul, as bf16 autocast's: without that autocast (generation after training,
+            # fp32 evaluation) the plain path below computes the function in the caller's dtype
             return self.one_pass_forward(self, x, opaque=True)  # (B, T, C)
         B, T, C = x.size()  # (B, T, C)
         q, k, v = self._qkv(x).split(self.n_embd, dim=2)  # 3 x (B, T, C)
