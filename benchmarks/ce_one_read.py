@@ -1,5 +1,6 @@
-"""Microbenchmark: the fp8 LM head's cross-entropy kernel reading each row of logits once, from
-registers, against the kernel that reads it twice:
+"""Microbenchmark: the fp8 LM head's cross-entropy kernel, one read of each row against two.
+
+The kernel reading each row of logits once, from registers, against the kernel that reads it twice:
 
     python benchmarks/ce_one_read.py --out results/h200-ce-one-read-DATE.json
 

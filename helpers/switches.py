@@ -279,7 +279,10 @@ SWITCHES: tuple[Switch, ...] = (
             ),
         },
         values=(False, True),
-        doc="c_attn's backward: dq, dk, dv concatenated and the bias gradient summed in one kernel",
+        doc=(
+            "c_attn's backward: dq, dk, dv concatenated and the bias gradient summed in one "
+            "kernel (bf16 autocast)"
+        ),
         where="model",
     ),
     Switch(

@@ -232,6 +232,11 @@ FP8_CHECK = textwrap.dedent(
                 finally:
                     fused_ce.E5M2_HARDWARE_CAST = hardware_cast
                 assert torch.equal(g8_bits.view(torch.uint8), g8.view(torch.uint8)), (V, kernel)
+        # a row of -inf logits: nan where F.cross_entropy is nan, but an ignored one gets zeros
+        inf_rows = torch.full((2, 5), float("-inf"), device=device).to(torch.bfloat16)
+        g8 = fused_ce._cross_entropy_rows_with_e5m2_grad(inf_rows, torch.tensor([-100, 2],
+                                                         device=device))[1]
+        assert not g8[0].view(torch.uint8).any(), (kernel, g8[0].view(torch.uint8))
     fused_ce.ONE_READ_WARPS, fused_ce.ONE_READ_KEEP_EXP = default
     # 2. the transpose, on shapes that are and are not multiples of its tiles: autotuned, and at
     # each tile config (every autotune config on a GPU; two in the interpreter, which cannot time)
@@ -657,3 +662,15 @@ def test_row_parts_cover_a_row_with_little_padding():
         assert n <= sum(parts) < n + max(parts[2], 1), (n, parts)
     with pytest.raises(ValueError, match="at least one column"):
         fused_ce.row_parts(0)
+    for bad in (2.0, True, "7", None):
+        with pytest.raises(TypeError, match="an int"):
+            fused_ce.row_parts(bad)
+
+
+@needs_triton
+@pytest.mark.parametrize("warps", [0, 3, 64, True, "4", 4.5])
+def test_one_read_warps_must_be_a_power_of_two_up_to_32(monkeypatch, warps):
+    monkeypatch.setattr(fused_ce, "ONE_READ_WARPS", warps)
+    logits, targets = torch.zeros(2, 8, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(ValueError, match="ONE_READ_WARPS must be None or a power of two"):
+        fused_ce._cross_entropy_rows_with_e5m2_grad(logits, targets)

@@ -214,3 +214,23 @@ def test_the_rung_computes_the_plain_function_without_bf16_autocast():
         with torch.autocast("cpu", dtype=torch.bfloat16):
             a, b = rung(idx)[0].float(), plain(idx)[0].float()
     assert ((a - b).norm() / b.norm()).item() < 2e-2
+
+
+def test_qkv_grad_cat_refuses_what_it_cannot_copy():
+    """Checked before any launch (no GPU needed): tensors only, a float dtype shared by all three,
+    one device, and C = nh * hs a positive multiple of 256."""
+    from helpers.core.kernels import qkv_grad
+
+    g = torch.zeros(2, 4, 8, 64, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="three tensors"):
+        qkv_grad.qkv_grad_cat(None, g, g)
+    for bad, words in [
+        ((g.int(), g.int(), g.int()), "bf16, fp16 or fp32"),
+        ((g, g.to("meta"), g), "device"),
+        ((g, g.float(), g), "one dtype"),
+        ((g[:, :0], g[:, :0], g[:, :0]), "positive multiple of 256"),
+        ((g[..., :32], g[..., :32], g[..., :32]), "positive multiple of 256"),
+    ]:
+        for opaque in (False, True):
+            with pytest.raises(ValueError, match=words):
+                qkv_grad.qkv_grad_cat(*bad, opaque=opaque)

@@ -64,8 +64,11 @@ def row_parts(n_cols: int) -> tuple[int, int, int]:
     >= what is then left. 50304 -> (32768, 16384, 2048): 51200 columns, 1.8% masked.
 
     Raises:
+        TypeError: n_cols not an int.
         ValueError: n_cols < 1.
     """
+    if not isinstance(n_cols, int) or isinstance(n_cols, bool):
+        raise TypeError(f"n_cols must be an int >= 1, got {n_cols!r}")
     if n_cols < 1:
         raise ValueError(f"a row needs at least one column, got n_cols={n_cols}")
     a = 1 << (n_cols.bit_length() - 1)
@@ -192,8 +195,9 @@ if triton is not None and TRITON_OP_MISSING is None:
         grad_row_ptr, idx, p, target, keep, n_cols: tl.constexpr, HW_CAST: tl.constexpr
     ):
         # (p - [j == target]) * keep, p = softmax(x)_j, as float8_e5m2 (HW_CAST: by the GPU's
-        # conversion, else as bits by _e5m2_bits, grad_row_ptr then pointing at uint8)
-        g = (p - tl.where(idx == target, 1.0, 0.0)) * keep
+        # conversion, else as bits by _e5m2_bits, grad_row_ptr then pointing at uint8); an ignored
+        # row (keep 0) gets zeros even where p is nan (a row of -inf logits)
+        g = tl.where(keep == 0.0, 0.0, (p - tl.where(idx == target, 1.0, 0.0)) * keep)
         if HW_CAST:
             tl.store(grad_row_ptr + idx, g.to(tl.float8e5), mask=idx < n_cols)
         else:
@@ -269,6 +273,13 @@ if triton is not None and TRITON_OP_MISSING is None:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # As _cross_entropy_rows_with_grad, but the gradient times FP8_GRAD_SCALE, stored as
         # float8_e5m2.
+        if ONE_READ_WARPS is not None and (
+            ONE_READ_WARPS not in (1, 2, 4, 8, 16, 32) or isinstance(ONE_READ_WARPS, bool)
+        ):
+            raise ValueError(
+                "helpers.core.kernels.fused_ce.ONE_READ_WARPS must be None or a power of two "
+                f"from 1 to 32 (warps per row), got {ONE_READ_WARPS!r}"
+            )
         N, V = logits.shape
         loss = torch.empty(N, dtype=torch.float32, device=logits.device)
         grad = torch.empty((N, V), dtype=torch.float8_e5m2, device=logits.device)

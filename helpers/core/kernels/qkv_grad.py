@@ -124,21 +124,31 @@ def qkv_grad_cat(
         (dqkv (B*T, 3C) of their dtype, row-major; colsum (3C,) fp32).
 
     Raises:
-        ValueError: shapes, dtypes or strides that differ between the three, or C not a multiple
-            of 256.
+        TypeError: an argument that is not a tensor.
+        ValueError: shapes, dtypes, devices or (traced op) strides that differ between the three,
+            a dtype other than bf16, fp16 or fp32, or C not a positive multiple of 256.
     """
-    if dq.dim() != 4 or any(
-        t.shape != dq.shape
-        or t.dtype != dq.dtype
-        or (not opaque and t.stride() != dq.stride())  # the opaque op checks when it runs
-        for t in (dk, dv)
+    if not all(isinstance(t, torch.Tensor) for t in (dq, dk, dv)):
+        raise TypeError(f"qkv_grad_cat takes three tensors, got {[type(t) for t in (dq, dk, dv)]}")
+    if (
+        dq.dim() != 4
+        or dq.dtype not in (torch.bfloat16, torch.float16, torch.float32)
+        or any(
+            t.shape != dq.shape
+            or t.dtype != dq.dtype
+            or t.device != dq.device
+            or (not opaque and t.stride() != dq.stride())  # the opaque op checks when it runs
+            for t in (dk, dv)
+        )
     ):
         raise ValueError(
-            "qkv_grad_cat needs three (B, nh, T, hs) tensors of one dtype and layout, got "
-            f"{[(tuple(t.shape), t.dtype) for t in (dq, dk, dv)]}"
+            "qkv_grad_cat needs three (B, nh, T, hs) bf16, fp16 or fp32 tensors of one dtype, "
+            "device and (unless opaque) memory layout, got "
+            f"{[(tuple(t.shape), t.dtype, str(t.device), t.stride()) for t in (dq, dk, dv)]}"
         )
-    if (dq.shape[1] * dq.shape[3]) % COLS:
-        raise ValueError(f"qkv_grad_cat needs C = nh * hs a multiple of {COLS}")
+    C = dq.shape[1] * dq.shape[3]
+    if C == 0 or C % COLS:
+        raise ValueError(f"qkv_grad_cat needs C = nh * hs a positive multiple of {COLS}, got {C}")
     return (_qkv_grad_opaque if opaque else _qkv_grad_traced)(dq, dk, dv)
 
 
