@@ -357,9 +357,20 @@ def markdown_table(results: dict, from_rung: str | None = None) -> str:
     return "\n\n".join([head, *above, table, *below])
 
 
+class _NoHyphenBreaks(argparse.HelpFormatter):
+    """argparse's help layout, wrapping lines at spaces only: a rung name such as 'one-pass QKV
+    grad' stays whole, so it can be copied from ``--help``."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        import textwrap
+
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m helpers.ladder",
+        formatter_class=_NoHyphenBreaks,
         description="Time the GPT-2 speed-up ladder on this machine "
         "(real Tiny Shakespeare batches). GPU: GPT-2 124M at T=1024. "
         "CPU: the small course configuration.",

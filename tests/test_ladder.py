@@ -515,3 +515,13 @@ def test_a_run_that_measured_nothing_leaves_an_earlier_result_alone(capsys, tmp_
     assert rc == 1 and earlier.read_bytes() == before
     err = capsys.readouterr().err
     assert "no rung could be measured" in err and "nothing written" in err
+
+
+def test_help_keeps_hyphenated_rung_names_whole(capsys):
+    """--help lists the rungs without breaking a name at its hyphen ('one-pass QKV grad',
+    'fused LM-head CE'), so a name can be copied from it."""
+    with pytest.raises(SystemExit):
+        ladder.parse_args(["--help"])
+    out = capsys.readouterr().out
+    assert "'one-pass" in out and "LM-head" in out
+    assert not any(line.rstrip().endswith("-") for line in out.splitlines() if "'" in line)
