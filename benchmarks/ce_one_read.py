@@ -24,7 +24,6 @@ The step with it: ``python benchmarks/perf.py --variants final ce-one-read-16`` 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from unittest import mock
 
@@ -82,9 +81,7 @@ def main(argv=None) -> int:
             gbs = moved / ms / 1e6
             print(f"N={N} one read, {warps} warps, keep_exp={keep}: {ms:.3f} ms "
                   f"({gbs:.0f} GB/s, {equal:.6f} bytes equal)", flush=True)  # fmt: skip
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({**results.provenance(torch.device("cuda")), "rows": rows}, f, indent=1)
+    results.save_rows(rows, args.out, "cuda")
     return 0
 
 

@@ -20,7 +20,6 @@ bf16, random targets.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from unittest import mock
 
@@ -160,9 +159,7 @@ def main(argv=None) -> int:
                              "block": block, "warps": warps, "ms": ms,
                              "GB_per_s_one_read": moved / ms / 1e6})  # fmt: skip
                 print(f"N={N} {per_sm}/SM BLOCK={block} warps={warps}: {ms:.3f} ms", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({**results.provenance(torch.device("cuda")), "rows": rows}, f, indent=1)
+    results.save_rows(rows, args.out, "cuda")
     return 0
 
 

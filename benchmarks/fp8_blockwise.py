@@ -181,9 +181,7 @@ def main(argv=None) -> int:
             r["ms"][f"{tname}_copy_bf16"] = _time(lambda t=t: t.clone())
         rows.append(r)
         print(json.dumps(r, indent=1), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({**results.provenance(torch.device("cuda")), "rows": rows}, f, indent=1)
+    results.save_rows(rows, args.out, "cuda")
     return 0
 
 

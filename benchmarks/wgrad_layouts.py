@@ -14,7 +14,6 @@ random.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
@@ -64,9 +63,7 @@ def main(argv=None) -> int:
                              "tflops": tflops})  # fmt: skip
                 print(f"M={M:<6} {name:<12} {way:<14} {ms:7.3f} ms {tflops:6.0f} TFLOP/s",
                       flush=True)  # fmt: skip
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({**results.provenance(torch.device("cuda")), "rows": rows}, f, indent=1)
+    results.save_rows(rows, args.out, "cuda")
     return 0
 
 

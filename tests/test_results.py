@@ -46,3 +46,15 @@ def test_markdown_table_refuses_a_row_or_alignment_of_the_wrong_length():
         results.markdown_table(["a", "b"], [[1, 2], [3]])
     with pytest.raises(ValueError, match="one 'l' or 'r' per column"):
         results.markdown_table(["a", "b"], [], align="lc")
+
+
+def test_save_rows_writes_provenance_and_rows_only_when_asked(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    rows = [{"rows": 16384, "ms": 1.0}]
+    results.save_rows(rows, None, "cpu")
+    assert list(tmp_path.iterdir()) == []
+    results.save_rows(rows, tmp_path / "out.json", "cpu")
+    saved = json.loads((tmp_path / "out.json").read_text())
+    assert saved["rows"] == rows and saved["device"].startswith("cpu") and "torch" in saved

@@ -130,6 +130,14 @@ def print_and_save(out: dict, path: str | Path | None) -> None:
         Path(path).write_text(text + "\n")
 
 
+def save_rows(rows: list[dict], path: str | Path | None, device: torch.device | str) -> None:
+    """Write a benchmark's measured ``rows`` to ``path`` (its ``--out``; nothing when None) as
+    ``{**provenance(device), "rows": rows}``, indented JSON, replacing the file (the caller named
+    it)."""
+    if path:
+        Path(path).write_text(json.dumps({**provenance(device), "rows": rows}, indent=1) + "\n")
+
+
 def _commit() -> str | None:
     try:
         out = subprocess.run(

@@ -288,38 +288,19 @@ if triton is not None and TRITON_OP_MISSING is None:
             and not _INTERPRETED_AT_IMPORT
             and torch.cuda.get_device_capability(logits.device) >= (9, 0)
         )
+        # the arguments both kernels take; the gradient as uint8 bits without the hardware cast
+        args = (logits, targets, loss, grad if hw_cast else grad.view(torch.uint8))
+        args += (logits.stride(0), IGNORE_INDEX)
+        common = dict(n_cols=V, GRAD_SCALE=FP8_GRAD_SCALE, HW_CAST=hw_cast)
         if ONE_READ_WARPS is not None:
             a, b, c = row_parts(V)
             _ce_row_in_registers_e5m2_kernel[(N,)](
-                logits,
-                targets,
-                loss,
-                grad if hw_cast else grad.view(torch.uint8),
-                logits.stride(0),
-                IGNORE_INDEX,
-                n_cols=V,
-                A=a,
-                B=b,
-                C=c,
-                GRAD_SCALE=FP8_GRAD_SCALE,
-                KEEP_EXP=ONE_READ_KEEP_EXP,
-                HW_CAST=hw_cast,
-                num_warps=ONE_READ_WARPS,
+                *args, **common, A=a, B=b, C=c, KEEP_EXP=ONE_READ_KEEP_EXP, num_warps=ONE_READ_WARPS
             )
-            return loss, grad
-        _ce_fused_e5m2_kernel[(N,)](
-            logits,
-            targets,
-            loss,
-            grad if hw_cast else grad.view(torch.uint8),
-            logits.stride(0),
-            IGNORE_INDEX,
-            n_cols=V,
-            BLOCK=FUSED_BLOCK,
-            GRAD_SCALE=FP8_GRAD_SCALE,
-            HW_CAST=hw_cast,
-            num_warps=FUSED_NUM_WARPS,
-        )
+        else:
+            _ce_fused_e5m2_kernel[(N,)](
+                *args, **common, BLOCK=FUSED_BLOCK, num_warps=FUSED_NUM_WARPS
+            )
         return loss, grad
 
     @_cross_entropy_rows_with_e5m2_grad.register_fake
