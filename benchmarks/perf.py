@@ -94,7 +94,7 @@ VARIANTS = {
     **{name: {} for name in fp8_linears.VARIANTS},
     # c_attn's backward: dq, dk, dv concatenated and summed for the bias in one kernel launched
     # from a traced triton_op (torch.compile copies cuDNN's gradients in front of it)
-    "qkv-grad": {},
+    "qkv-grad": {"qkv_grad": True},
     # the same kernel from an opaque custom op (rung "+ one-pass QKV grad"), and the last rung
     # without it
     "qkv-grad-opaque": {"qkv_grad": True},

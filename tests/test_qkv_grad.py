@@ -41,33 +41,34 @@ CHECK = textwrap.dedent(
         assert torch.equal(out, ref), f"the concatenation ({order})"
         assert torch.allclose(colsum, ref.float().sum(0), rtol=1e-5, atol=1e-4), "column sums"
 
-    # 2. the attention with qkv_heads (the traced op, and the rung's module with the opaque op)
-    # against CausalSelfAttention's own forward: same output, same gradients for x, c_attn's weight
-    # and bias (bf16 matmuls in both, as under autocast)
+    # 2. the rung's attention module, with the kernel from the opaque op and from the traced op,
+    # against CausalSelfAttention without the rung: same output, same gradients for x, c_attn's
+    # weight and bias (bf16 matmuls in both, as under autocast)
     cfg = GPTConfig(block_size=32, vocab_size=64, n_layer=1, n_head=4, n_embd=256)
     attn = CausalSelfAttention(cfg, attention="sdpa").to(device)
     rung = CausalSelfAttention(cfg, attention="sdpa", qkv_grad=True).to(device)
     rung.load_state_dict(attn.state_dict())
     x = torch.randn(2, 32, 256, device=device, requires_grad=True)
 
-    def run(module, forward):
+    def run(module):
         module.zero_grad()
         x.grad = None
         with torch.autocast(device, dtype=torch.bfloat16):
-            y = forward(module, x)
+            y = module(x)
         (y.float() * torch.linspace(-1, 1, y.numel(), device=device).view_as(y)).sum().backward()
         w = module.c_attn
         return y.float(), x.grad.clone(), w.weight.grad.clone(), w.bias.grad
 
-    plain = run(attn, CausalSelfAttention.forward)
-    for name, module, forward in (("traced", attn, qkv_grad.attention_forward),
-                                  ("rung", rung, CausalSelfAttention.forward)):
-        fused = run(module, forward)
+    plain = run(attn)
+    for name, opaque in (("opaque", True), ("traced", False)):
+        qkv_grad.OPAQUE = opaque
+        fused = run(rung)
         if BREAK == "bias":
             fused = (*fused[:3], fused[3] * 1.01)
         for what, a, b in zip(("output", "dx", "dW", "db"), fused, plain):
             err = ((a - b).norm() / b.norm()).item()
             assert err < 5e-3, f"{name} {what}: relative error {err:.2e}"
+    qkv_grad.OPAQUE = True
     print("OK")
     """
 )

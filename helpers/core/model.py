@@ -146,7 +146,7 @@ class CausalSelfAttention(nn.Module):
         if qkv_grad:  # rung "+ one-pass QKV grad" (GPT checks its requirements)
             from helpers.core.kernels import qkv_grad as one_pass  # imports Triton: only here
 
-            self.one_pass_forward = one_pass.attention_forward
+            self.one_pass_heads = one_pass.qkv_heads
         if attention == "manual":
             mask = torch.tril(torch.ones(config.block_size, config.block_size, dtype=torch.bool))
             self.register_buffer("causal_mask", mask, persistent=False)
@@ -163,17 +163,19 @@ class CausalSelfAttention(nn.Module):
         return self.c_attn(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.qkv_grad and _bf16_autocast(x.device.type):
-            # the same function; c_attn's backward concatenates dq, dk, dv at once. Its c_attn is a
-            # bf16 matmul, as bf16 autocast's: without that autocast (generation after training,
-            # fp32 evaluation) the plain path below computes the function in the caller's dtype
-            return self.one_pass_forward(self, x, opaque=True)  # (B, T, C)
         B, T, C = x.size()  # (B, T, C)
-        q, k, v = self._qkv(x).split(self.n_embd, dim=2)  # 3 x (B, T, C)
-        hs = C // self.n_head
-        q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        if self.qkv_grad and _bf16_autocast(x.device.type):
+            # the same q, k, v; c_attn's backward concatenates dq, dk, dv at once. Its c_attn is a
+            # bf16 matmul, as bf16 autocast's: without that autocast (generation after training,
+            # fp32 evaluation) the plain path below computes them in the caller's dtype
+            w, b = self.c_attn.weight, self.c_attn.bias
+            q, k, v = self.one_pass_heads(x, w, b, self.n_head)  # 3 x (B, nh, T, hs) bf16
+        else:
+            q, k, v = self._qkv(x).split(self.n_embd, dim=2)  # 3 x (B, T, C)
+            hs = C // self.n_head
+            q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+            k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+            v = v.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         y = self.attend(q, k, v)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.c_proj(y))

@@ -22,7 +22,7 @@ per step) and its partial sums' reduction (+0.16) replace inductor's two kernels
 ms in the kernels it replaces, no copy added.
 
 :func:`qkv_heads` is ``c_attn`` plus the split into heads, as an autograd Function whose backward
-calls the kernel; :func:`attention_forward` is ``CausalSelfAttention.forward`` with it.
+calls the kernel; ``CausalSelfAttention`` calls it in place of ``c_attn`` when the rung is on.
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ import torch
 
 from helpers.core.kernels._triton import TRITON_OP_MISSING, launch, tl, triton
 
+# The rung launches the kernel from the opaque custom op; False: from the traced triton_op
+# (benchmarks/perf.py's variant qkv-grad, the record of why the op must be opaque)
+OPAQUE = True
 ROWS = 64  # rows per program: its column sums are one partial-sum row
 COLS = 256  # columns per inner step (768 = 3 x 256 for GPT-2 124M)
 
@@ -183,26 +186,16 @@ class _QKVHeads(torch.autograd.Function):
         return dx, dw, db.to(b_dtype), None, None
 
 
-def qkv_heads(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, n_head: int, opaque: bool = False):
+def qkv_heads(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, n_head: int, opaque: bool | None = None
+):
     """``c_attn`` (bf16 matmul, as under autocast) and the split into heads: q, k, v, each
     (B, n_head, T, C / n_head) bf16, from x (B, T, C), w (3C, C), b (3C,); the backward runs
-    :func:`qkv_grad_cat` (``opaque`` as there)."""
-    return _QKVHeads.apply(x, w, b, n_head, opaque)
-
-
-def attention_forward(self, x: torch.Tensor, opaque: bool = False) -> torch.Tensor:
-    """``CausalSelfAttention.forward`` with :func:`qkv_heads` for ``c_attn`` and the split."""
-    B, T, C = x.size()
-    q, k, v = qkv_heads(x, self.c_attn.weight, self.c_attn.bias, self.n_head, opaque)
-    y = self.attend(q, k, v)  # (B, nh, T, hs)
-    y = y.transpose(1, 2).contiguous().view(B, T, C)
-    return self.resid_dropout(self.c_proj(y))
+    :func:`qkv_grad_cat` (``opaque`` as there; None: :data:`OPAQUE`)."""
+    return _QKVHeads.apply(x, w, b, n_head, OPAQUE if opaque is None else opaque)
 
 
 def experiment() -> contextlib.AbstractContextManager:
-    """``benchmarks/perf.py``'s variant ``qkv-grad``: every block's attention uses
-    :func:`attention_forward` with the traced ``triton_op`` (not the rung's opaque op) while the
-    context is open."""
-    from helpers.core.model import CausalSelfAttention
-
-    return mock.patch.object(CausalSelfAttention, "forward", attention_forward)
+    """``benchmarks/perf.py``'s variant ``qkv-grad``: the rung's kernel launched from the traced
+    ``triton_op`` instead of the opaque op while the context is open."""
+    return mock.patch(f"{__name__}.OPAQUE", False)
