@@ -49,6 +49,11 @@ def main(argv=None) -> int:
         return 2
     op = fused_ce._cross_entropy_rows_with_e5m2_grad
     rows = []
+
+    def add(row: dict) -> None:  # written after each config, so a call cut short keeps its rows
+        rows.append(row)
+        results.save_rows(rows, args.out, "cuda")
+
     for N in args.rows:
         logits = (torch.randn(N, V, device="cuda") * 2).to(torch.bfloat16)
         targets = torch.randint(0, V, (N,), device="cuda")
@@ -56,7 +61,7 @@ def main(argv=None) -> int:
         with mock.patch.object(fused_ce, "ONE_READ_WARPS", None):
             ref_loss, ref_grad = op(logits, targets)
             ms = bench(lambda: op(logits, targets))  # noqa: B023
-        rows.append({"rows": N, "kernel": "two reads", "warps": fused_ce.FUSED_NUM_WARPS,
+        add({"rows": N, "kernel": "two reads", "warps": fused_ce.FUSED_NUM_WARPS,
                      "ms": ms, "GB_per_s_3_bytes": moved / ms / 1e6})  # fmt: skip
         print(f"N={N} two reads ({fused_ce.FUSED_NUM_WARPS} warps): {ms:.3f} ms", flush=True)
         for warps, keep in CONFIGS:
@@ -66,8 +71,8 @@ def main(argv=None) -> int:
                     loss, grad = op(logits, targets)
                     torch.cuda.synchronize()
                 except Exception as e:  # e.g. out of registers or shared memory at this config
-                    rows.append({"rows": N, "kernel": "one read", "warps": warps,
-                                 "keep_exp": keep, "error": repr(e)[:300]})  # fmt: skip
+                    add({"rows": N, "kernel": "one read", "warps": warps,
+                         "keep_exp": keep, "error": repr(e)[:300]})  # fmt: skip
                     print(f"N={N} one read, {warps} warps, keep_exp={keep}: {e!r}"[:300])
                     continue
                 assert torch.allclose(loss, ref_loss, rtol=1e-5, atol=1e-5), "loss differs"
@@ -75,13 +80,12 @@ def main(argv=None) -> int:
                 equal = (a == b).float().mean().item()
                 assert (a - b).abs().max().item() <= 1 and equal > 0.999, equal
                 ms = bench(lambda: op(logits, targets))  # noqa: B023
-            rows.append({"rows": N, "kernel": "one read", "warps": warps, "keep_exp": keep,
+            add({"rows": N, "kernel": "one read", "warps": warps, "keep_exp": keep,
                          "ms": ms, "bytes_equal": equal,
                          "GB_per_s_3_bytes": moved / ms / 1e6})  # fmt: skip
             gbs = moved / ms / 1e6
             print(f"N={N} one read, {warps} warps, keep_exp={keep}: {ms:.3f} ms "
                   f"({gbs:.0f} GB/s, {equal:.6f} bytes equal)", flush=True)  # fmt: skip
-    results.save_rows(rows, args.out, "cuda")
     return 0
 
 
