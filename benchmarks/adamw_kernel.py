@@ -78,6 +78,8 @@ def sweep(steps_checked: int = 3) -> dict:
         opt = _optimizer(kind, params)
         opt.grad_scale = scale
         for _ in range(steps_checked):
+            for p, g in zip(params, grads):  # fused AdamW divided the last step's in place
+                p.grad = g.clone()
             opt.step()
         after = [p.detach().clone() for p in params]
         return do_bench(opt.step, warmup=10, rep=200), after
