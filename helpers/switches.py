@@ -143,12 +143,17 @@ SWITCHES: tuple[Switch, ...] = (
     Switch(
         "optimizer",
         "foreach",
-        (("+ fused AdamW", "fused"),),
+        (("+ fused AdamW", "fused"), ("+ Triton AdamW", "triton")),
         "12",
         {
             "fused": (
                 "on CUDA (and CPU) with many parameter tensors: one fused AdamW kernel instead of "
                 "several per step; small once the step is compiled and the batch is large"
+            ),
+            "triton": (
+                "on a CUDA GPU with Triton: one launch per parameter group that streams each "
+                "tensor at a copy's speed, and no clipped gradients written back; the update "
+                "is PyTorch's AdamW, element for element"
             ),
         },
         "AdamW: fused where available, else foreach; the for-loop version only for debugging",
@@ -350,6 +355,7 @@ RUNG_ORDER = (
     "+ fp8 MLP",
     "+ CUDA graphs",
     "+ one-pass QKV grad",
+    "+ Triton AdamW",
 )
 
 

@@ -68,6 +68,30 @@ CHECK = textwrap.dedent(
     want.step()
     assert max((r - m).abs().max().item() for r, m in zip(ref, mine)) < 1e-6
 
+    # behind a GradScaler (a T4's fp16 path): PyTorch's generic unscale_, then step(); a step
+    # whose gradients hold an inf is skipped by both
+    def scaled_steps(make):
+        ps = [p.clone().requires_grad_() for p in start]
+        opt = make(groups(ps))
+        scaler = torch.amp.GradScaler(device, init_scale=2.0**10)
+        for step in range(4):
+            loss = sum((p * p * (i + 1)).sum() for i, p in enumerate(ps)) * (step + 1)
+            if step == 1:
+                loss = loss * float("inf")
+            opt.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            scaler.step(opt)
+            scaler.update()
+        return ps, scaler.get_scale()
+    (a, scale_a), (b, scale_b) = (
+        scaled_steps(lambda g: torch.optim.AdamW(g, foreach=False, **kw)),
+        scaled_steps(lambda g: adamw.TritonAdamW(g, **kw)),
+    )
+    assert scale_a == scale_b == 2.0**9, (scale_a, scale_b)  # one skipped step halved it
+    err = max((x - y).abs().max().item() for x, y in zip(a, b))
+    assert err < 1e-6, f"behind a GradScaler the weights differ by {err:.2e}"
+
     # in the trainer: optimizer="triton" with the fused clip is fused AdamW's update
     adamw.BLOCK = 8192  # the interpreter runs one program at a time: few, large ones
     def train_steps(run):

@@ -115,7 +115,7 @@ def test_recipe_for_ampere_and_hopper_uses_bf16_and_tf32():
         assert (d["autocast"], d["matmul_precision"], d["optimizer"]) == (
             "bf16",
             "tf32",
-            "fused",
+            "triton",
         ), key
 
 

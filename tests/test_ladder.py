@@ -29,6 +29,7 @@ def test_rungs_are_cumulative_and_skip_what_the_cpu_cannot_run(monkeypatch):
         "+ fp8 MLP",
         "+ CUDA graphs",
         "+ one-pass QKV grad",
+        "+ Triton AdamW",
     ]
     reasons = dict((c.name, r) for c, r in configs)
     assert "TF32" in reasons["+ tf32"]
@@ -42,7 +43,8 @@ def test_rungs_are_cumulative_and_skip_what_the_cpu_cannot_run(monkeypatch):
     assert "CUDA graphs: CUDA only" in reasons["+ CUDA graphs"]
     skipped = ("+ tf32", "+ Triton CE", "+ fused LM-head CE", "+ fp8 LM head", "+ fp8 MLP")
     assert "QKV gradient kernel cannot run" in reasons["+ one-pass QKV grad"]
-    skipped += ("+ CUDA graphs", "+ one-pass QKV grad")
+    assert "Triton AdamW kernel cannot run" in reasons["+ Triton AdamW"]
+    skipped += ("+ CUDA graphs", "+ one-pass QKV grad", "+ Triton AdamW")
     assert all(r is None for n, r in reasons.items() if n not in skipped)
     last = [c for c, r in configs if r is None][-1]
     # TF32 and the Triton kernels were skipped, so they are not carried into later rungs;
@@ -66,13 +68,13 @@ def test_rungs_are_cumulative_and_skip_what_the_cpu_cannot_run(monkeypatch):
 def test_gpu_ladder_carries_every_switch():
     configs = ladder.ladder_configs(16, 1024)
     assert configs[-1][0] == RunConfig(
-        name="+ one-pass QKV grad",
+        name="+ Triton AdamW",
         matmul_precision="tf32",
         autocast="bf16",
         compile="reduce-overhead",
         attention="sdpa",
         vocab_multiple=64,
-        optimizer="fused",
+        optimizer="triton",
         batch_size=16,
         seq_len=1024,
         residual_dtype="bf16",
@@ -95,11 +97,11 @@ def test_fp8_rung_is_skipped_below_compute_capability_8_9(monkeypatch):
     assert all("8.9" in reasons[n] and "8.0" in reasons[n] for n in fp8_rungs)
     assert all(r is None for n, r in reasons.items() if n not in fp8_rungs)
     last = ladder.last_runnable(16, 1024, "cuda")
-    assert last.name == "+ one-pass QKV grad" and not last.lm_head_fp8 and not last.mlp_fp8
+    assert last.name == "+ Triton AdamW" and not last.lm_head_fp8 and not last.mlp_fp8
     assert last.loss_kernel == "fused" and last.compile == "reduce-overhead"
     _fake_cuda(monkeypatch, (9, 0))  # an H100 / H200
     last = ladder.last_runnable(16, 1024, "cuda")
-    assert last.name == "+ one-pass QKV grad" and last.lm_head_fp8 and last.mlp_fp8
+    assert last.name == "+ Triton AdamW" and last.lm_head_fp8 and last.mlp_fp8
 
 
 def test_last_runnable_taught_by_stops_before_the_first_later_chapters_switch(monkeypatch):
@@ -317,7 +319,8 @@ def test_last_runnable_rung_is_what_a_t4_can_build(monkeypatch):
     run = ladder.last_runnable(16, 1024, "cuda")
     assert (
         train.unsupported_reason(run, "cuda") is None
-        and run.name == "+ CUDA graphs"
+        and run.name == "+ Triton AdamW"
+        and run.optimizer == "triton"
         and not run.qkv_grad
         and run.compile == "reduce-overhead"
         and run.autocast == "fp16"
@@ -341,7 +344,7 @@ def test_cuda_graphs_rung_follows_the_compile_mode(monkeypatch):
     for mode in ("reduce-overhead", "max-autotune"):
         compiled, (graphs, reason) = modes(mode)["+ torch.compile"], modes(mode)["+ CUDA graphs"]
         assert compiled == (mode, None) and graphs == mode and "already uses CUDA graphs" in reason
-        assert ladder.last_runnable(16, 1024, "cuda", mode).name == "+ one-pass QKV grad"
+        assert ladder.last_runnable(16, 1024, "cuda", mode).name == "+ Triton AdamW"
 
 
 def test_autocast_rung_stays_bf16_where_it_is_native(monkeypatch):

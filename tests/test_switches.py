@@ -29,6 +29,7 @@ LADDER_BEFORE_THE_REGISTRY = [
     ("+ fp8 MLP", dict(mlp_fp8=True)),
     ("+ CUDA graphs", dict(compile="reduce-overhead")),  # the compile switch's second rung
     ("+ one-pass QKV grad", dict(qkv_grad=True)),
+    ("+ Triton AdamW", dict(optimizer="triton")),  # the optimizer switch's second rung
 ]
 
 

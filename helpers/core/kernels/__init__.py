@@ -1,5 +1,5 @@
 """Hand-written Triton kernels for the LM head, its cross-entropy, the MLP, the attention's QKV
-gradient and AdamW: five rungs and one experiment.
+gradient and AdamW: six rungs.
 
 One file per mechanism, each explained at its top:
 
@@ -15,7 +15,7 @@ One file per mechanism, each explained at its top:
   in fp8 with the GELU and its casts in two one-pass kernels.
 - ``qkv_grad.py``, rung "+ one-pass QKV grad": :func:`qkv_grad.qkv_grad_cat`, dq, dk, dv
   concatenated into ``c_attn``'s gradient and summed for its bias gradient in one read.
-- ``adamw.py``, ``RunConfig(optimizer="triton")`` (an experiment, no rung):
+- ``adamw.py``, rung "+ Triton AdamW" (``RunConfig(optimizer="triton")``):
   :class:`adamw.TritonAdamW`, AdamW in one launch per parameter group.
 - ``_triton.py``: the Triton import (``triton`` is None without the package), :func:`available`,
   :data:`TRITON_OP_MISSING` and the launch that ``torch.compile`` traces.

@@ -1,5 +1,6 @@
-"""AdamW in one Triton kernel over all of a parameter group's tensors at once (an experiment of
-issue 24; ``benchmarks/adamw_kernel.py`` measures it against PyTorch's fused AdamW).
+"""Rung "+ Triton AdamW" (``RunConfig(optimizer="triton")``): AdamW in one Triton kernel over all of
+a parameter group's tensors at once (``benchmarks/adamw_kernel.py`` measures it against PyTorch's
+fused AdamW).
 
 AdamW moves 28 bytes per fp32 parameter each step: it reads the weight, its gradient and the two
 moments (16 B) and writes the weight and the moments back (12 B); 3.49 GB for GPT-2 124M's 124.5M
@@ -12,8 +13,10 @@ every program streams ``BLOCK`` contiguous elements of one tensor, whatever the 
 Measured alone on an H100 (``benchmarks/adamw_kernel.py``, torch 2.11,
 results/h100-adamw-kernel-2026-12-07.json): 1.17 ms per step at ``BLOCK=1024`` with 16 warps (3.0
 TB/s, a copy's speed there) against fused AdamW's 1.53 ms; larger blocks were slower (4096 with 8
-warps: 2.10 ms). Not yet measured in the step at that config (perf.py variant ``adamw-triton``); not
-a rung.
+warps: 2.10 ms). In the step, on the same H100 (``benchmarks/perf.py --variants final
+final+adamw-triton``, results/h100-perf-adamw-triton-2026-12-07.json), the optimizer's kernels took
+1.40 instead of 1.77 ms per B=64 step and 1.38 instead of 1.74 at B=16; the step 30.0 -> 29.6 ms
+at B=16, at B=64 inside the run-to-run change of the matmuls.
 
 The update is PyTorch's (``torch.optim.AdamW``, decoupled weight decay, Loshchilov & Hutter 2019,
 https://arxiv.org/abs/1711.05101, algorithm 2), in fp32 for each element::
