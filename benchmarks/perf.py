@@ -107,10 +107,6 @@ VARIANTS = {
     "gelu-no-prefetch": {},
     # the fp8 LM head's transposes autotuned over only the 64 x 64-byte tile with 4 warps
     "transpose-tile-64": {},
-    # the fp8 LM head's cross-entropy reading each row once from registers, at W warps per row
-    # (-keep: exp(x - max) kept for the gradient); ce-two-reads: the kernel that reads it twice
-    **{f"ce-one-read-{w}{keep}": {} for w in (4, 8, 16, 32) for keep in ("", "-keep")},
-    "ce-two-reads": {},
 }
 FUSED_CHUNKS = {
     "fused-unchunked": None,
@@ -175,16 +171,6 @@ def experiment(name: str):
         from helpers.core.kernels import fused_ce
 
         return mock.patch.object(fused_ce, "E5M2_HARDWARE_CAST", False)
-    if name.startswith("ce-one-read-") or name == "ce-two-reads":
-        from unittest import mock
-
-        from helpers.core.kernels import fused_ce
-
-        parts = name.split("-")
-        warps = None if name == "ce-two-reads" else int(parts[3])
-        return mock.patch.multiple(
-            fused_ce, ONE_READ_WARPS=warps, ONE_READ_KEEP_EXP=parts[-1] == "keep"
-        )
     if name in FUSED_CHUNKS:
         from unittest import mock
 

@@ -200,44 +200,31 @@ FP8_CHECK = textwrap.dedent(
     from helpers.core.kernels import fp8, fused_ce
     device = sys.argv[1]
     torch.manual_seed(0)
-    # 1. the kernel's gradient bits: (softmax - onehot) * 2**15 rounded to e5m2 as torch rounds it,
-    # from the kernel that reads each row twice (ONE_READ_WARPS None) and from the one that holds
-    # the row in registers, keeping exp(x - max) or not; 50304 columns take all three row parts
-    default = fused_ce.ONE_READ_WARPS, fused_ce.ONE_READ_KEEP_EXP
-    for V in (4100, 50304):
-        logits = torch.randn(37 if V < 8192 else 5, V, device=device) * 4
-        t = torch.randint(0, V, (logits.shape[0],), device=device)
-        t[3] = kernels.IGNORE_INDEX
-        ref = (torch.softmax(logits, -1) - F.one_hot(t.clamp(min=0), V)) * fp8.FP8_GRAD_SCALE
-        ref[3] = 0
-        ref8 = ref.to(torch.float8_e5m2)
-        for kernel in ((None, False), (8, False), (8, True)):
-            fused_ce.ONE_READ_WARPS, fused_ce.ONE_READ_KEEP_EXP = kernel
-            loss_rows, g8 = fused_ce._cross_entropy_rows_with_e5m2_grad(logits, t)
-            assert g8.dtype == torch.float8_e5m2 and g8.shape == logits.shape
-            # the kernel's softmax is computed differently from torch's: a value within fp32
-            # rounding of an e5m2 rounding boundary may land on the other side (then one e5m2 step
-            # apart); anything more is a bug
-            differ = (g8.view(torch.uint8) != ref8.view(torch.uint8))
-            assert differ.float().mean().item() < 1e-4, (V, kernel, differ.float().mean().item())
-            step = (g8.view(torch.uint8).int() - ref8.view(torch.uint8).int()).abs()
-            assert step.max().item() <= 1, (V, kernel, step.max().item())
-            want = F.cross_entropy(logits, t, reduction="none")
-            assert torch.allclose(loss_rows, want, atol=1e-5), (V, kernel)
-            if device == "cuda":  # the GPU's own e5m2 conversion and the written-out rounding agree
-                hardware_cast = fused_ce.E5M2_HARDWARE_CAST
-                fused_ce.E5M2_HARDWARE_CAST = False
-                try:
-                    g8_bits = fused_ce._cross_entropy_rows_with_e5m2_grad(logits, t)[1]
-                finally:
-                    fused_ce.E5M2_HARDWARE_CAST = hardware_cast
-                assert torch.equal(g8_bits.view(torch.uint8), g8.view(torch.uint8)), (V, kernel)
-        # a row of -inf logits: nan where F.cross_entropy is nan, but an ignored one gets zeros
-        inf_rows = torch.full((2, 5), float("-inf"), device=device).to(torch.bfloat16)
-        g8 = fused_ce._cross_entropy_rows_with_e5m2_grad(inf_rows, torch.tensor([-100, 2],
-                                                         device=device))[1]
-        assert not g8[0].view(torch.uint8).any(), (kernel, g8[0].view(torch.uint8))
-    fused_ce.ONE_READ_WARPS, fused_ce.ONE_READ_KEEP_EXP = default
+    # 1. the kernel's gradient bits: (softmax - onehot) * 2**15 rounded to e5m2 as torch rounds it
+    logits = torch.randn(37, 4100, device=device) * 4
+    t = torch.randint(0, 4100, (37,), device=device)
+    t[3] = kernels.IGNORE_INDEX
+    loss_rows, g8 = fused_ce._cross_entropy_rows_with_e5m2_grad(logits, t)
+    assert g8.dtype == torch.float8_e5m2 and g8.shape == logits.shape
+    ref = (torch.softmax(logits, -1) - F.one_hot(t.clamp(min=0), 4100)) * fp8.FP8_GRAD_SCALE
+    ref[3] = 0
+    ref8 = ref.to(torch.float8_e5m2)
+    # the kernel's softmax is computed differently from torch's: a value within fp32 rounding of an
+    # e5m2 rounding boundary may land on the other side (then one e5m2 step apart); anything more is
+    # a bug
+    differ = (g8.view(torch.uint8) != ref8.view(torch.uint8))
+    assert differ.float().mean().item() < 1e-4, differ.float().mean().item()
+    step = (g8.view(torch.uint8).int() - ref8.view(torch.uint8).int()).abs()
+    assert step.max().item() <= 1, step.max().item()
+    assert torch.allclose(loss_rows, F.cross_entropy(logits, t, reduction="none"), atol=1e-5)
+    if device == "cuda":  # the GPU's own e5m2 conversion and the written-out rounding agree
+        hardware_cast = fused_ce.E5M2_HARDWARE_CAST
+        fused_ce.E5M2_HARDWARE_CAST = False
+        try:
+            g8_bits = fused_ce._cross_entropy_rows_with_e5m2_grad(logits, t)[1]
+        finally:
+            fused_ce.E5M2_HARDWARE_CAST = hardware_cast
+        assert torch.equal(g8_bits.view(torch.uint8), g8.view(torch.uint8))
     # 2. the transpose, on shapes that are and are not multiples of its tiles: autotuned, and at
     # each tile config (every autotune config on a GPU; two in the interpreter, which cannot time)
     tiles = (fp8.TRANSPOSE_CONFIGS if device == "cuda"
@@ -337,8 +324,6 @@ FP8_BUGS = {
     "transpose": "_t = fused_ce.transpose_fp8\n"
     "fused_ce.transpose_fp8 = lambda a: "
     "torch.cat([_t(a)[:, :-1], torch.zeros_like(_t(a)[:, :1])], 1)",
-    # the one-read kernel's row without its last part (50304 columns: its last 1152)
-    "row_parts": "_rp = fused_ce.row_parts\nfused_ce.row_parts = lambda n: _rp(n)[:2] + (0,)",
 }
 
 
@@ -346,11 +331,12 @@ FP8_BUGS = {
 @needs_cpu_fp8
 @pytest.mark.parametrize("bug", sorted(FP8_BUGS))
 def test_a_wrong_fp8_lm_head_fails_its_check(bug):
-    """The fp8 check can fail: a gradient at twice its scale, a transpose that drops data, or a
-    one-read CE kernel that drops the last part of its row is caught."""
-    # the one-read kernel's bug before section 1 (its only check), the others before section 3
-    anchor = "# 1. the kernel's" if bug == "row_parts" else "fused_ce.FUSED_CHUNK_ROWS = 16\n"
-    broken = FP8_CHECK.replace(anchor, FP8_BUGS[bug] + "\n" + anchor)
+    """The fp8 check can fail: a gradient at twice its scale, or a transpose that drops data,
+    is caught."""
+    broken = FP8_CHECK.replace(
+        "\nfused_ce.FUSED_CHUNK_ROWS = 16\n",
+        "\nfused_ce.FUSED_CHUNK_ROWS = 16\n" + FP8_BUGS[bug] + "\n",
+    )
     assert broken != FP8_CHECK
     out = run_fp8_check(broken)
     assert out.returncode != 0 and "AssertionError" in out.stderr, out.stderr[-2000:]
@@ -650,27 +636,3 @@ def test_fp8_lm_head_needs_the_fused_loss_and_fp8_tensor_cores(monkeypatch):
         kernels.linear_cross_entropy(
             torch.zeros(0, 16), torch.zeros(32, 16), torch.zeros(0, dtype=torch.int64), fp8=True
         )
-
-
-def test_row_parts_cover_a_row_with_little_padding():
-    """The one-read CE kernel's row blocks: powers of two (or 0) that cover the row, padding less
-    than the last block, and 50304 as (32768, 16384, 2048)."""
-    assert fused_ce.row_parts(50304) == (32768, 16384, 2048)
-    for n in [*range(1, 2100), 50257, 50304, 65536]:
-        parts = fused_ce.row_parts(n)
-        assert all(p == 0 or p & (p - 1) == 0 for p in parts), (n, parts)
-        assert n <= sum(parts) < n + max(parts[2], 1), (n, parts)
-    with pytest.raises(ValueError, match="at least one column"):
-        fused_ce.row_parts(0)
-    for bad in (2.0, True, "7", None):
-        with pytest.raises(TypeError, match="an int"):
-            fused_ce.row_parts(bad)
-
-
-@needs_triton
-@pytest.mark.parametrize("warps", [0, 3, 64, True, "4", 4.5])
-def test_one_read_warps_must_be_a_power_of_two_up_to_32(monkeypatch, warps):
-    monkeypatch.setattr(fused_ce, "ONE_READ_WARPS", warps)
-    logits, targets = torch.zeros(2, 8, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.int64)
-    with pytest.raises(ValueError, match="ONE_READ_WARPS must be None or a power of two"):
-        fused_ce._cross_entropy_rows_with_e5m2_grad(logits, targets)

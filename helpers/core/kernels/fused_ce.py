@@ -48,35 +48,6 @@ FUSED_CHUNK_ROWS: int | None = 32768
 # took 2.07 ms with it and 2.85 ms with _e5m2_bits; False runs _e5m2_bits everywhere
 # (benchmarks/perf.py's variant software-e5m2).
 E5M2_HARDWARE_CAST = True
-# Warps of the fp8 LM head's one-read kernel (_ce_row_in_registers_e5m2_kernel), which holds a
-# whole row of logits in its registers and so reads it from memory once instead of twice
-# (benchmarks/ce_one_read.py); None: the two-read kernel (_ce_fused_e5m2_kernel).
-ONE_READ_WARPS: int | None = None
-# The one-read kernel keeps exp(x - max) of its row in fp32 registers for the gradient (True)
-# instead of computing the exponentials again from the logits (False).
-ONE_READ_KEEP_EXP = False
-
-
-def row_parts(n_cols: int) -> tuple[int, int, int]:
-    """(A, B, C): powers of two (or 0) whose blocks, one after the other, cover a row of ``n_cols``
-    columns with little padding, for a kernel that holds the whole row (Triton's blocks are powers
-    of two): A the largest power of two <= n_cols, B the largest <= what is left, C the smallest
-    >= what is then left. 50304 -> (32768, 16384, 2048): 51200 columns, 1.8% masked.
-
-    Raises:
-        TypeError: n_cols not an int.
-        ValueError: n_cols < 1.
-    """
-    if not isinstance(n_cols, int) or isinstance(n_cols, bool):
-        raise TypeError(f"n_cols must be an int >= 1, got {n_cols!r}")
-    if n_cols < 1:
-        raise ValueError(f"a row needs at least one column, got n_cols={n_cols}")
-    a = 1 << (n_cols.bit_length() - 1)
-    rest = n_cols - a
-    b = 1 << (rest.bit_length() - 1) if rest else 0
-    rest -= b
-    c = 1 << (rest - 1).bit_length() if rest else 0
-    return a, b, c
 
 
 if triton is not None and TRITON_OP_MISSING is None:
@@ -183,87 +154,6 @@ if triton is not None and TRITON_OP_MISSING is None:
             else:
                 tl.store(grad_ptr + row * n_cols + idx, _e5m2_bits(g), mask=mask)
 
-    @triton.jit
-    def _row_part(row_ptr, start, PART: tl.constexpr, n_cols: tl.constexpr):
-        # columns start .. start + PART - 1 of a row in the logits' dtype (bf16 takes half the
-        # registers of fp32), -3e38 past its end, and their indices
-        idx = start + tl.arange(0, PART)
-        return tl.load(row_ptr + idx, mask=idx < n_cols, other=-3.0e38), idx
-
-    @triton.jit
-    def _part_grad_e5m2(
-        grad_row_ptr, idx, p, target, keep, n_cols: tl.constexpr, HW_CAST: tl.constexpr
-    ):
-        # (p - [j == target]) * keep, p = softmax(x)_j, as float8_e5m2 (HW_CAST: by the GPU's
-        # conversion, else as bits by _e5m2_bits, grad_row_ptr then pointing at uint8); an ignored
-        # row (keep 0) gets zeros even where p is nan (a row of -inf logits)
-        g = tl.where(keep == 0.0, 0.0, (p - tl.where(idx == target, 1.0, 0.0)) * keep)
-        if HW_CAST:
-            tl.store(grad_row_ptr + idx, g.to(tl.float8e5), mask=idx < n_cols)
-        else:
-            tl.store(grad_row_ptr + idx, _e5m2_bits(g), mask=idx < n_cols)
-
-    @triton.jit
-    def _ce_row_in_registers_e5m2_kernel(
-        logits_ptr,
-        targets_ptr,
-        loss_ptr,
-        grad_ptr,
-        row_stride,
-        ignore_index,
-        n_cols: tl.constexpr,
-        A: tl.constexpr,
-        B: tl.constexpr,
-        C: tl.constexpr,
-        GRAD_SCALE: tl.constexpr,
-        KEEP_EXP: tl.constexpr,
-        HW_CAST: tl.constexpr,
-    ):
-        # _ce_fused_e5m2_kernel with the row read from memory once: the whole row is loaded into
-        # registers as blocks of A, B and C columns (row_parts; B or C may be 0), its max and sum
-        # of exp taken from there, and the gradient written from there: 3 bytes of traffic per
-        # bf16 logit instead of 5. The gradient is exp(x - lse), as the two-read kernel's, from
-        # the logits still in registers; KEEP_EXP keeps exp(x - max) in fp32 instead and scales it
-        # by 1 / sum (more registers, half the exponentials).
-        row = tl.program_id(0).to(tl.int64)
-        row_ptr = logits_ptr + row * row_stride
-        xa, ia = _row_part(row_ptr, 0, A, n_cols)
-        m = tl.max(xa.to(tl.float32), axis=0)
-        if B > 0:
-            xb, ib = _row_part(row_ptr, A, B, n_cols)
-            m = tl.maximum(m, tl.max(xb.to(tl.float32), axis=0))
-        if C > 0:
-            xc, ic = _row_part(row_ptr, A + B, C, n_cols)
-            m = tl.maximum(m, tl.max(xc.to(tl.float32), axis=0))
-        ea = tl.exp(xa.to(tl.float32) - m)
-        s = tl.sum(ea, axis=0)
-        if B > 0:
-            eb = tl.exp(xb.to(tl.float32) - m)
-            s += tl.sum(eb, axis=0)
-        if C > 0:
-            ec = tl.exp(xc.to(tl.float32) - m)
-            s += tl.sum(ec, axis=0)
-        log_s = tl.log(s)
-        lse = m + log_s
-        target = tl.load(targets_ptr + row)
-        in_range = (target >= 0) & (target < n_cols)
-        x_target = tl.load(row_ptr + tl.where(in_range, target, 0)).to(tl.float32)
-        loss = (m - x_target) + log_s  # = lse - x_target, without rounding lse at the size of m
-        loss = tl.where(target == ignore_index, 0.0, tl.where(in_range, loss, float("nan")))
-        tl.store(loss_ptr + row, loss)
-        keep = tl.where(target != ignore_index, GRAD_SCALE, 0.0)
-        keep = tl.where(in_range | (target == ignore_index), keep, float("nan"))
-        inv_s = 1.0 / s
-        grad_row_ptr = grad_ptr + row * n_cols
-        pa = ea * inv_s if KEEP_EXP else tl.exp(xa.to(tl.float32) - lse)
-        _part_grad_e5m2(grad_row_ptr, ia, pa, target, keep, n_cols, HW_CAST)
-        if B > 0:
-            pb = eb * inv_s if KEEP_EXP else tl.exp(xb.to(tl.float32) - lse)
-            _part_grad_e5m2(grad_row_ptr, ib, pb, target, keep, n_cols, HW_CAST)
-        if C > 0:
-            pc = ec * inv_s if KEEP_EXP else tl.exp(xc.to(tl.float32) - lse)
-            _part_grad_e5m2(grad_row_ptr, ic, pc, target, keep, n_cols, HW_CAST)
-
     # The fp8 ops are opaque custom ops: torch.compile calls them as they are and does not
     # re-compile their kernels (launched here by Triton's own JIT), so the compiled step runs the
     # same kernels as eager code.
@@ -273,13 +163,6 @@ if triton is not None and TRITON_OP_MISSING is None:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # As _cross_entropy_rows_with_grad, but the gradient times FP8_GRAD_SCALE, stored as
         # float8_e5m2.
-        if ONE_READ_WARPS is not None and (
-            ONE_READ_WARPS not in (1, 2, 4, 8, 16, 32) or isinstance(ONE_READ_WARPS, bool)
-        ):
-            raise ValueError(
-                "helpers.core.kernels.fused_ce.ONE_READ_WARPS must be None or a power of two "
-                f"from 1 to 32 (warps per row), got {ONE_READ_WARPS!r}"
-            )
         N, V = logits.shape
         loss = torch.empty(N, dtype=torch.float32, device=logits.device)
         grad = torch.empty((N, V), dtype=torch.float8_e5m2, device=logits.device)
@@ -288,19 +171,19 @@ if triton is not None and TRITON_OP_MISSING is None:
             and not _INTERPRETED_AT_IMPORT
             and torch.cuda.get_device_capability(logits.device) >= (9, 0)
         )
-        # the arguments both kernels take; the gradient as uint8 bits without the hardware cast
-        args = (logits, targets, loss, grad if hw_cast else grad.view(torch.uint8))
-        args += (logits.stride(0), IGNORE_INDEX)
-        common = dict(n_cols=V, GRAD_SCALE=FP8_GRAD_SCALE, HW_CAST=hw_cast)
-        if ONE_READ_WARPS is not None:
-            a, b, c = row_parts(V)
-            _ce_row_in_registers_e5m2_kernel[(N,)](
-                *args, **common, A=a, B=b, C=c, KEEP_EXP=ONE_READ_KEEP_EXP, num_warps=ONE_READ_WARPS
-            )
-        else:
-            _ce_fused_e5m2_kernel[(N,)](
-                *args, **common, BLOCK=FUSED_BLOCK, num_warps=FUSED_NUM_WARPS
-            )
+        _ce_fused_e5m2_kernel[(N,)](
+            logits,
+            targets,
+            loss,
+            grad if hw_cast else grad.view(torch.uint8),
+            logits.stride(0),
+            IGNORE_INDEX,
+            n_cols=V,
+            BLOCK=FUSED_BLOCK,
+            GRAD_SCALE=FP8_GRAD_SCALE,
+            HW_CAST=hw_cast,
+            num_warps=FUSED_NUM_WARPS,
+        )
         return loss, grad
 
     @_cross_entropy_rows_with_e5m2_grad.register_fake
