@@ -165,10 +165,28 @@ def select_rungs(configs: list[RunConfig], rungs: list[str]) -> list[RunConfig]:
     unknown = sorted(r for r in rungs if r.casefold() not in known)
     if unknown:
         raise ValueError(
-            f"unknown rung(s) {unknown}; rungs are {[_short(c.name) for c in configs]} "
+            f"unknown rung(s) {unknown}{_did_you_mean(unknown, configs)}; rungs are "
+            f"{[_short(c.name) for c in configs]} "
             '(quote names with spaces: --rungs fp32 "bf16 autocast")'
         )
     return [c for c in configs if aliases(c) & asked]
+
+
+def _did_you_mean(unknown: list[str], configs: list[RunConfig]) -> str:
+    """' (did you mean ...?)' for names that are a rung's name but for spaces, hyphens, "+" and
+    letter case, or close to one (difflib); else ''."""
+    import difflib
+
+    def squash(name: str) -> str:
+        return "".join(ch for ch in name.casefold() if ch.isalnum() or ch == ".")
+
+    by_squash = {squash(_short(c.name)): _short(c.name) for c in configs}
+    guesses = []
+    for name in unknown:
+        close = difflib.get_close_matches(squash(name), list(by_squash), n=1, cutoff=0.8)
+        if close:
+            guesses.append(repr(by_squash[close[0]]))
+    return f" (did you mean {', '.join(guesses)}?)" if guesses else ""
 
 
 def run_ladder(

@@ -403,6 +403,21 @@ def test_rung_names_select_the_autocast_rung_in_either_dtype(monkeypatch):
     ]  # any case
 
 
+def test_a_near_miss_rung_name_gets_a_suggestion():
+    configs = [c for c, _ in ladder.ladder_configs(16, 1024, device="cpu")]
+    for typed, meant in (
+        ("TritonAdamW", "Triton AdamW"),
+        ("one pass QKV grad", "one-pass QKV grad"),
+        ("cuda graph", "CUDA graphs"),
+    ):
+        with pytest.raises(ValueError, match="unknown rung") as e:
+            ladder.select_rungs(configs, ["fp32", typed])
+        assert f"did you mean {meant!r}?" in str(e.value), str(e.value)
+    with pytest.raises(ValueError) as e:
+        ladder.select_rungs(configs, ["Foo rung"])
+    assert "did you mean" not in str(e.value)
+
+
 def test_out_of_memory_rung_is_failed_with_a_short_reason(monkeypatch, tiny_config):
     import torch
 
