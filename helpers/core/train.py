@@ -223,21 +223,9 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
             f"autocast={run.autocast!r})"
         )
     if run.loss_kernel in ("triton", "fused"):
-        from helpers.core import kernels
-
-        ok, why = kernels.available(device)
-        if not ok:
-            what = (
-                "fused LM-head cross-entropy"
-                if run.loss_kernel == "fused"
-                else "Triton cross-entropy"
-            )
-            return f"the {what} cannot run: {why}"
-        if run.compile is not None and device.type != "cuda":
-            return (
-                "the Triton cross-entropy runs compiled only on a CUDA GPU "
-                "(Triton's CPU interpreter runs it eagerly)"
-            )
+        what = "fused LM-head" if run.loss_kernel == "fused" else "Triton"
+        if (why := _triton_problem(f"the {what} cross-entropy", device, run.compile)) is not None:
+            return why
         if run.loss_kernel == "fused" and run.autocast == "fp16":
             return (
                 "the fused LM-head cross-entropy computes the logits' gradient before the fp16 "
@@ -261,27 +249,17 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
                 "fp8 matmuls need a vocabulary padded to a multiple of 16; "
                 f"this run pads to {run.vocab_multiple}: use vocab_multiple=64"
             )
-    if run.mlp_fp8 and run.compile is not None and device.type != "cuda":
-        return (
-            "the fp8 MLP's kernels run compiled only on a CUDA GPU "
-            "(Triton's CPU interpreter runs them eagerly): use compile=None here"
-        )
+    if run.mlp_fp8 and (why := _compiled_off_cuda("the fp8 MLP", device, run.compile)):
+        return why  # (fp8_available above checked that its kernels run here)
     if run.mlp_fp8 and run.autocast != "bf16":
         return (
             "the fp8 MLP returns bf16 into a bf16-autocast step: it needs autocast='bf16', "
             f"not {run.autocast!r}"
         )
     if run.qkv_grad:
-        from helpers.core import kernels
-
-        ok, why = kernels.available(device)
-        if not ok:
-            return f"the one-pass QKV gradient kernel cannot run: {why}"
-        if run.compile is not None and device.type != "cuda":
-            return (
-                "the one-pass QKV gradient kernel runs compiled only on a CUDA GPU "
-                "(Triton's CPU interpreter runs it eagerly): use compile=None here"
-            )
+        why = _triton_problem("the one-pass QKV gradient kernel", device, run.compile)
+        if why is not None:
+            return why
         if run.autocast != "bf16":
             return (
                 "the one-pass QKV gradient computes c_attn in bf16, as bf16 autocast does: it "
@@ -289,12 +267,31 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
             )
     if run.optimizer == "fused" and device.type not in ("cuda", "cpu"):
         return f"fused AdamW is not implemented for device type {device.type}"
-    if run.optimizer == "triton":
-        from helpers.core import kernels
+    if run.optimizer == "triton":  # it runs eagerly, outside the compiled step
+        return _triton_problem("the Triton AdamW kernel", device, compile_mode=None)
+    return None
 
-        ok, why = kernels.available(device)
-        if not ok:
-            return f"the Triton AdamW kernel cannot run: {why}"
+
+def _triton_problem(what: str, device: torch.device, compile_mode: str | None) -> str | None:
+    """Why ``what`` (a rung's hand-written Triton kernels) cannot run on ``device`` in a step
+    compiled with mode ``compile_mode`` (None: eager): Triton unavailable here, or a compiled
+    step off CUDA (Triton's CPU interpreter runs the kernels eagerly only); None if it can."""
+    from helpers.core import kernels
+
+    ok, why = kernels.available(device)
+    if not ok:
+        return f"{what} cannot run: {why}"
+    return _compiled_off_cuda(what, device, compile_mode)
+
+
+def _compiled_off_cuda(what: str, device: torch.device, compile_mode: str | None) -> str | None:
+    """Why ``what``'s Triton kernels cannot run in a step compiled with ``compile_mode`` on
+    ``device``: off CUDA, Triton's CPU interpreter runs them only eagerly; None if they can."""
+    if compile_mode is not None and device.type != "cuda":
+        return (
+            f"{what} runs compiled only on a CUDA GPU (Triton's CPU interpreter runs it "
+            "eagerly): use compile=None here"
+        )
     return None
 
 
