@@ -107,6 +107,10 @@ VARIANTS = {
     "gelu-no-prefetch": {},
     # the fp8 LM head's transposes autotuned over only the 64 x 64-byte tile with 4 warps
     "transpose-tile-64": {},
+    # the fp8 MLP's input-gradient matmuls with fast fp8 accumulation (fp8_mlp.GRAD_FAST_ACCUM)
+    "fast-accum-mlp-grads": {},
+    # the fp8 LM head's gradient matmuls with fast fp8 accumulation (fused_ce.GRAD_FAST_ACCUM)
+    "fast-accum-lm-head-grads": {},
 }
 FUSED_CHUNKS = {
     "fused-unchunked": None,
@@ -183,6 +187,13 @@ def experiment(name: str):
         return qkv_grad.experiment()
     if name == "bias-in-matmul":
         return bias_in_matmul.experiment()
+    if name in ("fast-accum-mlp-grads", "fast-accum-lm-head-grads"):
+        from unittest import mock
+
+        from helpers.core.kernels import fp8_mlp, fused_ce
+
+        module = fp8_mlp if name == "fast-accum-mlp-grads" else fused_ce
+        return mock.patch.object(module, "GRAD_FAST_ACCUM", True)
     if name == "gelu-no-prefetch":
         return gelu_configs(prefetch=False)
     if name == "transpose-tile-64":

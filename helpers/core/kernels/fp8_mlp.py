@@ -58,6 +58,10 @@ from helpers.core.kernels.fp8 import E4M3_MAX, rowwise_e4m3, scaled_mm
 ROW_BLOCK = 4096  # the kernels' row width in registers: the next power of 2 above 4 * 768
 BACKWARD_ROWS = 32  # rows per program in the backward kernel (its bias-gradient partial sums)
 GELU_C = math.sqrt(2.0 / math.pi)  # GELU's tanh approximation (Hendrycks & Gimpel 2016, eq. 2)
+# The input-gradient matmuls (da, dx) with Hopper's fast fp8 accumulation, which skips the
+# periodic promotion of partial sums to fp32; off as in torchao's recipe, which uses it for the
+# forward only (the forward matmuls here always use it; their K is the same 768 and 3072)
+GRAD_FAST_ACCUM = False
 # On a GPU each kernel is autotuned over these configs (the fastest at the first call): rows per
 # tile, tiles per program (GROUPS), whether the next tile's loads are issued before this tile's
 # stores (PREFETCH), warps. The backward's programs each cover BACKWARD_ROWS rows (its partial
@@ -341,12 +345,12 @@ class _Fp8MLP(torch.autograd.Function):
         dy2 = dy.reshape(-1, C).to(torch.bfloat16)  # (M, C)
         dy8, dy_inv = rowwise_e4m3(dy2)
         wprt8, wprt_inv = rowwise_e4m3(w_proj.t())  # (4C, C): one scale per input feature
-        da = scaled_mm(dy8, wprt8.t(), dy_inv, wprt_inv.t(), False)  # (M, 4C)
+        da = scaled_mm(dy8, wprt8.t(), dy_inv, wprt_inv.t(), GRAD_FAST_ACCUM)  # (M, 4C)
         dw_proj = (dy2.t() @ a).to(w_proj.dtype)
         db_proj = dy2.float().sum(0).to(w_proj.dtype)
         dh, dh8, dh_inv, db_fc = gelu_backward_rowwise_e4m3(da, h)
         wfct8, wfct_inv = rowwise_e4m3(w_fc.t())  # (C, 4C)
-        dx = scaled_mm(dh8, wfct8.t(), dh_inv, wfct_inv.t(), False)  # (M, C)
+        dx = scaled_mm(dh8, wfct8.t(), dh_inv, wfct_inv.t(), GRAD_FAST_ACCUM)  # (M, C)
         dw_fc = (dh.t() @ x2).to(w_fc.dtype)
         return dx.view(*lead, C).to(ctx.x_dtype), dw_fc, db_fc.to(w_fc.dtype), dw_proj, db_proj
 

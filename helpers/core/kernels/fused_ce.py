@@ -47,6 +47,10 @@ FUSED_CHUNK_ROWS: int | None = 32768
 # may round twice). On the H200 (results/h200-ce-rows-in-flight-2026-12-04.json) a 32768-row chunk
 # took 2.07 ms with it and 2.85 ms with _e5m2_bits; False runs _e5m2_bits everywhere
 # (benchmarks/perf.py's variant software-e5m2).
+# the fp8 LM head's gradient matmuls (dx = G @ W, K = V; dW = G.T @ x, K = rows) with Hopper's
+# fast fp8 accumulation (no periodic promotion of partial sums to fp32); off: their K is 50304
+# and 32768, where the reduced-precision accumulator loses the most (the forward's K is 768)
+GRAD_FAST_ACCUM = False
 E5M2_HARDWARE_CAST = True
 
 
@@ -255,7 +259,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
             loss_rows, g8 = _cross_entropy_rows_with_e5m2_grad(logits, targets[s:e])
             losses.append(loss_rows)
             dxs.append(
-                torch._scaled_mm(g8, w8_t.t(), scale_a=g_inv, scale_b=w_inv, out_dtype=x.dtype)
+                torch._scaled_mm(
+                    g8,
+                    w8_t.t(),
+                    scale_a=g_inv,
+                    scale_b=w_inv,
+                    out_dtype=x.dtype,
+                    use_fast_accum=GRAD_FAST_ACCUM,
+                )
             )  # (rows, C)
             dw = torch._scaled_mm(
                 transpose_fp8(g8),
@@ -263,6 +274,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 scale_a=g_inv,
                 scale_b=x_inv,
                 out_dtype=torch.float32,
+                use_fast_accum=GRAD_FAST_ACCUM,
             )  # (V, C)
             dweight = dw if dweight is None else dweight + dw
         return _LinearCrossEntropy._finish(ctx, losses, dxs, dweight, weight.dtype, targets)
