@@ -425,7 +425,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--rungs",
         nargs="+",
         default=None,
-        help="run only these rungs, by name, quoted where they contain spaces (default: all): "
+        help="run only these rungs, by name (any case), quoted where they contain spaces "
+        "(default: all): "
         + ", ".join(repr(n.lstrip("+ ")) for n, _ in RUNGS)
         + "; 'autocast' names the autocast rung in either dtype "
         "(fp16 + GradScaler where bf16 is not native); "
