@@ -58,6 +58,8 @@ VARIANTS = {
     "eager-pytorch-ce": {"compile": None, "loss_kernel": "pytorch"},
     "separate-clip": {"fused_clip": False},
     "bf16-lm-head": {"lm_head_fp8": False},  # the fused LM-head CE's matmuls in bf16
+    # the fp8 MLP's and LM head's gradient matmuls with fast fp8 accumulation (no rung yet)
+    "fast-accum": {"fp8_fast_accum": True},
     "bf16-mlp": {"mlp_fp8": False},  # the MLP in bf16 (the rung before the last)
     # the fp8 LM head's e5m2 gradient rounded by fused_ce._e5m2_bits, not the GPU's conversion
     "software-e5m2": {},
@@ -107,10 +109,6 @@ VARIANTS = {
     "gelu-no-prefetch": {},
     # the fp8 LM head's transposes autotuned over only the 64 x 64-byte tile with 4 warps
     "transpose-tile-64": {},
-    # the fp8 MLP's input-gradient matmuls with fast fp8 accumulation (fp8_mlp.GRAD_FAST_ACCUM)
-    "fast-accum-mlp-grads": {},
-    # the fp8 LM head's gradient matmuls with fast fp8 accumulation (fused_ce.GRAD_FAST_ACCUM)
-    "fast-accum-lm-head-grads": {},
 }
 FUSED_CHUNKS = {
     "fused-unchunked": None,
@@ -187,13 +185,6 @@ def experiment(name: str):
         return qkv_grad.experiment()
     if name == "bias-in-matmul":
         return bias_in_matmul.experiment()
-    if name in ("fast-accum-mlp-grads", "fast-accum-lm-head-grads"):
-        from unittest import mock
-
-        from helpers.core.kernels import fp8_mlp, fused_ce
-
-        module = fp8_mlp if name == "fast-accum-mlp-grads" else fused_ce
-        return mock.patch.object(module, "GRAD_FAST_ACCUM", True)
     if name == "gelu-no-prefetch":
         return gelu_configs(prefetch=False)
     if name == "transpose-tile-64":

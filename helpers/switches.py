@@ -290,6 +290,30 @@ SWITCHES: tuple[Switch, ...] = (
         ),
         where="model",
     ),
+    # No rung yet: its step time and its 200-step loss check have not run on a GPU
+    # (benchmarks/perf.py and benchmarks/loss_check.py, variant "fast-accum"; results/perf-log.md
+    # has the prediction). Measured and kept, it becomes rung "+ fp8 fast accumulation".
+    Switch(
+        "fp8_fast_accum",
+        False,
+        (),
+        "12",
+        {
+            True: (
+                "an experiment, not a rung: with the fp8 LM head or the fp8 MLP on Hopper, their "
+                "gradient matmuls keep partial sums in the tensor cores' reduced-precision "
+                "accumulator, as the forward's fp8 matmuls already do, instead of promoting them "
+                "to fp32 every few steps of K; a numerics change on top of fp8's, not yet measured "
+                "in the step, so compare the loss curve with bf16's first"
+            ),
+        },
+        values=(False, True),
+        doc=(
+            "the fp8 LM head's and fp8 MLP's gradient matmuls with fast fp8 accumulation "
+            "(needs lm_head_fp8 or mlp_fp8)"
+        ),
+        where="model",
+    ),
     Switch(
         "grad_accum_steps",
         1,

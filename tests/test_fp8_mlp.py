@@ -176,6 +176,23 @@ CHECK = textwrap.dedent(
     errs = [rel(a, b) for a, b in zip(got, ref)]
     assert max(errs) < 0.06, errs
     assert all(torch.equal(a, b) for a, b in zip(model_path, got)), "MLP(fp8=True) differs"
+
+    # 5. fast fp8 accumulation: the forward's two matmuls always take it; the backward's two
+    # (da, dx) take it exactly when MLP(grad_fast_accum=True) asks
+    plain_mm, flags = fp8_mlp.scaled_mm, []
+    def recording_mm(a, b, sa, sb, fast, bias=None):
+        flags.append(fast)
+        return plain_mm(a, b, sa, sb, fast, bias)
+    fp8_mlp.scaled_mm = recording_mm
+    for fast in (False, True):
+        flags.clear()
+        mlp_fast = MLP(cfg, fp8=True, grad_fast_accum=fast).to(device)
+        if BREAK == "fast":  # the MLP forgets to pass the switch on
+            mlp_fast.grad_fast_accum = False
+        with torch.autocast(device, dtype=torch.bfloat16):
+            run(mlp_fast, lambda: mlp_fast(x))
+        assert flags == [True, True, fast, fast], (fast, flags)
+    fp8_mlp.scaled_mm = plain_mm
     if device == "cuda":  # compiled: inductor launches the traced kernels itself
         torch._dynamo.reset()
         step = torch.compile(lambda: fp8_mlp.mlp_fp8(x, *weights))
@@ -200,7 +217,7 @@ def test_the_fp8_mlp_kernels_match_pytorch_in_the_triton_interpreter():
 
 @needs_triton
 @pytest.mark.parametrize(
-    "broken", ["bits", "gelu", "scale", "rowmax", "nan", "dbias", "config", "bias"]
+    "broken", ["bits", "gelu", "scale", "rowmax", "nan", "dbias", "config", "bias", "fast"]
 )
 def test_each_check_rejects_its_mistake(broken):
     out = run_check("cpu", broken)

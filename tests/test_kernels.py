@@ -181,7 +181,7 @@ def test_a_wrong_fused_gradient_fails_the_check():
         "fused_ce.FUSED_CHUNK_ROWS = 4",
         "fused_ce.FUSED_CHUNK_ROWS = 4\n"
         "fused_ce._LinearCrossEntropy.backward = staticmethod(lambda ctx, g: (lambda dx, dw, n: "
-        "(dx * g / n, dw * g / (n + 1), None, None))(*ctx.saved_tensors))",
+        "(dx * g / n, dw * g / (n + 1), None, None, None))(*ctx.saved_tensors))",
     )
     assert broken != CHECK
     out = run_check(broken)
@@ -282,6 +282,22 @@ FP8_CHECK = textwrap.dedent(
         raise AssertionError("C=12 accepted")
     except ValueError as e:
         assert "multiples of 16" in str(e)
+    # 4. fast fp8 accumulation: the logits' matmul always takes it; the two gradient matmuls
+    # (dx, dW) take it exactly when grad_fast_accum asks
+    plain_mm, flags = torch._scaled_mm, []
+    def recording_mm(*args, **kwargs):
+        if "use_fast_accum" in kwargs:  # not fp8_available's CPU probe, which leaves it out
+            flags.append(kwargs["use_fast_accum"])
+        return plain_mm(*args, **kwargs)
+    torch._scaled_mm = recording_mm
+    for fast in (False, True):
+        flags.clear()
+        x = torch.randn(16, 32, device=device, requires_grad=True)
+        w = torch.randn(64, 32, device=device, requires_grad=True)
+        t = torch.randint(0, 64, (16,), device=device)
+        kernels.linear_cross_entropy(x, w, t, fp8=True, grad_fast_accum=fast).backward()
+        assert flags == [True, fast, fast], (fast, flags)
+    torch._scaled_mm = plain_mm
     print("fp8 OK")
     """
 )
@@ -324,6 +340,10 @@ FP8_BUGS = {
     "transpose": "_t = fused_ce.transpose_fp8\n"
     "fused_ce.transpose_fp8 = lambda a: "
     "torch.cat([_t(a)[:, :-1], torch.zeros_like(_t(a)[:, :1])], 1)",
+    # grad_fast_accum lost on its way to the gradient matmuls
+    "fast_accum": "_f = fused_ce._LinearCrossEntropy._forward_fp8\n"
+    "fused_ce._LinearCrossEntropy._forward_fp8 = staticmethod("
+    "lambda ctx, x, w, t, fast: _f(ctx, x, w, t, False))",
 }
 
 
@@ -636,3 +656,36 @@ def test_fp8_lm_head_needs_the_fused_loss_and_fp8_tensor_cores(monkeypatch):
         kernels.linear_cross_entropy(
             torch.zeros(0, 16), torch.zeros(32, 16), torch.zeros(0, dtype=torch.int64), fp8=True
         )
+
+
+@pytest.mark.skipif(kernels.triton is None, reason="the 'triton' package is not installed")
+def test_fp8_fast_accum_reaches_both_fp8_kernels_and_needs_one_of_them():
+    """GPT(fp8_fast_accum=True) hands grad_fast_accum=True to every block's fp8 MLP and to the
+    fp8 LM head (recorded here by stand-ins for the two kernels, so any CPU runs it); without
+    either fp8 switch it is refused, by the model and by train.unsupported_reason."""
+    import torch.nn.functional as F
+
+    tiny = GPTConfig(block_size=8, n_layer=2, n_head=1, n_embd=16, vocab_multiple=64, dropout=0.0)
+    fp8_both = dict(loss_kernel="fused", lm_head_fp8=True, mlp_fp8=True)
+    for fast in (False, True):
+        model = GPT(tiny, **fp8_both, fp8_fast_accum=fast)
+        seen = []
+
+        def mlp_stand_in(x, w_fc, b_fc, w_proj, b_proj, grad_fast_accum=False, seen=seen):
+            seen.append(("mlp", grad_fast_accum))
+            return F.linear(F.gelu(F.linear(x, w_fc, b_fc), approximate="tanh"), w_proj, b_proj)
+
+        def head_stand_in(x, w, t, fp8=False, grad_fast_accum=False, seen=seen):
+            seen.append(("head", fp8, grad_fast_accum))
+            return F.cross_entropy(x @ w.t(), t)
+
+        for block in model.transformer.h:
+            block.mlp.mlp_fp8 = mlp_stand_in
+        model.linear_cross_entropy = head_stand_in
+        idx = torch.zeros(1, 8, dtype=torch.long)
+        model(idx, idx)
+        assert seen == [("mlp", fast), ("mlp", fast), ("head", True, fast)], seen
+    with pytest.raises(ValueError, match="lm_head_fp8=True or mlp_fp8=True"):
+        GPT(tiny, fp8_fast_accum=True)
+    reason = train.unsupported_reason(train.RunConfig(fp8_fast_accum=True), "cpu")
+    assert "needs lm_head_fp8 or mlp_fp8" in reason

@@ -133,3 +133,18 @@ def test_run_config_refuses_a_value_its_switch_does_not_accept(field, bad):
 def test_a_record_without_values_or_minimum_is_refused():
     with pytest.raises(ValueError, match="give its values"):
         switches.Switch("x", 0, (), "12")
+
+
+def test_the_readmes_rung_table_lists_every_rung_in_ladder_order():
+    """README.md's "| rung | switch |" table names fp32 and then each rung of RUNG_ORDER, in order:
+    a rung added to the registry without its README row (or a row left behind) fails here."""
+    from pathlib import Path
+
+    lines = (Path(__file__).resolve().parents[1] / "README.md").read_text().splitlines()
+    start = lines.index("| rung | switch |")
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append(line.split("|")[1].strip())
+    assert rows == ["fp32", *switches.RUNG_ORDER]

@@ -16,7 +16,7 @@ the model are keyword arguments of :class:`GPT` (their records are in :mod:`help
 - ``loss_kernel``: ``"pytorch"`` (``F.cross_entropy``), ``"triton"`` (the hand-written kernel of
   :mod:`helpers.core.kernels`) or ``"fused"`` (LM head and loss in chunks, chapter 12).
 - ``residual_dtype``, ``detach_logits``, ``lm_head_fp8``, ``mlp_fp8``, ``qkv_grad``,
-  ``checkpoint_every``, ``checkpoint_policy``: chapters 09 and 12.
+  ``fp8_fast_accum``, ``checkpoint_every``, ``checkpoint_policy``: chapters 09 and 12.
 
 ``GPTConfig.vocab_multiple`` pads the embedding / LM-head rows from 50257 up to a multiple (64 ->
 50304) so the LM-head matmul has tensor-core friendly shapes (chapter 07). Targets never reach the
@@ -184,7 +184,7 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     """Position-wise feed-forward: C -> 4C -> GELU(tanh) -> C."""
 
-    def __init__(self, config: GPTConfig, fp8: bool = False):
+    def __init__(self, config: GPTConfig, fp8: bool = False, grad_fast_accum: bool = False):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
         self.gelu = nn.GELU(approximate="tanh")  # GPT-2 used the tanh approximation
@@ -192,6 +192,7 @@ class MLP(nn.Module):
         self.c_proj.RESIDUAL_SCALE_INIT = True
         self.dropout = nn.Dropout(config.dropout)
         self.fp8 = fp8
+        self.grad_fast_accum = grad_fast_accum  # rung "+ fp8 fast accumulation"
         if fp8:  # rung "+ fp8 MLP" (GPT checks its requirements)
             from helpers.core import kernels  # imports Triton: only when the rung is asked for
 
@@ -200,7 +201,7 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fp8:  # the same function, with fp8 matmuls and one-pass GELU kernels
             w = (self.c_fc.weight, self.c_fc.bias, self.c_proj.weight, self.c_proj.bias)
-            return self.mlp_fp8(x, *w)  # (B, T, C) bf16
+            return self.mlp_fp8(x, *w, grad_fast_accum=self.grad_fast_accum)  # (B, T, C) bf16
         return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))  # (B, T, C)
 
 
@@ -213,12 +214,13 @@ class Block(nn.Module):
         attention: str = "manual",
         mlp_fp8: bool = False,
         qkv_grad: bool = False,
+        fp8_fast_accum: bool = False,
     ):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd)
         self.attn = CausalSelfAttention(config, attention, qkv_grad)
         self.ln_2 = nn.LayerNorm(config.n_embd)
-        self.mlp = MLP(config, fp8=mlp_fp8)
+        self.mlp = MLP(config, fp8=mlp_fp8, grad_fast_accum=fp8_fast_accum)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))  # (B, T, C)
@@ -242,7 +244,8 @@ class GPT(nn.Module):
     ``mlp_fp8`` (the MLP's forward and input-gradient matmuls in fp8, :mod:`helpers.core.kernels.
     fp8_mlp`; no dropout), ``qkv_grad`` (``c_attn``'s backward concatenates dq, dk, dv and sums its
     bias gradient in one kernel, :mod:`helpers.core.kernels.qkv_grad`; n_embd a multiple of 256;
-    taken under bf16 autocast, the plain path otherwise) and
+    taken under bf16 autocast, the plain path otherwise), ``fp8_fast_accum`` (with lm_head_fp8 or
+    mlp_fp8: their gradient matmuls with fast fp8 accumulation, as their forward's) and
     ``checkpoint_every`` (0 = off, k = recompute every k-th block in backward) and
     ``checkpoint_policy`` (what a checkpointed block keeps: "block" = only its input, "selective" =
     also its matmul and attention outputs, :mod:`helpers.core.recompute`).
@@ -259,7 +262,8 @@ class GPT(nn.Module):
         ValueError: a switch value its record does not accept, ``lm_head_fp8`` without
             ``loss_kernel="fused"`` or with a width or vocabulary that is not a multiple of 16,
             ``mlp_fp8`` with dropout, a width that is not a multiple of 16 or over 1024,
-            ``qkv_grad`` with n_embd not a multiple of 256;
+            ``qkv_grad`` with n_embd not a multiple of 256, ``fp8_fast_accum`` without
+            ``lm_head_fp8`` or ``mlp_fp8``;
             in forward, T > block_size.
     """
 
@@ -273,6 +277,7 @@ class GPT(nn.Module):
         lm_head_fp8: bool = False,
         mlp_fp8: bool = False,
         qkv_grad: bool = False,
+        fp8_fast_accum: bool = False,
         checkpoint_every: int = 0,
         checkpoint_policy: str = "block",
     ):
@@ -285,6 +290,7 @@ class GPT(nn.Module):
             lm_head_fp8=lm_head_fp8,
             mlp_fp8=mlp_fp8,
             qkv_grad=qkv_grad,
+            fp8_fast_accum=fp8_fast_accum,
             checkpoint_every=checkpoint_every,
             checkpoint_policy=checkpoint_policy,
         )
@@ -302,6 +308,11 @@ class GPT(nn.Module):
                 "GPT(lm_head_fp8=True): fp8 matmuls need multiples of 16, "
                 f"got n_embd={config.n_embd} and {config.padded_vocab_size} LM-head rows: "
                 "pad the vocabulary (vocab_multiple=64)"
+            )
+        if fp8_fast_accum and not (lm_head_fp8 or mlp_fp8):
+            raise ValueError(
+                "GPT(fp8_fast_accum=True) changes the fp8 LM head's and fp8 MLP's gradient "
+                "matmuls: it needs lm_head_fp8=True or mlp_fp8=True"
             )
         if mlp_fp8:
             from helpers.core.kernels import fp8_mlp  # imports Triton: only for this switch
@@ -336,7 +347,10 @@ class GPT(nn.Module):
                 wpe=nn.Embedding(config.block_size, config.n_embd),  # position embedding
                 drop=nn.Dropout(config.dropout),
                 h=nn.ModuleList(
-                    [Block(config, attention, mlp_fp8, qkv_grad) for _ in range(config.n_layer)]
+                    [
+                        Block(config, attention, mlp_fp8, qkv_grad, fp8_fast_accum)
+                        for _ in range(config.n_layer)
+                    ]
                 ),
                 ln_f=nn.LayerNorm(config.n_embd),
             )
@@ -355,6 +369,7 @@ class GPT(nn.Module):
         self.residual_bf16 = residual_dtype == "bf16"
         self.detach_logits = detach_logits
         self.lm_head_fp8 = lm_head_fp8
+        self.fp8_fast_accum = fp8_fast_accum
         if loss_kernel == "pytorch":
             self.cross_entropy = _pytorch_cross_entropy
         else:
@@ -454,7 +469,11 @@ class GPT(nn.Module):
             return self.lm_head(x), None
         B, T, C = x.shape
         loss = self.linear_cross_entropy(
-            x.view(B * T, C), self.lm_head.weight, targets.view(-1), fp8=self.lm_head_fp8
+            x.view(B * T, C),
+            self.lm_head.weight,
+            targets.view(-1),
+            fp8=self.lm_head_fp8,
+            grad_fast_accum=self.fp8_fast_accum,
         )
         return None, loss
 

@@ -58,10 +58,6 @@ from helpers.core.kernels.fp8 import E4M3_MAX, rowwise_e4m3, scaled_mm
 ROW_BLOCK = 4096  # the kernels' row width in registers: the next power of 2 above 4 * 768
 BACKWARD_ROWS = 32  # rows per program in the backward kernel (its bias-gradient partial sums)
 GELU_C = math.sqrt(2.0 / math.pi)  # GELU's tanh approximation (Hendrycks & Gimpel 2016, eq. 2)
-# The input-gradient matmuls (da, dx) with Hopper's fast fp8 accumulation, which skips the
-# periodic promotion of partial sums to fp32; off as in torchao's recipe, which uses it for the
-# forward only (the forward matmuls here always use it; their K is the same 768 and 3072)
-GRAD_FAST_ACCUM = False
 # On a GPU each kernel is autotuned over these configs (the fastest at the first call): rows per
 # tile, tiles per program (GROUPS), whether the next tile's loads are issued before this tile's
 # stores (PREFETCH), warps. The backward's programs each cover BACKWARD_ROWS rows (its partial
@@ -325,7 +321,7 @@ def gelu_backward_rowwise_e4m3(
 
 class _Fp8MLP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w_fc, b_fc, w_proj, b_proj):
+    def forward(ctx, x, w_fc, b_fc, w_proj, b_proj, grad_fast_accum):
         lead, C = x.shape[:-1], x.shape[-1]
         x2 = x.reshape(-1, C).to(torch.bfloat16)  # (M, C): kept for c_fc's weight gradient
         x8, x_inv = rowwise_e4m3(x2)
@@ -336,6 +332,7 @@ class _Fp8MLP(torch.autograd.Function):
         y = scaled_mm(a8, wpr8.t(), a_inv, wpr_inv.t(), True, b_proj.to(torch.bfloat16))
         ctx.save_for_backward(x2, h, a, w_fc, w_proj)
         ctx.x_dtype = x.dtype
+        ctx.grad_fast_accum = grad_fast_accum
         return y.view(*lead, C)
 
     @staticmethod
@@ -345,14 +342,16 @@ class _Fp8MLP(torch.autograd.Function):
         dy2 = dy.reshape(-1, C).to(torch.bfloat16)  # (M, C)
         dy8, dy_inv = rowwise_e4m3(dy2)
         wprt8, wprt_inv = rowwise_e4m3(w_proj.t())  # (4C, C): one scale per input feature
-        da = scaled_mm(dy8, wprt8.t(), dy_inv, wprt_inv.t(), GRAD_FAST_ACCUM)  # (M, 4C)
+        fast = ctx.grad_fast_accum
+        da = scaled_mm(dy8, wprt8.t(), dy_inv, wprt_inv.t(), fast)  # (M, 4C)
         dw_proj = (dy2.t() @ a).to(w_proj.dtype)
         db_proj = dy2.float().sum(0).to(w_proj.dtype)
         dh, dh8, dh_inv, db_fc = gelu_backward_rowwise_e4m3(da, h)
         wfct8, wfct_inv = rowwise_e4m3(w_fc.t())  # (C, 4C)
-        dx = scaled_mm(dh8, wfct8.t(), dh_inv, wfct_inv.t(), GRAD_FAST_ACCUM)  # (M, C)
+        dx = scaled_mm(dh8, wfct8.t(), dh_inv, wfct_inv.t(), fast)  # (M, C)
         dw_fc = (dh.t() @ x2).to(w_fc.dtype)
-        return dx.view(*lead, C).to(ctx.x_dtype), dw_fc, db_fc.to(w_fc.dtype), dw_proj, db_proj
+        dx = dx.view(*lead, C).to(ctx.x_dtype)
+        return dx, dw_fc, db_fc.to(w_fc.dtype), dw_proj, db_proj, None
 
 
 def width_problem(C: int) -> str | None:
@@ -372,6 +371,7 @@ def mlp_fp8(
     b_fc: torch.Tensor,
     w_proj: torch.Tensor,
     b_proj: torch.Tensor,
+    grad_fast_accum: bool = False,
 ) -> torch.Tensor:
     """The MLP ``c_proj(GELU_tanh(c_fc(x)))`` with fp8 forward and input-gradient matmuls.
 
@@ -379,6 +379,11 @@ def mlp_fp8(
         x: (..., C) fp32 or bf16, the LayerNorm's output; C a multiple of 16 and 4C <= 4096.
         w_fc: (4C, C) and b_fc: (4C,), ``c_fc``'s weight and bias (fp32 master weights);
         w_proj: (C, 4C) and b_proj: (C,), ``c_proj``'s. No dropout (the caller checks).
+        grad_fast_accum: the two input-gradient matmuls with Hopper's fast fp8 accumulation
+            (``torch._scaled_mm(use_fast_accum=True)``: partial sums are not promoted to fp32
+            every few steps of K), as the forward's matmuls always run; False (the default, as
+            torchao's recipe) promotes them (DeepSeek-V3 report, section 3.3.2). The model's
+            ``fp8_fast_accum`` switch (an experiment, not yet a rung).
 
     Returns:
         (..., C) bf16, as autocast's ``c_proj`` gives. Its relative error against the bf16 MLP
@@ -412,4 +417,4 @@ def mlp_fp8(
             f"TRITON_INTERPRET=1 set before import); x is on {x.device}: build the model without "
             "mlp_fp8 here (train.unsupported_reason says why a run cannot use it)"
         )
-    return _Fp8MLP.apply(x, w_fc, b_fc, w_proj, b_proj)
+    return _Fp8MLP.apply(x, w_fc, b_fc, w_proj, b_proj, bool(grad_fast_accum))

@@ -47,10 +47,6 @@ FUSED_CHUNK_ROWS: int | None = 32768
 # may round twice). On the H200 (results/h200-ce-rows-in-flight-2026-12-04.json) a 32768-row chunk
 # took 2.07 ms with it and 2.85 ms with _e5m2_bits; False runs _e5m2_bits everywhere
 # (benchmarks/perf.py's variant software-e5m2).
-# the fp8 LM head's gradient matmuls (dx = G @ W, K = V; dW = G.T @ x, K = rows) with Hopper's
-# fast fp8 accumulation (no periodic promotion of partial sums to fp32); off: their K is 50304
-# and 32768, where the reduced-precision accumulator loses the most (the forward's K is 768)
-GRAD_FAST_ACCUM = False
 E5M2_HARDWARE_CAST = True
 
 
@@ -221,9 +217,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, targets, fp8=False):
+    def forward(ctx, x, weight, targets, fp8=False, grad_fast_accum=False):
         if fp8:
-            return _LinearCrossEntropy._forward_fp8(ctx, x, weight, targets)
+            return _LinearCrossEntropy._forward_fp8(ctx, x, weight, targets, grad_fast_accum)
         losses, dxs, dweight = [], [], None
         for s, e in _row_chunks(x.shape[0]):
             logits = x[s:e] @ weight.t()  # (rows, V), x's dtype; freed after this chunk
@@ -235,7 +231,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return _LinearCrossEntropy._finish(ctx, losses, dxs, dweight, weight.dtype, targets)
 
     @staticmethod
-    def _forward_fp8(ctx, x, weight, targets):
+    def _forward_fp8(ctx, x, weight, targets, grad_fast_accum):
         # The same three matmuls on fp8 tensor cores (torch._scaled_mm computes
         # (a @ b) * scale_a * scale_b, fp32 accumulation). Hopper's fp8 matmul wants both operands
         # with the reduction dimension contiguous: a row-major, b column-major, hence the
@@ -265,7 +261,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     scale_a=g_inv,
                     scale_b=w_inv,
                     out_dtype=x.dtype,
-                    use_fast_accum=GRAD_FAST_ACCUM,
+                    use_fast_accum=grad_fast_accum,
                 )
             )  # (rows, C)
             dw = torch._scaled_mm(
@@ -274,7 +270,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 scale_a=g_inv,
                 scale_b=x_inv,
                 out_dtype=torch.float32,
-                use_fast_accum=GRAD_FAST_ACCUM,
+                use_fast_accum=grad_fast_accum,
             )  # (V, C)
             dweight = dw if dweight is None else dweight + dw
         return _LinearCrossEntropy._finish(ctx, losses, dxs, dweight, weight.dtype, targets)
@@ -295,11 +291,15 @@ class _LinearCrossEntropy(torch.autograd.Function):
         # ignored, dx and dweight are 0 and so is the gradient (as F.cross_entropy's), while the
         # loss is nan (0 / 0).
         scale = grad_loss / n_valid.clamp(min=1)
-        return dx * scale, dweight * scale, None, None
+        return dx * scale, dweight * scale, None, None, None
 
 
 def linear_cross_entropy(
-    x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, fp8: bool = False
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    fp8: bool = False,
+    grad_fast_accum: bool = False,
 ) -> torch.Tensor:
     """LM head and mean cross-entropy in one step: the logits are made in chunks and never kept
     whole.
@@ -335,6 +335,12 @@ def linear_cross_entropy(
         fp8: run the LM head's matmuls in fp8 (see above). C and V must be multiples of 16 (pad the
             vocabulary: ``GPTConfig(vocab_multiple=64)``); rows are padded to a multiple of 16
             inside.
+        grad_fast_accum: with ``fp8``, the two gradient matmuls (dx = G @ W, K = V; dW = G.T @ x,
+            K = the chunk's rows) with Hopper's fast fp8 accumulation
+            (``torch._scaled_mm(use_fast_accum=True)``, no periodic promotion of partial sums to
+            fp32), as the logits' matmul always runs; False (the default) promotes them. The
+            model's ``fp8_fast_accum`` switch (an experiment, not yet a rung). Ignored without
+            ``fp8``.
 
     Returns:
         0-d fp32 mean over the non-skipped rows (nan if all are skipped, or N = 0; the gradients
@@ -409,7 +415,7 @@ def linear_cross_entropy(
             x = torch.nn.functional.pad(x, (0, 0, 0, pad))
             targets = torch.nn.functional.pad(targets, (0, pad), value=IGNORE_INDEX)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
-        return _LinearCrossEntropy.apply(x, weight, targets, fp8)
+        return _LinearCrossEntropy.apply(x, weight, targets, fp8, bool(grad_fast_accum))
     total = torch.zeros((), dtype=torch.float32, device=x.device)
     if fp8:
         x8, x_inv = to_fp8_e4m3(x)
