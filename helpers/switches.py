@@ -300,17 +300,18 @@ SWITCHES: tuple[Switch, ...] = (
         "12",
         {
             True: (
-                "an experiment, not a rung: with the fp8 LM head or the fp8 MLP on Hopper, their "
-                "gradient matmuls keep partial sums in the tensor cores' reduced-precision "
-                "accumulator, as the forward's fp8 matmuls already do, instead of promoting them "
-                "to fp32 every few steps of K; a numerics change on top of fp8's, not yet measured "
-                "in the step, so compare the loss curve with bf16's first"
+                "an experiment, not a rung: with the fp8 LM head or the fp8 MLP, the LM head's two "
+                "gradient matmuls and the MLP's two input-gradient matmuls keep partial sums in "
+                "the tensor cores' reduced-precision accumulator, as the forward's fp8 matmuls "
+                "already do, instead of promoting them to fp32 every few steps of K; a numerics "
+                "change on top of fp8's, not yet measured in the step, so compare the loss curve "
+                "with bf16's first"
             ),
         },
         values=(False, True),
         doc=(
-            "the fp8 LM head's and fp8 MLP's gradient matmuls with fast fp8 accumulation "
-            "(needs lm_head_fp8 or mlp_fp8)"
+            "the fp8 LM head's gradient and fp8 MLP's input-gradient matmuls with fast fp8 "
+            "accumulation (needs lm_head_fp8 or mlp_fp8)"
         ),
         where="model",
     ),

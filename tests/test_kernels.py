@@ -351,8 +351,8 @@ FP8_BUGS = {
 @needs_cpu_fp8
 @pytest.mark.parametrize("bug", sorted(FP8_BUGS))
 def test_a_wrong_fp8_lm_head_fails_its_check(bug):
-    """The fp8 check can fail: a gradient at twice its scale, or a transpose that drops data,
-    is caught."""
+    """The fp8 check can fail: a gradient at twice its scale, a transpose that drops data, or
+    grad_fast_accum lost before the gradient matmuls, is caught."""
     broken = FP8_CHECK.replace(
         "\nfused_ce.FUSED_CHUNK_ROWS = 16\n",
         "\nfused_ce.FUSED_CHUNK_ROWS = 16\n" + FP8_BUGS[bug] + "\n",
@@ -689,3 +689,5 @@ def test_fp8_fast_accum_reaches_both_fp8_kernels_and_needs_one_of_them():
         GPT(tiny, fp8_fast_accum=True)
     reason = train.unsupported_reason(train.RunConfig(fp8_fast_accum=True), "cpu")
     assert "needs lm_head_fp8 or mlp_fp8" in reason
+    # a RunConfig hands it to the model (train.build builds GPT with these keywords)
+    assert train.model_switches(train.RunConfig(fp8_fast_accum=True))["fp8_fast_accum"] is True

@@ -192,7 +192,7 @@ class MLP(nn.Module):
         self.c_proj.RESIDUAL_SCALE_INIT = True
         self.dropout = nn.Dropout(config.dropout)
         self.fp8 = fp8
-        self.grad_fast_accum = grad_fast_accum  # rung "+ fp8 fast accumulation"
+        self.grad_fast_accum = grad_fast_accum  # switch fp8_fast_accum (no rung yet)
         if fp8:  # rung "+ fp8 MLP" (GPT checks its requirements)
             from helpers.core import kernels  # imports Triton: only when the rung is asked for
 
@@ -245,7 +245,8 @@ class GPT(nn.Module):
     fp8_mlp`; no dropout), ``qkv_grad`` (``c_attn``'s backward concatenates dq, dk, dv and sums its
     bias gradient in one kernel, :mod:`helpers.core.kernels.qkv_grad`; n_embd a multiple of 256;
     taken under bf16 autocast, the plain path otherwise), ``fp8_fast_accum`` (with lm_head_fp8 or
-    mlp_fp8: their gradient matmuls with fast fp8 accumulation, as their forward's) and
+    mlp_fp8: the LM head's two gradient matmuls and the MLP's two input-gradient matmuls with fast
+    fp8 accumulation, as their forward's) and
     ``checkpoint_every`` (0 = off, k = recompute every k-th block in backward) and
     ``checkpoint_policy`` (what a checkpointed block keeps: "block" = only its input, "selective" =
     also its matmul and attention outputs, :mod:`helpers.core.recompute`).

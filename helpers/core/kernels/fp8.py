@@ -171,7 +171,8 @@ def scaled_mm(
         a8: (M, K) float8_e4m3fn, row-major; scale_a: (M, 1) fp32.
         b8: (K, N) float8_e4m3fn, column-major (``w8.t()`` of a contiguous (N, K) ``w8``);
             scale_b: (1, N) fp32.
-        fast_accum: Hopper's faster fp8 accumulation (the forward matmul only, as torchao).
+        fast_accum: the tensor cores' faster fp8 accumulation, no periodic promotion of partial
+            sums to fp32 (the fp8 MLP's forward always; its backward with ``grad_fast_accum``).
 
     Returns:
         (M, N) bf16. On a CPU (no fp8 tensor cores) the same product in fp32 then rounded to bf16:
