@@ -125,3 +125,19 @@ def test_ladder_panels_log_ms_axis_labels_median_and_spread_and_draws_no_bar_for
     texts = [t.get_text() for t in ms_ax.texts]
     last = res["rungs"][-1]
     assert f"{last['ms_per_step']:.1f}\n{last['spread_pct']:.0f}%" in texts and "skipped" in texts
+
+
+def test_ladder_bars_skipped_labels_of_neighbouring_rungs_do_not_overlap():
+    """The CPU ladder skips up to eight rungs in a row: their "skipped" labels must stay apart
+    (drawn upright, each was wider than its bar and they ran into one word)."""
+    from helpers.measure import plots, results
+
+    res = results.load("h200-ladder-b16.json")
+    skipped = {**res["rungs"][-1], "status": "skipped", "ms_per_step": None, "speedup": None}
+    res["rungs"] = res["rungs"][:10] + [{**skipped, "name": f"+ rung {i}"} for i in range(8)]
+    fig = plots.ladder_bars(res)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in fig.axes[0].texts if t.get_text() == "skipped"]
+    assert len(boxes) == 8
+    assert all(b.x0 - a.x1 >= 2 for a, b in zip(boxes, boxes[1:], strict=False))  # pixels apart

@@ -50,13 +50,15 @@ def ladder_bars(results: dict, path: str | Path | None = None):
         color=["tab:blue" if r["status"] == "measured" else "lightgrey" for r in rows],
     )
     for bar, r in zip(bars, rows, strict=False):
-        label = f"{r['ms_per_step']:.1f}" if r["status"] == "measured" else r["status"]
+        measured = r["status"] == "measured"
         ax.annotate(
-            label,
+            f"{r['ms_per_step']:.1f}" if measured else r["status"],
             (bar.get_x() + bar.get_width() / 2, bar.get_height()),
             ha="center",
             va="bottom",
             fontsize=8,
+            # upright, neighbouring "skipped" labels wider than their bars run into one another
+            rotation=0 if measured else 90,
         )
     ax.set_xticks(range(len(rows)), names, rotation=25, ha="right")
     ax.set_ylabel("ms per training step (median)")
