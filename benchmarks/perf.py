@@ -60,6 +60,9 @@ VARIANTS = {
     "bf16-lm-head": {"lm_head_fp8": False},  # the fused LM-head CE's matmuls in bf16
     # the fp8 MLP's and LM head's gradient matmuls with fast fp8 accumulation (no rung yet)
     "fast-accum": {"fp8_fast_accum": True},
+    "no-fast-accum": {"fp8_fast_accum": False},
+    # fast accumulation in the fp8 MLP's input-gradient matmuls only, the LM head's exact
+    "mlp-fast-accum": {"fp8_fast_accum": True},
     "bf16-mlp": {"mlp_fp8": False},  # the MLP in bf16 (the rung before the last)
     # the fp8 LM head's e5m2 gradient rounded by fused_ce._e5m2_bits, not the GPU's conversion
     "software-e5m2": {},
@@ -167,6 +170,19 @@ def experiment(name: str):
         name == "max-autotune-gemm"
     ):  # GEMMs only: no coordinate descent, no pointwise autotuning, no CUDA graphs
         return inductor_config.patch(max_autotune_gemm=True)
+    if name == "mlp-fast-accum":
+        from unittest import mock
+
+        from helpers.core.kernels import fused_ce
+
+        head = fused_ce._LinearCrossEntropy._forward_fp8
+
+        def exact_head(ctx, x, weight, targets, grad_fast_accum):
+            return head(ctx, x, weight, targets, False)
+
+        return mock.patch.object(
+            fused_ce._LinearCrossEntropy, "_forward_fp8", staticmethod(exact_head)
+        )
     if name == "software-e5m2":
         from unittest import mock
 
