@@ -192,7 +192,7 @@ class MLP(nn.Module):
         self.c_proj.RESIDUAL_SCALE_INIT = True
         self.dropout = nn.Dropout(config.dropout)
         self.fp8 = fp8
-        self.grad_fast_accum = grad_fast_accum  # switch fp8_fast_accum (no rung yet)
+        self.grad_fast_accum = grad_fast_accum  # switch fp8_fast_accum (no rung)
         if fp8:  # rung "+ fp8 MLP" (GPT checks its requirements)
             from helpers.core import kernels  # imports Triton: only when the rung is asked for
 

@@ -339,8 +339,8 @@ def linear_cross_entropy(
             K = the chunk's rows) with Hopper's fast fp8 accumulation
             (``torch._scaled_mm(use_fast_accum=True)``, no periodic promotion of partial sums to
             fp32), as the logits' matmul always runs; False (the default) promotes them. The
-            model's ``fp8_fast_accum`` switch (an experiment, not yet a rung). Ignored without
-            ``fp8``.
+            model's ``fp8_fast_accum`` switch (measured and not kept as a rung: slower here,
+            results/perf-log.md). Ignored without ``fp8``.
 
     Returns:
         0-d fp32 mean over the non-skipped rows (nan if all are skipped, or N = 0; the gradients
