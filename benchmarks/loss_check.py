@@ -15,8 +15,10 @@ compares the mean loss of the last 10 steps. Passing means every variant within 
 4 decimals; the compiled last rung does not: its kernels are not deterministic, and 200 steps
 carry their differences to the loss, by 2-3% on some seeds, results/perf-log.md). The JSON's
 ``summary`` then gives, per seed and variant, the repeats' mean, lowest and highest, whether the
-mean is within the tolerance, and whether the plain rung's value lies inside the repeats' range
-(a difference no larger than the variant's own run-to-run spread). ``passed`` stays the issue's
+mean is within the tolerance, whether the plain rung's value lies inside the repeats' range
+(a difference no larger than the variant's own run-to-run spread), and ``step_diff`` (how far the
+repeats' curves are apart step by step: see :func:`step_diff`), which tells a variant that trains
+less repeatably from one whose last-10 means differ by chance. ``passed`` stays the issue's
 verdict: every run within the tolerance.
 """
 
@@ -105,9 +107,10 @@ def main(argv=None) -> int:
                     {"config": f"last rung ({final.name}) + {v}", "seed": seed, "skipped": reason}
                 )
                 continue
-            ends = []
+            ends, curves = [], []
             for repeat in range(args.repeats):
                 losses = run_losses(run, args.steps, tokens, device, v)
+                curves.append(losses)
                 end = sum(losses[-10:]) / 10
                 rel = (end - base_end) / base_end
                 ok &= abs(rel) <= args.tolerance
@@ -130,17 +133,50 @@ def main(argv=None) -> int:
                 )
                 # a later crash keeps what ran; the verdict is written once every pair has run
                 write(args.out, args, seeds, None, rows, device, summary)
-            summary.append(repeats_summary(seed, v, base_end, ends, args.tolerance))
+            summary.append(repeats_summary(seed, v, base_end, ends, args.tolerance, curves))
+            if summary[-1]["step_diff"] is not None:
+                print(
+                    f"seed {seed}, {v}: runs apart by {summary[-1]['step_diff']:.4f} per step "
+                    f"(mean |loss difference| over the second half, all pairs of runs)",
+                    flush=True,
+                )
     write(args.out, args, seeds, ok, rows, device, summary)
     return 0 if ok else 1
 
 
-def repeats_summary(seed: int, variant: str, plain: float, ends: list[float], tol: float) -> dict:
+def step_diff(curves: list[list[float]]) -> float | None:
+    """How far repeated runs' loss curves are apart: the mean over all pairs of runs of the mean
+    absolute difference of their losses (nats) over the second half of the steps, where the
+    compiled step's nondeterminism has had time to grow. None with fewer than two runs.
+
+    Raises:
+        ValueError: curves of different lengths.
+    """
+    if len({len(c) for c in curves}) > 1:
+        raise ValueError(f"curves of different lengths {[len(c) for c in curves]}")
+    if len(curves) < 2:
+        return None
+    half = len(curves[0]) // 2
+    pairs = [(a, b) for i, a in enumerate(curves) for b in curves[i + 1 :]]
+    return sum(
+        sum(abs(x - y) for x, y in zip(a[half:], b[half:], strict=True)) / (len(a) - half)
+        for a, b in pairs
+    ) / len(pairs)
+
+
+def repeats_summary(
+    seed: int,
+    variant: str,
+    plain: float,
+    ends: list[float],
+    tol: float,
+    curves: list[list[float]] | None = None,
+) -> dict:
     """One seed's runs of ``variant`` against the plain rung's ``plain`` loss: the mean, lowest
     and highest of ``ends`` (each run's mean loss over its last 10 steps), the mean's relative
-    difference and whether it is within ``tol``, and whether ``plain`` lies inside
-    [lowest, highest] (then the difference is no larger than the variant's own run-to-run
-    spread)."""
+    difference and whether it is within ``tol``, whether ``plain`` lies inside [lowest, highest]
+    (then the difference is no larger than the variant's own run-to-run spread), and
+    ``step_diff`` of the runs' loss ``curves`` (None without them or with one run)."""
     mean = sum(ends) / len(ends)
     return {
         "seed": seed,
@@ -153,6 +189,7 @@ def repeats_summary(seed: int, variant: str, plain: float, ends: list[float], to
         "mean_rel_diff": (mean - plain) / plain,
         "mean_within_tolerance": abs(mean - plain) <= tol * plain,
         "plain_inside_range": min(ends) <= plain <= max(ends),
+        "step_diff": step_diff(curves) if curves else None,
     }
 
 

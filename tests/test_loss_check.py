@@ -125,6 +125,19 @@ def test_repeats_are_summarised_against_the_plain_rung(loss_check, monkeypatch, 
     assert s1["plain_inside_range"]
     assert s2["mean_rel_diff"] == pytest.approx(-0.02933, abs=1e-5)
     assert not s2["mean_within_tolerance"] and not s2["plain_inside_range"]
+    # constant curves: the runs are |5.1 - 4.95|, |5.1 - 4.98|, |4.95 - 4.98| apart at every step
+    assert s1["step_diff"] == pytest.approx((0.15 + 0.12 + 0.03) / 3)
+    assert s2["step_diff"] == pytest.approx(0.02 / 3)
+
+
+def test_step_diff_reads_the_second_half_of_every_pair_of_curves(loss_check):
+    a = [9.0, 9.0, 5.0, 5.0]
+    b = [1.0, 1.0, 5.5, 4.5]  # apart by 8 in the first half, by 0.5 in the second
+    assert loss_check.step_diff([a, b]) == pytest.approx(0.5)
+    assert loss_check.step_diff([a, b, a]) == pytest.approx((0.5 + 0.0 + 0.5) / 3)
+    assert loss_check.step_diff([a]) is None
+    with pytest.raises(ValueError, match="different lengths"):
+        loss_check.step_diff([a, b[:3]])
 
 
 def test_repeats_below_one_are_refused(loss_check):
