@@ -1,5 +1,6 @@
 """Tests for helpers/bench.py: the one measuring verb."""
 
+import pytest
 import torch
 
 from helpers import bench
@@ -61,6 +62,35 @@ def test_provenance_names_the_device_torch_date_and_commit():
     assert p["device"].startswith("cpu (") and p["torch"] == torch.__version__
     assert p["cuda"] == torch.version.cuda and p["emulated"] is None
     assert len(p["date"]) == 10 and (p["commit"] is None or len(p["commit"]) >= 7)
+
+
+def test_provenance_commit_says_when_the_measured_code_is_not_the_commits(tmp_path, monkeypatch):
+    """A result measured with uncommitted changes to tracked files says so ("<hash>+modified");
+    an untracked file (a result being written) does not count."""
+    import shutil
+    import subprocess
+
+    import helpers
+
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", "code.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "c")
+    monkeypatch.setattr(helpers, "REPO_ROOT", tmp_path)
+    clean = results._commit()
+    assert clean is not None and len(clean) >= 7 and "+" not in clean
+    (tmp_path / "new-result.json").write_text("{}")
+    assert results._commit() == clean
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert results._commit() == clean + "+modified"
+    monkeypatch.setattr(helpers, "REPO_ROOT", tmp_path / "not-a-checkout")
+    assert results._commit() is None
 
 
 def test_configurations_are_measured_through_the_verb_outside_a_few_named_places():

@@ -103,8 +103,8 @@ def provenance(device: torch.device | str) -> dict:
     """Where and when a measurement is made, the first keys of every result the course writes:
     {"device": the GPU's name (with "emulating <GPU>" while emulating) or "cpu (<processor>)",
     "torch": version, "cuda": CUDA version or None, "python": version, "date": ISO date,
-    "commit": the checkout's git commit (short hash; None outside a git checkout), "emulated":
-    the emulated profile's key or None}."""
+    "commit": the checkout's git commit (short hash, "+modified" when tracked files differ from
+    it; None outside a git checkout), "emulated": the emulated profile's key or None}."""
     from helpers.measure import hardware
 
     device = torch.device(device)
@@ -139,13 +139,22 @@ def save_rows(rows: list[dict], path: str | Path | None, device: torch.device | 
 
 
 def _commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(helpers.REPO_ROOT), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
+    """The checkout's short commit hash, with "+modified" when a tracked file differs from that
+    commit (the measured code was not the commit's); None outside a git checkout."""
+
+    def git(*args: str) -> subprocess.CompletedProcess | None:
+        try:
+            return subprocess.run(
+                ["git", "-C", str(helpers.REPO_ROOT), *args],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    head = git("rev-parse", "--short", "HEAD")
+    if head is None or head.returncode != 0 or not head.stdout.strip():
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    diff = git("diff", "--quiet", "HEAD", "--")  # exit 1: a tracked file differs
+    return head.stdout.strip() + ("+modified" if diff is not None and diff.returncode == 1 else "")
