@@ -65,8 +65,8 @@ def test_provenance_names_the_device_torch_date_and_commit():
 
 
 def test_provenance_commit_says_when_the_measured_code_is_not_the_commits(tmp_path, monkeypatch):
-    """A result measured with uncommitted changes to tracked files says so ("<hash>+modified");
-    an untracked file (a result being written) does not count."""
+    """A result measured with uncommitted changes to the tracked code says so ("<hash>+modified");
+    an untracked file (a result being written) or an edited notebook does not count."""
     import shutil
     import subprocess
 
@@ -79,15 +79,18 @@ def test_provenance_commit_says_when_the_measured_code_is_not_the_commits(tmp_pa
         subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
 
     git("init", "-q")
-    (tmp_path / "code.py").write_text("x = 1\n")
-    git("add", "code.py")
+    (tmp_path / "helpers").mkdir()
+    (tmp_path / "helpers" / "code.py").write_text("x = 1\n")
+    (tmp_path / "chapter.ipynb").write_text("{}\n")
+    git("add", "helpers/code.py", "chapter.ipynb")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "c")
     monkeypatch.setattr(helpers, "REPO_ROOT", tmp_path)
     clean = results._commit()
     assert clean is not None and len(clean) >= 7 and "+" not in clean
     (tmp_path / "new-result.json").write_text("{}")
+    (tmp_path / "chapter.ipynb").write_text('{"answered": 1}\n')
     assert results._commit() == clean
-    (tmp_path / "code.py").write_text("x = 2\n")
+    (tmp_path / "helpers" / "code.py").write_text("x = 2\n")
     assert results._commit() == clean + "+modified"
     monkeypatch.setattr(helpers, "REPO_ROOT", tmp_path / "not-a-checkout")
     assert results._commit() is None

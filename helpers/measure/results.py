@@ -103,8 +103,8 @@ def provenance(device: torch.device | str) -> dict:
     """Where and when a measurement is made, the first keys of every result the course writes:
     {"device": the GPU's name (with "emulating <GPU>" while emulating) or "cpu (<processor>)",
     "torch": version, "cuda": CUDA version or None, "python": version, "date": ISO date,
-    "commit": the checkout's git commit (short hash, "+modified" when tracked files differ from
-    it; None outside a git checkout), "emulated": the emulated profile's key or None}."""
+    "commit": the checkout's git commit (short hash, "+modified" when tracked code files differ
+    from it; None outside a git checkout), "emulated": the emulated profile's key or None}."""
     from helpers.measure import hardware
 
     device = torch.device(device)
@@ -138,9 +138,13 @@ def save_rows(rows: list[dict], path: str | Path | None, device: torch.device | 
         Path(path).write_text(json.dumps({**provenance(device), "rows": rows}, indent=1) + "\n")
 
 
+CODE_PATHS = ("helpers", "benchmarks")  # what a "+modified" commit is about
+
+
 def _commit() -> str | None:
-    """The checkout's short commit hash, with "+modified" when a tracked file differs from that
-    commit (the measured code was not the commit's); None outside a git checkout."""
+    """The checkout's short commit hash, with "+modified" when a tracked file of the measuring
+    code (helpers/, benchmarks/) differs from that commit; None outside a git checkout. A
+    learner's edited notebook does not count: the code it measures with is the package's."""
 
     def git(*args: str) -> subprocess.CompletedProcess | None:
         try:
@@ -156,5 +160,5 @@ def _commit() -> str | None:
     head = git("rev-parse", "--short", "HEAD")
     if head is None or head.returncode != 0 or not head.stdout.strip():
         return None
-    diff = git("diff", "--quiet", "HEAD", "--")  # exit 1: a tracked file differs
+    diff = git("diff", "--quiet", "HEAD", "--", *CODE_PATHS)  # exit 1: a tracked file differs
     return head.stdout.strip() + ("+modified" if diff is not None and diff.returncode == 1 else "")
