@@ -45,9 +45,9 @@ from perf import variant as variant_name  # noqa: E402
 def run_losses(
     run, steps: int, tokens: torch.Tensor, device: torch.device, variant: str = "final"
 ) -> list[float]:
-    trainer = build(run, GPTConfig(), device)
-    loader = data.BatchLoader(tokens, run.batch_size, run.seq_len, device)
-    with experiment(variant):
+    with experiment(variant):  # around the build too: a patch may be read when the model is made
+        trainer = build(run, GPTConfig(), device)
+        loader = data.BatchLoader(tokens, run.batch_size, run.seq_len, device)
         losses = [trainer.step(loader) for _ in range(steps)]
     return [float(x) for x in torch.stack(losses).cpu()]
 

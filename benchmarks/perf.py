@@ -58,9 +58,9 @@ VARIANTS = {
     "eager-pytorch-ce": {"compile": None, "loss_kernel": "pytorch"},
     "separate-clip": {"fused_clip": False},
     "bf16-lm-head": {"lm_head_fp8": False},  # the fused LM-head CE's matmuls in bf16
-    # the fp8 MLP's and LM head's gradient matmuls with fast fp8 accumulation (no rung yet)
+    # the fp8 MLP's and LM head's gradient matmuls with fast fp8 accumulation (measured, no rung)
     "fast-accum": {"fp8_fast_accum": True},
-    "no-fast-accum": {"fp8_fast_accum": False},
+    "no-fast-accum": {"fp8_fast_accum": False},  # the last rung as it is, named for comparisons
     # fast accumulation in the fp8 MLP's input-gradient matmuls only, the LM head's exact
     "mlp-fast-accum": {"fp8_fast_accum": True},
     "bf16-mlp": {"mlp_fp8": False},  # the MLP in bf16 (the rung before the last)
@@ -147,8 +147,9 @@ def switches(name: str) -> dict:
 def experiment(name: str):
     """Context for variants that are not RunConfig switches: inductor settings (coord-descent,
     max-autotune-gemm), the SDPA backends (no-cudnn-attention),
-    ``helpers.core.kernels.fused_ce.FUSED_CHUNK_ROWS`` (fused-*); restores them afterwards.
-    A name joined by "+" enters each part's context."""
+    ``helpers.core.kernels.fused_ce.FUSED_CHUNK_ROWS`` (fused-*), the fused LM-head CE's fp8
+    forward handed ``grad_fast_accum=False`` (mlp-fast-accum), and the others below; restores
+    them afterwards. A name joined by "+" enters each part's context."""
     import contextlib
 
     import torch._inductor.config as inductor_config

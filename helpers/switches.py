@@ -290,8 +290,7 @@ SWITCHES: tuple[Switch, ...] = (
         ),
         where="model",
     ),
-    # No rung: measured on an H100 (results/perf-log.md, 2026-12-07) it took 0.6 ms off a B=64
-    # step, inside the steps' spread, and raised the 200-step loss in two of three runs by 3%.
+    # No rung: measured and not kept (its advice below; results/perf-log.md, 2026-12-07).
     Switch(
         "fp8_fast_accum",
         False,

@@ -65,8 +65,9 @@ def test_provenance_names_the_device_torch_date_and_commit():
 
 
 def test_provenance_commit_says_when_the_measured_code_is_not_the_commits(tmp_path, monkeypatch):
-    """A result measured with uncommitted changes to the tracked code says so ("<hash>+modified");
-    an untracked file (a result being written) or an edited notebook does not count."""
+    """A result measured with uncommitted changes to the code (helpers/, benchmarks/: a tracked
+    file edited, staged or not, or a new one) says so ("<hash>+modified"); an edited notebook or
+    an ignored file does not count; a package outside the top of a checkout has no commit."""
     import shutil
     import subprocess
 
@@ -74,24 +75,44 @@ def test_provenance_commit_says_when_the_measured_code_is_not_the_commits(tmp_pa
 
     if shutil.which("git") is None:
         pytest.skip("needs git")
+    repo = tmp_path / "repo"
+    repo.mkdir()
 
     def git(*args):
-        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+        cfg = ["-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+        subprocess.run(["git", "-C", str(repo), *cfg, *args], check=True, capture_output=True)
 
     git("init", "-q")
-    (tmp_path / "helpers").mkdir()
-    (tmp_path / "helpers" / "code.py").write_text("x = 1\n")
-    (tmp_path / "chapter.ipynb").write_text("{}\n")
-    git("add", "helpers/code.py", "chapter.ipynb")
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "c")
-    monkeypatch.setattr(helpers, "REPO_ROOT", tmp_path)
+    for path, text in {
+        "helpers/code.py": "x = 1\n",
+        "benchmarks/bench.py": "y = 1\n",
+        "chapter.ipynb": "{}\n",
+        ".gitignore": "*.json\n",
+    }.items():
+        (repo / path).parent.mkdir(exist_ok=True)
+        (repo / path).write_text(text)
+    git("add", ".")
+    git("commit", "-q", "--no-verify", "-m", "c")
+    monkeypatch.setattr(helpers, "REPO_ROOT", repo)
     clean = results._commit()
     assert clean is not None and len(clean) >= 7 and "+" not in clean
-    (tmp_path / "new-result.json").write_text("{}")
-    (tmp_path / "chapter.ipynb").write_text('{"answered": 1}\n')
+    (repo / "helpers" / "result.json").write_text("{}")  # ignored: a result being written
+    (repo / "chapter.ipynb").write_text('{"answered": 1}\n')
     assert results._commit() == clean
-    (tmp_path / "helpers" / "code.py").write_text("x = 2\n")
+    for change in ("benchmarks/bench.py", "helpers/code.py", "helpers/new.py"):
+        (repo / change).write_text("z = 2\n")
+        assert results._commit() == clean + "+modified", change
+        if change == "helpers/new.py":
+            (repo / change).unlink()
+        else:
+            git("checkout", "-q", "--", change)
+        assert results._commit() == clean
+    (repo / "helpers" / "code.py").write_text("x = 3\n")
+    git("add", "helpers/code.py")  # staged only
     assert results._commit() == clean + "+modified"
+    # the package inside another repository's subfolder, or in no repository at all
+    monkeypatch.setattr(helpers, "REPO_ROOT", repo / "helpers")
+    assert results._commit() is None
     monkeypatch.setattr(helpers, "REPO_ROOT", tmp_path / "not-a-checkout")
     assert results._commit() is None
 

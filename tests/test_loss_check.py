@@ -132,9 +132,9 @@ def test_repeats_are_summarised_against_the_plain_rung(loss_check, monkeypatch, 
 
 def test_step_diff_reads_the_second_half_of_every_pair_of_curves(loss_check):
     a = [9.0, 9.0, 5.0, 5.0]
-    b = [1.0, 1.0, 5.5, 4.5]  # apart by 8 in the first half, by 0.5 in the second
-    assert loss_check.step_diff([a, b]) == pytest.approx(0.5)
-    assert loss_check.step_diff([a, b, a]) == pytest.approx((0.5 + 0.0 + 0.5) / 3)
+    b = [1.0, 1.0, 5.5, 4.0]  # apart by 8 in the first half, by 0.5 and 1.0 in the second
+    assert loss_check.step_diff([a, b]) == pytest.approx(0.75)
+    assert loss_check.step_diff([a, b, a]) == pytest.approx((0.75 + 0.0 + 0.75) / 3)
     assert loss_check.step_diff([a]) is None
     with pytest.raises(ValueError, match="different lengths"):
         loss_check.step_diff([a, b[:3]])

@@ -142,8 +142,10 @@ CODE_PATHS = ("helpers", "benchmarks")  # what a "+modified" commit is about
 
 
 def _commit() -> str | None:
-    """The checkout's short commit hash, with "+modified" when a tracked file of the measuring
-    code (helpers/, benchmarks/) differs from that commit; None outside a git checkout. A
+    """The checkout's short commit hash, with "+modified" when the measuring code (helpers/,
+    benchmarks/) differs from that commit: a tracked file changed or a new file not ignored;
+    "+unknown" when git could not tell. None unless the package runs from the top of a git
+    checkout (an installed copy inside another repository is not that repository's commit). A
     learner's edited notebook does not count: the code it measures with is the package's."""
 
     def git(*args: str) -> subprocess.CompletedProcess | None:
@@ -157,8 +159,15 @@ def _commit() -> str | None:
         except (OSError, subprocess.SubprocessError):
             return None
 
+    top = git("rev-parse", "--show-toplevel")
+    if top is None or top.returncode != 0 or not top.stdout.strip():
+        return None
+    if Path(top.stdout.strip()).resolve() != Path(helpers.REPO_ROOT).resolve():
+        return None
     head = git("rev-parse", "--short", "HEAD")
     if head is None or head.returncode != 0 or not head.stdout.strip():
         return None
-    diff = git("diff", "--quiet", "HEAD", "--", *CODE_PATHS)  # exit 1: a tracked file differs
-    return head.stdout.strip() + ("+modified" if diff is not None and diff.returncode == 1 else "")
+    status = git("status", "--porcelain", "--", *CODE_PATHS)  # one line per changed/new file
+    if status is None or status.returncode != 0:
+        return head.stdout.strip() + "+unknown"
+    return head.stdout.strip() + ("+modified" if status.stdout.strip() else "")
