@@ -155,6 +155,8 @@ def _commit() -> str | None:
                 capture_output=True,
                 text=True,
                 timeout=10,
+                # status takes no index lock: two runs measuring at once do not fail each other
+                env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"},
             )
         except (OSError, subprocess.SubprocessError):
             return None
