@@ -170,13 +170,13 @@ def repeats_summary(
     plain: float,
     ends: list[float],
     tol: float,
-    curves: list[list[float]] | None = None,
+    curves: list[list[float]],
 ) -> dict:
     """One seed's runs of ``variant`` against the plain rung's ``plain`` loss: the mean, lowest
     and highest of ``ends`` (each run's mean loss over its last 10 steps), the mean's relative
     difference and whether it is within ``tol``, whether ``plain`` lies inside [lowest, highest]
     (then the difference is no larger than the variant's own run-to-run spread), and
-    ``step_diff`` of the runs' loss ``curves`` (None without them or with one run)."""
+    ``step_diff`` of the runs' loss ``curves`` (None with one run)."""
     mean = sum(ends) / len(ends)
     return {
         "seed": seed,
@@ -189,7 +189,7 @@ def repeats_summary(
         "mean_rel_diff": (mean - plain) / plain,
         "mean_within_tolerance": abs(mean - plain) <= tol * plain,
         "plain_inside_range": min(ends) <= plain <= max(ends),
-        "step_diff": step_diff(curves) if curves else None,
+        "step_diff": step_diff(curves),
     }
 
 

@@ -161,15 +161,11 @@ def _commit() -> str | None:
         except (OSError, subprocess.SubprocessError):
             return None
 
-    top = git("rev-parse", "--show-toplevel")
-    if top is None or top.returncode != 0 or not top.stdout.strip():
-        return None
-    if Path(top.stdout.strip()).resolve() != Path(helpers.REPO_ROOT).resolve():
-        return None
-    head = git("rev-parse", "--short", "HEAD")
-    if head is None or head.returncode != 0 or not head.stdout.strip():
+    where = git("rev-parse", "--show-toplevel", "--short", "HEAD")  # two lines: top, hash
+    lines = where.stdout.splitlines() if where is not None and where.returncode == 0 else []
+    if len(lines) != 2 or Path(lines[0]).resolve() != Path(helpers.REPO_ROOT).resolve():
         return None
     status = git("status", "--porcelain", "--", *CODE_PATHS)  # one line per changed/new file
     if status is None or status.returncode != 0:
-        return head.stdout.strip() + "+unknown"
-    return head.stdout.strip() + ("+modified" if status.stdout.strip() else "")
+        return lines[1] + "+unknown"
+    return lines[1] + ("+modified" if status.stdout.strip() else "")
