@@ -58,12 +58,10 @@ VARIANTS = {
     "eager-pytorch-ce": {"compile": None, "loss_kernel": "pytorch"},
     "separate-clip": {"fused_clip": False},
     "bf16-lm-head": {"lm_head_fp8": False},  # the fused LM-head CE's matmuls in bf16
-    # the fp8 MLP's and LM head's gradient matmuls with fast fp8 accumulation (measured, no rung)
-    "fast-accum": {"fp8_fast_accum": True},
-    "no-fast-accum": {"fp8_fast_accum": False},  # the last rung as it is, named for comparisons
-    # fast accumulation in the fp8 MLP's input-gradient matmuls only, the LM head's exact
-    "mlp-fast-accum": {"fp8_fast_accum": True},
-    "bf16-mlp": {"mlp_fp8": False},  # the MLP in bf16 (the rung before the last)
+    # the fp8 MLP's input-gradient matmuls with exact (fp32-promoted) accumulation
+    "no-fast-accum": {"fp8_fast_accum": False},
+    # the MLP in bf16 (fast accumulation is the fp8 MLP's, so it goes too)
+    "bf16-mlp": {"mlp_fp8": False, "fp8_fast_accum": False},
     # the fp8 LM head's e5m2 gradient rounded by fused_ce._e5m2_bits, not the GPU's conversion
     "software-e5m2": {},
     # the ladder without its last five byte-saving rungs (the name is the committed result files')
@@ -147,8 +145,7 @@ def switches(name: str) -> dict:
 def experiment(name: str):
     """Context for variants that are not RunConfig switches: inductor settings (coord-descent,
     max-autotune-gemm), the SDPA backends (no-cudnn-attention),
-    ``helpers.core.kernels.fused_ce.FUSED_CHUNK_ROWS`` (fused-*), the fused LM-head CE's fp8
-    forward handed ``grad_fast_accum=False`` (mlp-fast-accum), and the others below; restores
+    ``helpers.core.kernels.fused_ce.FUSED_CHUNK_ROWS`` (fused-*), and the others below; restores
     them afterwards. A name joined by "+" enters each part's context."""
     import contextlib
 
@@ -171,19 +168,6 @@ def experiment(name: str):
         name == "max-autotune-gemm"
     ):  # GEMMs only: no coordinate descent, no pointwise autotuning, no CUDA graphs
         return inductor_config.patch(max_autotune_gemm=True)
-    if name == "mlp-fast-accum":
-        from unittest import mock
-
-        from helpers.core.kernels import fused_ce
-
-        head = fused_ce._LinearCrossEntropy._forward_fp8
-
-        def exact_head(ctx, x, weight, targets, grad_fast_accum):
-            return head(ctx, x, weight, targets, False)
-
-        return mock.patch.object(
-            fused_ce._LinearCrossEntropy, "_forward_fp8", staticmethod(exact_head)
-        )
     if name == "software-e5m2":
         from unittest import mock
 

@@ -30,6 +30,7 @@ def test_rungs_are_cumulative_and_skip_what_the_cpu_cannot_run(monkeypatch):
         "+ CUDA graphs",
         "+ one-pass QKV grad",
         "+ Triton AdamW",
+        "+ fp8 fast accum",
     ]
     reasons = dict((c.name, r) for c, r in configs)
     assert "TF32" in reasons["+ tf32"]
@@ -44,7 +45,8 @@ def test_rungs_are_cumulative_and_skip_what_the_cpu_cannot_run(monkeypatch):
     skipped = ("+ tf32", "+ Triton CE", "+ fused LM-head CE", "+ fp8 LM head", "+ fp8 MLP")
     assert "QKV gradient kernel cannot run" in reasons["+ one-pass QKV grad"]
     assert "Triton AdamW kernel cannot run" in reasons["+ Triton AdamW"]
-    skipped += ("+ CUDA graphs", "+ one-pass QKV grad", "+ Triton AdamW")
+    assert "needs mlp_fp8" in reasons["+ fp8 fast accum"]  # the fp8 MLP's rung was skipped
+    skipped += ("+ CUDA graphs", "+ one-pass QKV grad", "+ Triton AdamW", "+ fp8 fast accum")
     assert all(r is None for n, r in reasons.items() if n not in skipped)
     last = [c for c, r in configs if r is None][-1]
     # TF32 and the Triton kernels were skipped, so they are not carried into later rungs;
@@ -68,7 +70,7 @@ def test_rungs_are_cumulative_and_skip_what_the_cpu_cannot_run(monkeypatch):
 def test_gpu_ladder_carries_every_switch():
     configs = ladder.ladder_configs(16, 1024)
     assert configs[-1][0] == RunConfig(
-        name="+ Triton AdamW",
+        name="+ fp8 fast accum",
         matmul_precision="tf32",
         autocast="bf16",
         compile="reduce-overhead",
@@ -84,24 +86,29 @@ def test_gpu_ladder_carries_every_switch():
         lm_head_fp8=True,
         mlp_fp8=True,
         qkv_grad=True,
+        fp8_fast_accum=True,
     )
 
 
 def test_fp8_rung_is_skipped_below_compute_capability_8_9(monkeypatch):
-    """An A100 (8.0) runs every rung but the two fp8 ones,
-    and its last is the bf16 fused LM head with CUDA graphs and the one-pass QKV gradient."""
+    """An A100 (8.0) runs every rung but the fp8 ones (fast accumulation is the fp8 MLP's),
+    and its last is the bf16 fused LM head with CUDA graphs, the one-pass QKV gradient and the
+    Triton AdamW."""
     _fake_cuda(monkeypatch, (8, 0))
     configs = ladder.ladder_configs(16, 1024, device="cuda")
     reasons = dict((c.name, r) for c, r in configs)
     fp8_rungs = ("+ fp8 LM head", "+ fp8 MLP")
     assert all("8.9" in reasons[n] and "8.0" in reasons[n] for n in fp8_rungs)
-    assert all(r is None for n, r in reasons.items() if n not in fp8_rungs)
+    assert "needs mlp_fp8" in reasons["+ fp8 fast accum"]
+    skipped = fp8_rungs + ("+ fp8 fast accum",)
+    assert all(r is None for n, r in reasons.items() if n not in skipped)
     last = ladder.last_runnable(16, 1024, "cuda")
     assert last.name == "+ Triton AdamW" and not last.lm_head_fp8 and not last.mlp_fp8
+    assert not last.fp8_fast_accum
     assert last.loss_kernel == "fused" and last.compile == "reduce-overhead"
     _fake_cuda(monkeypatch, (9, 0))  # an H100 / H200
     last = ladder.last_runnable(16, 1024, "cuda")
-    assert last.name == "+ Triton AdamW" and last.lm_head_fp8 and last.mlp_fp8
+    assert last.name == "+ fp8 fast accum" and last.lm_head_fp8 and last.mlp_fp8
 
 
 def test_last_runnable_taught_by_stops_before_the_first_later_chapters_switch(monkeypatch):
@@ -344,7 +351,7 @@ def test_cuda_graphs_rung_follows_the_compile_mode(monkeypatch):
     for mode in ("reduce-overhead", "max-autotune"):
         compiled, (graphs, reason) = modes(mode)["+ torch.compile"], modes(mode)["+ CUDA graphs"]
         assert compiled == (mode, None) and graphs == mode and "already uses CUDA graphs" in reason
-        assert ladder.last_runnable(16, 1024, "cuda", mode).name == "+ Triton AdamW"
+        assert ladder.last_runnable(16, 1024, "cuda", mode).name == "+ fp8 fast accum"
 
 
 def test_autocast_rung_stays_bf16_where_it_is_native(monkeypatch):

@@ -178,22 +178,3 @@ def test_the_deterministic_variant_is_restored_afterwards(loss_check):
         assert torch.are_deterministic_algorithms_enabled()
         assert torch.is_deterministic_algorithms_warn_only_enabled()
     assert not torch.are_deterministic_algorithms_enabled()
-
-
-def test_mlp_fast_accum_variant_keeps_the_lm_heads_gradient_matmuls_exact(loss_check, monkeypatch):
-    """Variant "mlp-fast-accum" sets fp8_fast_accum (the MLP's input-gradient matmuls fast) and,
-    inside its context, hands the fp8 LM head's forward grad_fast_accum=False; restored after."""
-    from helpers.core.kernels import fused_ce
-
-    perf = sys.modules["perf"]
-    assert perf.switches("mlp-fast-accum") == {"fp8_fast_accum": True}
-    seen = []
-    monkeypatch.setattr(
-        fused_ce._LinearCrossEntropy,
-        "_forward_fp8",
-        staticmethod(lambda ctx, x, w, t, fast: seen.append(fast)),
-    )
-    with perf.experiment("mlp-fast-accum"):
-        fused_ce._LinearCrossEntropy._forward_fp8(None, None, None, None, True)
-    fused_ce._LinearCrossEntropy._forward_fp8(None, None, None, None, True)
-    assert seen == [False, True]

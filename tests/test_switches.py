@@ -30,6 +30,7 @@ LADDER_BEFORE_THE_REGISTRY = [
     ("+ CUDA graphs", dict(compile="reduce-overhead")),  # the compile switch's second rung
     ("+ one-pass QKV grad", dict(qkv_grad=True)),
     ("+ Triton AdamW", dict(optimizer="triton")),  # the optimizer switch's second rung
+    ("+ fp8 fast accum", dict(fp8_fast_accum=True)),
 ]
 
 

@@ -192,7 +192,7 @@ class MLP(nn.Module):
         self.c_proj.RESIDUAL_SCALE_INIT = True
         self.dropout = nn.Dropout(config.dropout)
         self.fp8 = fp8
-        self.grad_fast_accum = grad_fast_accum  # switch fp8_fast_accum (no rung)
+        self.grad_fast_accum = grad_fast_accum  # rung "+ fp8 fast accum"
         if fp8:  # rung "+ fp8 MLP" (GPT checks its requirements)
             from helpers.core import kernels  # imports Triton: only when the rung is asked for
 
@@ -244,9 +244,8 @@ class GPT(nn.Module):
     ``mlp_fp8`` (the MLP's forward and input-gradient matmuls in fp8, :mod:`helpers.core.kernels.
     fp8_mlp`; no dropout), ``qkv_grad`` (``c_attn``'s backward concatenates dq, dk, dv and sums its
     bias gradient in one kernel, :mod:`helpers.core.kernels.qkv_grad`; n_embd a multiple of 256;
-    taken under bf16 autocast, the plain path otherwise), ``fp8_fast_accum`` (with lm_head_fp8 or
-    mlp_fp8: the LM head's two gradient matmuls and the MLP's two input-gradient matmuls with fast
-    fp8 accumulation, as their forward's) and
+    taken under bf16 autocast, the plain path otherwise), ``fp8_fast_accum`` (with mlp_fp8: the
+    MLP's two input-gradient matmuls with fast fp8 accumulation, as its forward's) and
     ``checkpoint_every`` (0 = off, k = recompute every k-th block in backward) and
     ``checkpoint_policy`` (what a checkpointed block keeps: "block" = only its input, "selective" =
     also its matmul and attention outputs, :mod:`helpers.core.recompute`).
@@ -264,7 +263,7 @@ class GPT(nn.Module):
             ``loss_kernel="fused"`` or with a width or vocabulary that is not a multiple of 16,
             ``mlp_fp8`` with dropout, a width that is not a multiple of 16 or over 1024,
             ``qkv_grad`` with n_embd not a multiple of 256, ``fp8_fast_accum`` without
-            ``lm_head_fp8`` or ``mlp_fp8``;
+            ``mlp_fp8``;
             in forward, T > block_size.
     """
 
@@ -310,10 +309,10 @@ class GPT(nn.Module):
                 f"got n_embd={config.n_embd} and {config.padded_vocab_size} LM-head rows: "
                 "pad the vocabulary (vocab_multiple=64)"
             )
-        if fp8_fast_accum and not (lm_head_fp8 or mlp_fp8):
+        if fp8_fast_accum and not mlp_fp8:
             raise ValueError(
-                "GPT(fp8_fast_accum=True) changes the fp8 LM head's and fp8 MLP's gradient "
-                "matmuls: it needs lm_head_fp8=True or mlp_fp8=True"
+                "GPT(fp8_fast_accum=True) changes the fp8 MLP's input-gradient matmuls: it needs "
+                "mlp_fp8=True"
             )
         if mlp_fp8:
             from helpers.core.kernels import fp8_mlp  # imports Triton: only for this switch
@@ -370,7 +369,6 @@ class GPT(nn.Module):
         self.residual_bf16 = residual_dtype == "bf16"
         self.detach_logits = detach_logits
         self.lm_head_fp8 = lm_head_fp8
-        self.fp8_fast_accum = fp8_fast_accum
         if loss_kernel == "pytorch":
             self.cross_entropy = _pytorch_cross_entropy
         else:
@@ -474,7 +472,6 @@ class GPT(nn.Module):
             self.lm_head.weight,
             targets.view(-1),
             fp8=self.lm_head_fp8,
-            grad_fast_accum=self.fp8_fast_accum,
         )
         return None, loss
 

@@ -256,10 +256,9 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
             "the fp8 MLP returns bf16 into a bf16-autocast step: it needs autocast='bf16', "
             f"not {run.autocast!r}"
         )
-    if run.fp8_fast_accum and not (run.lm_head_fp8 or run.mlp_fp8):
+    if run.fp8_fast_accum and not run.mlp_fp8:
         return (
-            "fp8 fast accumulation changes the fp8 LM head's and fp8 MLP's gradient matmuls: "
-            "it needs lm_head_fp8 or mlp_fp8"
+            "fp8 fast accumulation changes the fp8 MLP's input-gradient matmuls: it needs mlp_fp8"
         )
     if run.qkv_grad:
         why = _triton_problem("the one-pass QKV gradient kernel", device, run.compile)

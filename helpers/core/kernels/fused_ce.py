@@ -217,9 +217,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, targets, fp8=False, grad_fast_accum=False):
+    def forward(ctx, x, weight, targets, fp8=False):
         if fp8:
-            return _LinearCrossEntropy._forward_fp8(ctx, x, weight, targets, grad_fast_accum)
+            return _LinearCrossEntropy._forward_fp8(ctx, x, weight, targets)
         losses, dxs, dweight = [], [], None
         for s, e in _row_chunks(x.shape[0]):
             logits = x[s:e] @ weight.t()  # (rows, V), x's dtype; freed after this chunk
@@ -231,11 +231,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return _LinearCrossEntropy._finish(ctx, losses, dxs, dweight, weight.dtype, targets)
 
     @staticmethod
-    def _forward_fp8(ctx, x, weight, targets, grad_fast_accum):
+    def _forward_fp8(ctx, x, weight, targets):
         # The same three matmuls on fp8 tensor cores (torch._scaled_mm computes
-        # (a @ b) * scale_a * scale_b, fp32 accumulation). Hopper's fp8 matmul wants both operands
-        # with the reduction dimension contiguous: a row-major, b column-major, hence the
-        # transposes (small ones for x and the weight, one of G per chunk).
+        # (a @ b) * scale_a * scale_b). Hopper's fp8 matmul wants both operands with the
+        # reduction dimension contiguous: a row-major, b column-major, hence the transposes
+        # (small ones for x and the weight, one of G per chunk). The logits' matmul takes the fast
+        # accumulator; the two gradient matmuls promote partial sums to fp32 (use_fast_accum
+        # False): fast accumulation made them slower and less accurate on an H100 (perf-log,
+        # 2026-12-07).
         x8, x_inv = to_fp8_e4m3(x)  # (N, C)
         w8, w_inv = to_fp8_e4m3(weight)  # (V, C)
         # (C, V): w8_t.t() is the weight in the column-major layout dx's matmul needs
@@ -261,7 +264,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     scale_a=g_inv,
                     scale_b=w_inv,
                     out_dtype=x.dtype,
-                    use_fast_accum=grad_fast_accum,
+                    use_fast_accum=False,
                 )
             )  # (rows, C)
             dw = torch._scaled_mm(
@@ -270,7 +273,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 scale_a=g_inv,
                 scale_b=x_inv,
                 out_dtype=torch.float32,
-                use_fast_accum=grad_fast_accum,
+                use_fast_accum=False,
             )  # (V, C)
             dweight = dw if dweight is None else dweight + dw
         return _LinearCrossEntropy._finish(ctx, losses, dxs, dweight, weight.dtype, targets)
@@ -291,7 +294,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         # ignored, dx and dweight are 0 and so is the gradient (as F.cross_entropy's), while the
         # loss is nan (0 / 0).
         scale = grad_loss / n_valid.clamp(min=1)
-        return dx * scale, dweight * scale, None, None, None
+        return dx * scale, dweight * scale, None, None
 
 
 def linear_cross_entropy(
@@ -299,7 +302,6 @@ def linear_cross_entropy(
     weight: torch.Tensor,
     targets: torch.Tensor,
     fp8: bool = False,
-    grad_fast_accum: bool = False,
 ) -> torch.Tensor:
     """LM head and mean cross-entropy in one step: the logits are made in chunks and never kept
     whole.
@@ -335,12 +337,6 @@ def linear_cross_entropy(
         fp8: run the LM head's matmuls in fp8 (see above). C and V must be multiples of 16 (pad the
             vocabulary: ``GPTConfig(vocab_multiple=64)``); rows are padded to a multiple of 16
             inside.
-        grad_fast_accum: with ``fp8``, the two gradient matmuls (dx = G @ W, K = V; dW = G.T @ x,
-            K = the chunk's rows) with Hopper's fast fp8 accumulation
-            (``torch._scaled_mm(use_fast_accum=True)``, no periodic promotion of partial sums to
-            fp32), as the logits' matmul always runs; False (the default) promotes them. The
-            model's ``fp8_fast_accum`` switch (measured and not kept as a rung: slower here,
-            results/perf-log.md). Ignored without ``fp8``.
 
     Returns:
         0-d fp32 mean over the non-skipped rows (nan if all are skipped, or N = 0; the gradients
@@ -415,7 +411,7 @@ def linear_cross_entropy(
             x = torch.nn.functional.pad(x, (0, 0, 0, pad))
             targets = torch.nn.functional.pad(targets, (0, pad), value=IGNORE_INDEX)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
-        return _LinearCrossEntropy.apply(x, weight, targets, fp8, bool(grad_fast_accum))
+        return _LinearCrossEntropy.apply(x, weight, targets, fp8)
     total = torch.zeros((), dtype=torch.float32, device=x.device)
     if fp8:
         x8, x_inv = to_fp8_e4m3(x)
