@@ -383,7 +383,7 @@ def mlp_fp8(
             (``torch._scaled_mm(use_fast_accum=True)``: partial sums are not promoted to fp32
             every few steps of K), as the forward's matmuls always run; False (the default, as
             torchao's recipe) promotes them (DeepSeek-V3 report, section 3.3.2). The model's
-            ``fp8_fast_accum`` switch (measured and not kept as a rung, results/perf-log.md).
+            ``fp8_fast_accum`` switch, rung "+ fp8 fast accum" (results/perf-log.md, 2026-12-07).
 
     Returns:
         (..., C) bf16, as autocast's ``c_proj`` gives. Its relative error against the bf16 MLP
