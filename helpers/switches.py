@@ -4,9 +4,10 @@ Each :class:`Switch` names a :class:`helpers.core.train.RunConfig` field, its ba
 ladder rung(s) that turn it on, the chapter that teaches it and the capstone's one-line advice. The
 ladder's rungs (:func:`ladder_rungs`), the capstone's advice (:func:`advice_table`) and the
 profiler's one-line description of a configuration (:func:`rung_fields`) are all read from
-:data:`SWITCHES`. What a switch needs from the hardware is checked by
-:func:`helpers.core.train.unsupported_reason`; what it does lives in its mechanism (the model, the
-step or a kernel module).
+:data:`SWITCHES`. What a model switch needs from another switch is its record's ``requires``,
+enforced by the model and the step alike (:func:`requirement_problem`); what it needs from the
+hardware is checked by :func:`helpers.core.train.unsupported_reason`; what it does lives in its
+mechanism (the model, the step or a kernel module).
 
 ``RunConfig``'s switch fields are made from these records
 (:func:`helpers.core.train.run_config_class`). Adding a rung: one record here, its place in
@@ -33,6 +34,9 @@ class Switch:
     minimum: int | None = None  # for an int switch: its smallest value
     doc: str = ""  # what the field means, one line (RunConfig's docstring lists them)
     where: str = "step"  # its mechanism: "model" (a GPT keyword), "shape" (GPTConfig) or "step"
+    # other switches' values it needs when it is not at its baseline, and why (one clause)
+    requires: tuple[tuple[str, object], ...] = ()
+    requires_why: str = ""
 
     def __post_init__(self) -> None:
         if (self.values is None) == (self.minimum is None):
@@ -250,6 +254,8 @@ SWITCHES: tuple[Switch, ...] = (
         values=(False, True),
         doc='the fused LM-head CE\'s matmuls on fp8 tensor cores (needs loss_kernel="fused")',
         where="model",
+        requires=(("loss_kernel", "fused"),),
+        requires_why="its matmuls run inside the fused LM-head cross-entropy",
     ),
     Switch(
         "mlp_fp8",
@@ -310,6 +316,8 @@ SWITCHES: tuple[Switch, ...] = (
         values=(False, True),
         doc=("the fp8 MLP's input-gradient matmuls with fast fp8 accumulation (needs mlp_fp8)"),
         where="model",
+        requires=(("mlp_fp8", True),),
+        requires_why="it changes the fp8 MLP's input-gradient matmuls",
     ),
     Switch(
         "grad_accum_steps",
@@ -410,6 +418,27 @@ def get(field_name: str, switches: tuple[Switch, ...] = SWITCHES) -> Switch:
         if s.field == field_name:
             return s
     raise KeyError(f"no switch {field_name!r}; switches are {[s.field for s in switches]}")
+
+
+def requirement_problem(
+    values: dict, owner: str = "RunConfig", switches: tuple[Switch, ...] = SWITCHES
+) -> str | None:
+    """Why ``values`` (switch field -> value, e.g. a GPT's keywords or a RunConfig's fields) break
+    a switch's ``requires``, as one sentence naming ``owner``; None if none does. A switch at its
+    baseline, or one whose field is not in ``values``, requires nothing; a required field missing
+    from ``values`` counts as its baseline."""
+    for s in switches:
+        value = values.get(s.field, s.baseline)
+        if value == s.baseline:
+            continue
+        for field_name, needed in s.requires:
+            got = values.get(field_name, get(field_name, switches).baseline)
+            if got != needed:
+                return (
+                    f"{owner}({s.field}={value!r}) needs {field_name}={needed!r}: "
+                    f"{s.requires_why}; got {field_name}={got!r}"
+                )
+    return None
 
 
 def taught_after(

@@ -149,3 +149,22 @@ def test_the_readmes_rung_table_lists_every_rung_in_ladder_order():
             break
         rows.append(line.split("|")[1].strip())
     assert rows == ["fp32", *switches.RUNG_ORDER]
+
+
+def test_each_switch_requirement_is_refused_without_and_accepted_with_its_value():
+    """A switch's ``requires`` (declared once, in its record) is what GPT and
+    train.unsupported_reason both enforce: refused while the other switch is at another value,
+    accepted once it has the needed one, and nothing is asked of a switch at its baseline."""
+    needing = [s for s in switches.SWITCHES if s.requires]
+    assert {s.field for s in needing} >= {"lm_head_fp8", "fp8_fast_accum"}
+    for s in needing:
+        assert s.requires_why, s.field
+        on = next(v for v in s.values if v != s.baseline)
+        for field_name, needed in s.requires:
+            other = switches.get(field_name)  # raises for a field that is not a switch
+            wrong = next(v for v in (other.values or (other.baseline,)) if v != needed)
+            problem = switches.requirement_problem({s.field: on, field_name: wrong}, owner="GPT")
+            assert problem is not None and f"GPT({s.field}={on!r})" in problem
+            assert f"needs {field_name}={needed!r}" in problem and repr(wrong) in problem
+            assert switches.requirement_problem({s.field: on, field_name: needed}) is None
+            assert switches.requirement_problem({s.field: s.baseline, field_name: wrong}) is None

@@ -298,21 +298,13 @@ class GPT(nn.Module):
             problem = switches.get(name).problem(value, owner="GPT")
             if problem is not None:
                 raise ValueError(problem)
-        if lm_head_fp8 and loss_kernel != "fused":
-            raise ValueError(
-                "GPT(lm_head_fp8=True) runs inside the fused LM-head cross-entropy: it needs "
-                f"loss_kernel='fused', got {loss_kernel!r}"
-            )
+        if (problem := switches.requirement_problem(chosen, owner="GPT")) is not None:
+            raise ValueError(problem)
         if lm_head_fp8 and (config.padded_vocab_size % 16 or config.n_embd % 16):
             raise ValueError(
                 "GPT(lm_head_fp8=True): fp8 matmuls need multiples of 16, "
                 f"got n_embd={config.n_embd} and {config.padded_vocab_size} LM-head rows: "
                 "pad the vocabulary (vocab_multiple=64)"
-            )
-        if fp8_fast_accum and not mlp_fp8:
-            raise ValueError(
-                "GPT(fp8_fast_accum=True) changes the fp8 MLP's input-gradient matmuls: it needs "
-                "mlp_fp8=True"
             )
         if mlp_fp8:
             from helpers.core.kernels import fp8_mlp  # imports Triton: only for this switch

@@ -238,12 +238,10 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
         ok, why = kernels.fp8_available(device)
         if not ok:
             return f"{'the fp8 LM head' if run.lm_head_fp8 else 'the fp8 MLP'} cannot run: {why}"
+    values = {s.field: getattr(run, s.field) for s in switches.SWITCHES}
+    if (why := switches.requirement_problem(values)) is not None:
+        return why  # one switch needs another's value (their records' ``requires``)
     if run.lm_head_fp8:
-        if run.loss_kernel != "fused":
-            return (
-                "lm_head_fp8 runs inside the fused LM-head cross-entropy: "
-                f"it needs loss_kernel='fused', not {run.loss_kernel!r}"
-            )
         if run.vocab_multiple % 16:
             return (
                 "fp8 matmuls need a vocabulary padded to a multiple of 16; "
@@ -255,10 +253,6 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
         return (
             "the fp8 MLP returns bf16 into a bf16-autocast step: it needs autocast='bf16', "
             f"not {run.autocast!r}"
-        )
-    if run.fp8_fast_accum and not run.mlp_fp8:
-        return (
-            "fp8 fast accumulation changes the fp8 MLP's input-gradient matmuls: it needs mlp_fp8"
         )
     if run.qkv_grad:
         why = _triton_problem("the one-pass QKV gradient kernel", device, run.compile)
