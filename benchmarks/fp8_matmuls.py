@@ -9,8 +9,8 @@ file; ``...-rerun-2026-11-30.json`` is this file's own run). Each matmul: 5 warm
 median of 20 CUDA-event-timed calls. ``a`` is (M, K) row-major and ``b`` (N, K), so ``b.t()`` is the
 column-major operand ``_scaled_mm`` needs; scales are 1 (the timing does not depend on them). The
 LM-head rows use one chunk of the fused LM-head CE (32768 rows); the gradient operand is e5m2 and
-the backward matmuls run without fast accumulation, as ``helpers.core.kernels.fused_ce`` runs them
-by default (``grad_fast_accum=False``).
+the backward matmuls run without fast accumulation, as ``helpers.core.kernels.fused_ce`` always runs
+them.
 """
 
 from __future__ import annotations

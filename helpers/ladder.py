@@ -111,9 +111,9 @@ def last_runnable(
     taught_by: str | None = None,
 ) -> RunConfig:
     """The ladder's fastest configuration on ``device``: its last rung that can run here (every
-    runnable switch on). On a T4 that is not the last rung: "+ clip in AdamW" and
-    "+ fused LM-head CE" need bf16 (no GradScaler); below compute capability 8.9 (T4, A100)
-    "+ fp8 LM head" and "+ fp8 MLP" need fp8 tensor cores.
+    runnable switch on). Below compute capability 8.9 (T4, A100) that is not the last rung:
+    "+ fp8 LM head", "+ fp8 MLP" and "+ fp8 fast accum" need fp8 tensor cores; on a T4 also
+    "+ clip in AdamW" and "+ fused LM-head CE" need bf16 (no GradScaler).
 
     ``taught_by`` (a chapter number, "09"): the last runnable rung whose switches are all taught by
     that chapter (:func:`helpers.switches.taught_after`), e.g. what a learner of chapter 10 knows.

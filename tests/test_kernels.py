@@ -657,7 +657,7 @@ def test_fp8_lm_head_needs_the_fused_loss_and_fp8_tensor_cores(monkeypatch):
 
 
 @pytest.mark.skipif(kernels.triton is None, reason="the 'triton' package is not installed")
-def test_fp8_fast_accum_reaches_the_fp8_mlp_only_and_needs_it():
+def test_fp8_fast_accum_reaches_the_fp8_mlp_only_and_needs_it(monkeypatch):
     """GPT(fp8_fast_accum=True) hands grad_fast_accum=True to every block's fp8 MLP, and not to
     the fp8 LM head, whose gradient matmuls stay exact (recorded here by stand-ins for the two
     kernels, so any CPU runs it); without mlp_fp8 it is refused, by the model and by
@@ -687,6 +687,7 @@ def test_fp8_fast_accum_reaches_the_fp8_mlp_only_and_needs_it():
     for others in ({}, dict(loss_kernel="fused", lm_head_fp8=True)):
         with pytest.raises(ValueError, match="needs mlp_fp8=True"):
             GPT(tiny, **others, fp8_fast_accum=True)
+    monkeypatch.setattr(kernels, "fp8_available", lambda device: (True, ""))  # past the hardware
     reason = train.unsupported_reason(train.RunConfig(fp8_fast_accum=True), "cpu")
     assert "needs mlp_fp8" in reason
     # a RunConfig hands it to the model (train.build builds GPT with these keywords)

@@ -45,7 +45,8 @@ def test_rungs_are_cumulative_and_skip_what_the_cpu_cannot_run(monkeypatch):
     skipped = ("+ tf32", "+ Triton CE", "+ fused LM-head CE", "+ fp8 LM head", "+ fp8 MLP")
     assert "QKV gradient kernel cannot run" in reasons["+ one-pass QKV grad"]
     assert "Triton AdamW kernel cannot run" in reasons["+ Triton AdamW"]
-    assert "needs mlp_fp8" in reasons["+ fp8 fast accum"]  # the fp8 MLP's rung was skipped
+    fast = reasons["+ fp8 fast accum"]
+    assert "fp8 fast accumulation cannot run" in fast and "CUDA GPU" in fast
     skipped += ("+ CUDA graphs", "+ one-pass QKV grad", "+ Triton AdamW", "+ fp8 fast accum")
     assert all(r is None for n, r in reasons.items() if n not in skipped)
     last = [c for c, r in configs if r is None][-1]
@@ -97,11 +98,9 @@ def test_fp8_rung_is_skipped_below_compute_capability_8_9(monkeypatch):
     _fake_cuda(monkeypatch, (8, 0))
     configs = ladder.ladder_configs(16, 1024, device="cuda")
     reasons = dict((c.name, r) for c, r in configs)
-    fp8_rungs = ("+ fp8 LM head", "+ fp8 MLP")
+    fp8_rungs = ("+ fp8 LM head", "+ fp8 MLP", "+ fp8 fast accum")
     assert all("8.9" in reasons[n] and "8.0" in reasons[n] for n in fp8_rungs)
-    assert "needs mlp_fp8" in reasons["+ fp8 fast accum"]
-    skipped = fp8_rungs + ("+ fp8 fast accum",)
-    assert all(r is None for n, r in reasons.items() if n not in skipped)
+    assert all(r is None for n, r in reasons.items() if n not in fp8_rungs)
     last = ladder.last_runnable(16, 1024, "cuda")
     assert last.name == "+ Triton AdamW" and not last.lm_head_fp8 and not last.mlp_fp8
     assert not last.fp8_fast_accum

@@ -168,3 +168,8 @@ def test_each_switch_requirement_is_refused_without_and_accepted_with_its_value(
             assert f"needs {field_name}={needed!r}" in problem and repr(wrong) in problem
             assert switches.requirement_problem({s.field: on, field_name: needed}) is None
             assert switches.requirement_problem({s.field: s.baseline, field_name: wrong}) is None
+            # a required field left out counts as its baseline
+            if other.baseline != needed:
+                assert switches.requirement_problem({s.field: on}) is not None
+            # GPT checks its own keywords only: a model switch may require only model switches
+            assert s.where != "model" or other.where == "model", (s.field, field_name)

@@ -232,12 +232,20 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
                 "GradScaler's scale reaches it (small values would round to 0): "
                 "keep loss_kernel='triton' with fp16"
             )
-    if run.lm_head_fp8 or run.mlp_fp8:  # both need fp8 tensor cores (or the interpreter)
+    # each needs fp8 tensor cores (or the interpreter)
+    if run.lm_head_fp8 or run.mlp_fp8 or run.fp8_fast_accum:
         from helpers.core import kernels
 
         ok, why = kernels.fp8_available(device)
         if not ok:
-            return f"{'the fp8 LM head' if run.lm_head_fp8 else 'the fp8 MLP'} cannot run: {why}"
+            what = (
+                "the fp8 LM head"
+                if run.lm_head_fp8
+                else "the fp8 MLP"
+                if run.mlp_fp8
+                else "fp8 fast accumulation"
+            )
+            return f"{what} cannot run: {why}"
     values = {s.field: getattr(run, s.field) for s in switches.SWITCHES}
     if (why := switches.requirement_problem(values)) is not None:
         return why  # one switch needs another's value (their records' ``requires``)
