@@ -386,6 +386,83 @@ def test_fp8_lm_head_matches_its_emulation_on_the_gpu():
     assert out.returncode == 0, out.stderr[-3000:]
 
 
+GRAD_BOTH_CHECK = textwrap.dedent(
+    """
+    import sys, torch
+    from helpers.core import kernels
+    from helpers.core.kernels import fp8, fused_ce
+    device = sys.argv[1]
+    torch.manual_seed(0)
+    for N, V in ((37, 300), (64, 256), (16, 4100)):
+        logits = (torch.randn(N, V, device=device) * 4).to(torch.bfloat16)
+        t = torch.randint(0, V, (N,), device=device)
+        t[3] = kernels.IGNORE_INDEX
+        l1, g1 = fused_ce._cross_entropy_rows_with_e5m2_grad(logits, t)
+        l2, g2, g2t = fused_ce._cross_entropy_rows_with_e5m2_grad_both(logits, t)
+        assert torch.equal(l1, l2), (N, V)
+        b1, b2 = g1.view(torch.uint8), g2.view(torch.uint8)
+        assert torch.equal(b1, b2), (N, V, (b1 != b2).sum())
+        assert g2t.shape == (V, N) and g2t.is_contiguous()
+        assert torch.equal(g2t.view(torch.uint8), b1.t()), (N, V)
+    # the whole fp8 LM head: the same loss and gradients either way
+    x0 = torch.randn(40, 32, device=device)
+    w0 = torch.randn(96, 32, device=device)
+    t = torch.randint(0, 96, (40,), device=device)
+    t[5] = kernels.IGNORE_INDEX
+    fused_ce.FUSED_CHUNK_ROWS = 16
+    out = []
+    for both in (False, True):
+        fused_ce.E5M2_GRAD_BOTH_LAYOUTS = both
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        loss = kernels.linear_cross_entropy(x, w, t, fp8=True)
+        loss.backward()
+        out.append((loss.detach(), x.grad, w.grad))
+    for a, b in zip(*out):
+        assert torch.equal(a, b)
+    print("both layouts OK")
+    """
+)
+
+
+@needs_triton
+@needs_cpu_fp8
+def test_e5m2_gradient_in_both_layouts_matches_the_transposed_one_in_the_interpreter():
+    """fused_ce.E5M2_GRAD_BOTH_LAYOUTS: the tiled kernel writes the same e5m2 bytes as the row
+    kernel and their transpose (ragged tiles, an ignored row), and the fp8 LM head gives the same
+    loss and gradients with it on as off."""
+    out = run_fp8_check(GRAD_BOTH_CHECK)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "both layouts OK" in out.stdout
+
+
+@needs_triton
+@needs_cpu_fp8
+def test_a_wrong_transposed_gradient_fails_the_both_layouts_check():
+    """The check above can fail: a transposed gradient tile written one row short is caught."""
+    broken = GRAD_BOTH_CHECK.replace(
+        "from helpers.core.kernels import fp8, fused_ce\n",
+        "from helpers.core.kernels import fp8, fused_ce\n"
+        "_op = fused_ce._cross_entropy_rows_with_e5m2_grad_both\n"
+        "def _short(l, t):\n"
+        "    loss, g, gt = _op(l, t)\n"
+        "    gt = gt.clone(); gt.view(torch.uint8)[:, -1] = 0\n"
+        "    return loss, g, gt\n"
+        "fused_ce._cross_entropy_rows_with_e5m2_grad_both = _short\n",
+    )
+    assert broken != GRAD_BOTH_CHECK
+    out = run_fp8_check(broken)
+    assert out.returncode != 0 and "AssertionError" in out.stderr, out.stderr[-2000:]
+
+
+@needs_cuda
+@needs_triton
+def test_e5m2_gradient_in_both_layouts_on_the_gpu():
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 tensor cores need compute capability >= 8.9")
+    out = run_check(GRAD_BOTH_CHECK, "cuda")
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
 @needs_cuda
 @needs_triton
 def test_cross_entropy_matches_pytorch_on_the_gpu():
