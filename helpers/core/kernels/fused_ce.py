@@ -222,7 +222,9 @@ if triton is not None and TRITON_OP_MISSING is None:
             g8 = _e5m2_bits(g)
         tl.store(grad_ptr + rows[:, None] * n_cols + cols[None, :], g8, mask=mask)
         tl.store(
-            grad_t_ptr + cols[:, None] * n_rows + rows[None, :], tl.trans(g8), mask=tl.trans(mask)
+            grad_t_ptr + cols[:, None] * n_rows + rows[None, :],
+            tl.trans(g8),
+            mask=col_in[:, None] & row_in[None, :],
         )
 
     # The fp8 ops are opaque custom ops: torch.compile calls them as they are and does not
