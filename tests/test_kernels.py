@@ -321,6 +321,15 @@ def run_fp8_check(code: str):
     return out
 
 
+def fp8_check_fails(broken: str, check: str):
+    """Run ``broken``, a copy of ``check`` with a bug put in, and assert it fails with an
+    AssertionError; returns the run for further assertions."""
+    assert broken != check
+    out = run_fp8_check(broken)
+    assert out.returncode != 0 and "AssertionError" in out.stderr, out.stderr[-2000:]
+    return out
+
+
 @needs_triton
 @needs_cpu_fp8
 def test_fp8_lm_head_matches_its_emulation_in_the_triton_interpreter():
@@ -355,9 +364,7 @@ def test_a_wrong_fp8_lm_head_fails_its_check(bug):
         "\nfused_ce.FUSED_CHUNK_ROWS = 16\n",
         "\nfused_ce.FUSED_CHUNK_ROWS = 16\n" + FP8_BUGS[bug] + "\n",
     )
-    assert broken != FP8_CHECK
-    out = run_fp8_check(broken)
-    assert out.returncode != 0 and "AssertionError" in out.stderr, out.stderr[-2000:]
+    fp8_check_fails(broken, FP8_CHECK)
 
 
 @needs_triton
@@ -371,9 +378,7 @@ def test_a_wrong_transpose_tile_fails_the_fp8_check():
         "torch.cat([_impl(a, c)[:, :-1], torch.zeros_like(_impl(a, c)[:, :1])], 1)\n"
     )
     broken = FP8_CHECK.replace("# 2. the transpose", bug + "# 2. the transpose")
-    assert broken != FP8_CHECK
-    out = run_fp8_check(broken)
-    assert out.returncode != 0 and "AssertionError" in out.stderr, out.stderr[-2000:]
+    out = fp8_check_fails(broken, FP8_CHECK)
     assert "AssertionError: (1, 1, {'BM'" in out.stderr, out.stderr[-2000:]  # a tile's check
 
 
@@ -449,9 +454,7 @@ def test_a_wrong_transposed_gradient_fails_the_both_layouts_check():
         "    return loss, g, gt\n"
         "fused_ce._cross_entropy_rows_with_e5m2_grad_both = _short\n",
     )
-    assert broken != GRAD_BOTH_CHECK
-    out = run_fp8_check(broken)
-    assert out.returncode != 0 and "AssertionError" in out.stderr, out.stderr[-2000:]
+    fp8_check_fails(broken, GRAD_BOTH_CHECK)
 
 
 @needs_cuda

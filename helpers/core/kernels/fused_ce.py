@@ -60,7 +60,12 @@ GRAD_TILE = (64, 128)
 
 if triton is not None and TRITON_OP_MISSING is None:
     # Triton resolves the jit functions a kernel calls from the kernel's module globals
-    from helpers.core.kernels.triton_ce import _cross_entropy_rows, _row_loss, _store_row_grad
+    from helpers.core.kernels.triton_ce import (
+        _ce_forward_kernel,
+        _cross_entropy_rows,
+        _row_loss,
+        _store_row_grad,
+    )
 
     @triton.jit
     def _ce_fused_kernel(
@@ -163,57 +168,35 @@ if triton is not None and TRITON_OP_MISSING is None:
                 tl.store(grad_ptr + row * n_cols + idx, _e5m2_bits(g), mask=mask)
 
     @triton.jit
-    def _ce_rows_lse_kernel(
-        logits_ptr,
-        targets_ptr,
-        loss_ptr,
-        lse_ptr,
-        keep_ptr,
-        row_stride,
-        ignore_index,
-        n_cols: tl.constexpr,
-        BLOCK: tl.constexpr,
-        GRAD_SCALE: tl.constexpr,
-    ):
-        # The first pass of _ce_fused_e5m2_kernel alone: each row's loss, its log-sum-exp and the
-        # factor its gradient is scaled by (GRAD_SCALE; 0 for an ignored row, nan for a target
-        # outside [0, n_cols)), for _e5m2_grad_tile_kernel.
-        row = tl.program_id(0).to(tl.int64)
-        loss, lse, target, in_range = _row_loss(
-            logits_ptr + row * row_stride, targets_ptr, row, ignore_index, n_cols, BLOCK
-        )
-        keep = tl.where(target != ignore_index, GRAD_SCALE, 0.0)
-        keep = tl.where(in_range | (target == ignore_index), keep, float("nan"))
-        tl.store(loss_ptr + row, loss)
-        tl.store(lse_ptr + row, lse)
-        tl.store(keep_ptr + row, keep)
-
-    @triton.jit
     def _e5m2_grad_tile_kernel(
         logits_ptr,
         targets_ptr,
         lse_ptr,
-        keep_ptr,
         grad_ptr,
         grad_t_ptr,
         row_stride,
+        ignore_index,
         n_rows,
         n_cols,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
+        GRAD_SCALE: tl.constexpr,
         HW_CAST: tl.constexpr,
     ):
-        # One (BLOCK_M, BLOCK_N) tile of G = (softmax - onehot) * keep, in e5m2 as
-        # _ce_fused_e5m2_kernel writes it, stored into grad (n_rows, n_cols) and, transposed, into
-        # grad_t (n_cols, n_rows).
+        # One (BLOCK_M, BLOCK_N) tile of G = (softmax - onehot) * GRAD_SCALE, in e5m2 as
+        # _ce_fused_e5m2_kernel writes it (0 for an ignored row, nan for a target outside
+        # [0, n_cols)), stored into grad (n_rows, n_cols) and, transposed, into grad_t
+        # (n_cols, n_rows). lse: each row's log-sum-exp, from triton_ce's forward kernel.
         rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
         row_in, col_in = rows < n_rows, cols < n_cols
         mask = row_in[:, None] & col_in[None, :]
         x = tl.load(logits_ptr + rows[:, None] * row_stride + cols[None, :], mask=mask, other=0.0)
         lse = tl.load(lse_ptr + rows, mask=row_in, other=0.0)
-        keep = tl.load(keep_ptr + rows, mask=row_in, other=0.0)
-        target = tl.load(targets_ptr + rows, mask=row_in, other=-1)
+        target = tl.load(targets_ptr + rows, mask=row_in, other=ignore_index)
+        ignored = target == ignore_index
+        keep = tl.where(ignored, 0.0, GRAD_SCALE)
+        keep = tl.where(((target >= 0) & (target < n_cols)) | ignored, keep, float("nan"))
         onehot = tl.where(cols[None, :] == target[:, None], 1.0, 0.0)
         g = (tl.exp(x.to(tl.float32) - lse[:, None]) - onehot) * keep[:, None]
         if HW_CAST:
@@ -269,23 +252,19 @@ if triton is not None and TRITON_OP_MISSING is None:
         # As _cross_entropy_rows_with_e5m2_grad, plus the gradient transposed, (V, N) contiguous:
         # the same bytes as transpose_fp8 of the (N, V) one (E5M2_GRAD_BOTH_LAYOUTS).
         N, V = logits.shape
-        loss, lse, keep = (
-            torch.empty(N, dtype=torch.float32, device=logits.device) for _ in range(3)
-        )
+        loss, lse = (torch.empty(N, dtype=torch.float32, device=logits.device) for _ in range(2))
         grad = torch.empty((N, V), dtype=torch.float8_e5m2, device=logits.device)
         grad_t = torch.empty((V, N), dtype=torch.float8_e5m2, device=logits.device)
         hw_cast = _hardware_e5m2(logits.device)
-        _ce_rows_lse_kernel[(N,)](
+        _ce_forward_kernel[(N,)](  # each row's loss and log-sum-exp
             logits,
             targets,
             loss,
             lse,
-            keep,
             logits.stride(0),
             IGNORE_INDEX,
             n_cols=V,
             BLOCK=FUSED_BLOCK,
-            GRAD_SCALE=FP8_GRAD_SCALE,
             num_warps=FUSED_NUM_WARPS,
         )
         BM, BN = GRAD_TILE
@@ -293,14 +272,15 @@ if triton is not None and TRITON_OP_MISSING is None:
             logits,
             targets,
             lse,
-            keep,
             grad if hw_cast else grad.view(torch.uint8),
             grad_t if hw_cast else grad_t.view(torch.uint8),
             logits.stride(0),
+            IGNORE_INDEX,
             N,
             V,
             BLOCK_M=BM,
             BLOCK_N=BN,
+            GRAD_SCALE=FP8_GRAD_SCALE,
             HW_CAST=hw_cast,
         )
         return loss, grad, grad_t
