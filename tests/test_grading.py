@@ -716,20 +716,22 @@ def test_a_submission_that_replaces_the_checks_does_not_pass(tmp_path):
 
 
 def test_the_registry_lists_every_chapter_module_each_of_the_same_shape():
-    import pkgutil
-
-    names = sorted(
-        m.name for m in pkgutil.iter_modules(grading.__path__) if re.fullmatch(r"ch\d\d", m.name)
-    )
+    files = sorted(p.stem for p in Path(grading.__file__).parent.glob("ch[0-9][0-9].py"))
+    assert len(files) >= 15
     assert [
         m.__name__.rsplit(".", 1)[1] for m in grading.CHAPTERS
-    ] == names  # none forgotten, in order
+    ] == files  # none forgotten, in order, and nothing that is not a chapter
     for module in grading.CHAPTERS:
         chapter = module.__name__.rsplit(".", 1)[1]
         assert set(module.CHECKS) == set(module.WRONG_ANSWERS) <= set(module.SECTIONS), chapter
         assert all(gid.startswith(chapter + "_") for gid in module.SECTIONS), chapter
         for check in module.CHECKS.values():  # notebooks call grading.check_x
             assert getattr(grading, check.__name__) is check
+
+
+def test_a_check_named_like_another_grading_name_is_refused():
+    with pytest.raises(RuntimeError, match=r"\['check_mfu'\] are defined twice"):
+        grading._export(["main", "check_mfu"])
 
 
 def test_merging_refuses_two_chapters_with_one_grade_id():
