@@ -21,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from helpers.measure import results
+
 
 def ladder_rows(tree: Path, batch_size: int, rungs: list[str], extra: list[str]) -> dict:
     """The ladder's results dict for ``rungs`` at ``batch_size``, run from checkout ``tree``."""
@@ -54,8 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, nargs="+", default=[16, 64])
     p.add_argument("--rungs", nargs="+", required=True)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--out", type=Path, required=True)
+    results.add_out(p, required=True)
     args, extra = p.parse_known_args(argv)
+    args.out = results.checked_out(p, args.out, args.force)
     runs = []
     for r in range(args.rounds):
         for B in args.batch_size:
@@ -102,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = runs[0]["results"] if runs else {}
     out = {k: meta.get(k) for k in ("device", "torch", "cuda", "date")}
     out.update(old=str(args.old), new=str(args.new), rounds=args.rounds, summary=summary, runs=runs)
-    args.out.write_text(json.dumps(out, indent=1) + "\n")
+    results.save(out, args.out)
     return 0
 
 

@@ -98,8 +98,9 @@ def sweep(steps_checked: int = 3) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=None, help="write the JSON here too")
+    results.add_out(p, help="write the JSON here too")
     args = p.parse_args(argv)
+    args.out = results.checked_out(p, args.out, args.force)
     if not torch.cuda.is_available() or adamw.triton is None:
         print("benchmarks/adamw_kernel.py needs a CUDA GPU and Triton", file=sys.stderr)
         return 2

@@ -10,7 +10,6 @@ budget.
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 
@@ -27,8 +26,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seq-len", type=int, default=None)
     p.add_argument("--margin", type=float, default=0.1)
-    p.add_argument("--out", default=None)
+    results.add_out(p)
     args = p.parse_args(argv)
+    args.out = results.checked_out(p, args.out, args.force)
     device = hardware.default_device()
     model_config, _, T = train.default_shapes(device)
     T = args.seq_len or T
@@ -60,9 +60,7 @@ def main(argv=None) -> int:
         "simulated_limit_bytes": None if limit is None else limit.limit_bytes,
         "rows": rows,
     }
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
+    results.save(out, args.out)
     return 0
 
 

@@ -115,8 +115,9 @@ def persistent(logits, targets, programs: int, block: int, warps: int):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, nargs="+", default=[32768, 16384])
-    p.add_argument("--out", default=None)
+    results.add_out(p)
     args = p.parse_args(argv)
+    args.out = results.checked_out(p, args.out, args.force)
     if not torch.cuda.is_available():
         print("benchmarks/ce_rows_in_flight.py needs a CUDA GPU", file=sys.stderr)
         return 2

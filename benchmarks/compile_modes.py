@@ -3,14 +3,15 @@
     python benchmarks/compile_modes.py --modes eager default reduce-overhead \\
         --out results/h200-compile-modes.json
     python benchmarks/compile_modes.py --modes max-autotune-no-cudagraphs \\
-        --out results/h200-compile-modes.json
+        --out results/h200-compile-modes.json --force
 
 The step is ``helpers.chapters.ch05_compile.chapter_run`` (GPT-2 124M, B=16, T=1024, TF32 + bf16
 autocast, manual attention on a GPU; the small CPU configuration on a CPU). Each mode is built
 afresh (``train.build`` resets Dynamo) and compiled with an empty inductor cache
 (``compilation.cold_compile_cache``), so its compile time is a cold one. A file already at ``--out``
 from the same device and torch version keeps its rows for the modes not run now, so slow modes can
-be measured in a separate command (max-autotune-no-cudagraphs takes minutes on an H200).
+be measured in a separate command (max-autotune-no-cudagraphs takes minutes on an H200); a file
+in a checkout's ``results/`` is replaced only with ``--force``, as every benchmark's ``--out`` is.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from helpers.chapters import ch05_compile as compilation
 from helpers.core import data, train
 from helpers.measure import hardware, results
+from helpers.tools import cli
 
 MODES = ("eager", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
 
@@ -32,13 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--modes", nargs="+", default=["eager", "default", "reduce-overhead"], choices=MODES
     )
-    p.add_argument("--out", type=Path, required=True)
+    results.add_out(p, required=True)
     p.add_argument("--iters", type=int, default=10, help="timed steps per mode (median reported)")
     args = p.parse_args(argv)
-    if args.iters < 1 or args.out.is_dir():
-        p.error(
-            f"need --iters >= 1 and --out a file name, got --iters {args.iters} --out {args.out}"
-        )
+    if args.iters < 1:
+        p.error(f"need --iters >= 1, got --iters {args.iters}")
+    args.out = results.checked_out(p, args.out, args.force)
     device = hardware.default_device()
     model_config, _, _ = train.default_shapes(device)
     tokens = data.load_tokens()
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         **results.provenance(device),
     }
     rows = []
-    if args.out.is_file():
+    if cli.is_course_result(args.out):
         old = json.loads(args.out.read_text())
         if (old.get("device"), old.get("torch")) == (meta["device"], meta["torch"]):
             rows = [r for r in old.get("rows", []) if r["mode"] not in args.modes]
@@ -94,10 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         },
         "rows": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1) + "\n")
     print(compilation.format_rows(rows))
-    print(f"wrote {args.out}")
+    results.save(out, args.out)
     return 0
 
 

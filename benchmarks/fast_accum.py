@@ -73,8 +73,9 @@ def case(name: str, a: torch.Tensor, b: torch.Tensor, a_dtype: torch.dtype, roww
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", help="write the rows as JSON to this file")
+    results.add_out(p, help="write the rows as JSON to this file")
     args = p.parse_args()
+    args.out = results.checked_out(p, args.out, args.force)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
         sys.exit("needs a CUDA GPU with fp8 tensor cores (compute capability >= 8.9)")
     torch.manual_seed(0)

@@ -114,8 +114,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--rows", type=int, nargs="+", default=[65536, 16384])
     p.add_argument("--n-embd", type=int, default=768)
-    p.add_argument("--out", default=None)
+    results.add_out(p)
     args = p.parse_args(argv)
+    args.out = results.checked_out(p, args.out, args.force)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU with fp8 blockwise matmuls (Hopper)", file=sys.stderr)
         return 2

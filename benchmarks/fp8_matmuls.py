@@ -15,10 +15,13 @@ them.
 
 from __future__ import annotations
 
-import json
-import sys
+import argparse
+from pathlib import Path
 
 import torch
+
+from helpers.measure import results
+from helpers.tools import cli
 
 E4, E5 = torch.float8_e4m3fn, torch.float8_e5m2
 
@@ -73,7 +76,7 @@ def mm_pair(M: int, N: int, K: int, a_dtype=E4, b_dtype=E4, fast: bool = True) -
     )
 
 
-def main(out_path: str) -> None:
+def main(out_path: Path) -> None:
     torch.backends.cuda.matmul.allow_tf32 = True
     rows = []
     R, V, C = 32768, 50304, 768  # one chunk of the fused LM-head CE at B=64
@@ -116,8 +119,7 @@ def main(out_path: str) -> None:
         rows=rows,
         overheads=over,
     )
-    with open(out_path, "w") as f:
-        json.dump(out, f, indent=1)
+    results.save(out, out_path)
     for r in rows:
         f8 = (
             r["fp8_ms"]
@@ -133,9 +135,11 @@ def main(out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or not torch.cuda.is_available():
-        sys.exit(
-            "usage: python benchmarks/fp8_matmuls.py OUT.json  "
-            "(needs a CUDA GPU of compute capability >= 8.9)"
-        )
-    main(sys.argv[1])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out", type=Path, help="the JSON file to write (OUT.json)")
+    cli.add_force(p, "OUT.json")
+    args = p.parse_args()
+    out_file = results.checked_out(p, args.out, args.force)
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA GPU of compute capability >= 8.9")
+    main(out_file)

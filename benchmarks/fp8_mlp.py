@@ -111,9 +111,10 @@ def sweep_configs(M: int = 65536, N: int = 3072) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=None, help="write the JSON here too")
+    results.add_out(p, help="write the JSON here too")
     p.add_argument("--sweep", action="store_true", help="also time every tile config and a copy")
     args = p.parse_args(argv)
+    args.out = results.checked_out(p, args.out, args.force)
     ok, why = fp8_available("cuda") if torch.cuda.is_available() else (False, "no CUDA GPU")
     if not ok:
         print(f"benchmarks/fp8_mlp.py needs a GPU with fp8 tensor cores: {why}", file=sys.stderr)

@@ -56,8 +56,9 @@ def sweep(M: int, N: int) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=None, help="write the JSON here too")
+    results.add_out(p, help="write the JSON here too")
     args = p.parse_args(argv)
+    args.out = results.checked_out(p, args.out, args.force)
     ok, why = fp8_available("cuda") if torch.cuda.is_available() else (False, "no CUDA GPU")
     if not ok:
         print(f"benchmarks/fp8_transpose.py needs a GPU with fp8: {why}", file=sys.stderr)

@@ -15,7 +15,6 @@ output). Writes provenance (GPU, torch, date, commit), the settings and one row 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
@@ -31,8 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--iters", type=int, default=5)
-    p.add_argument("--out", default=None)
+    results.add_out(p)
     args = p.parse_args(argv)
+    args.out = results.checked_out(p, args.out, args.force)
     device = hardware.default_device()
     torch.set_float32_matmul_precision("highest")  # fp32 as the notebook measures it
     torch.manual_seed(0)
@@ -57,10 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         "tokens_equal": equal,
         "rows": rows,
     }
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
-        print(f"wrote {args.out}")
+    results.save(out, args.out)
     return 0
 
 

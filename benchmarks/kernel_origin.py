@@ -14,7 +14,6 @@ code, with the kernel's device time per step.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from collections import defaultdict
@@ -66,8 +65,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--kernel", default="reduce_kernel", help="regex on kernel names")
-    p.add_argument("--out", default=None)
+    results.add_out(p)
     args = p.parse_args(argv)
+    args.out = results.checked_out(p, args.out, args.force)
     if not torch.cuda.is_available():
         print("benchmarks/kernel_origin.py needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -75,11 +75,9 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['ms_per_step']:7.3f} ms/step {r['calls_per_step']:5.1f} calls  {r['op']}  "
               f"{r['shapes']}\n    {r['kernel']}\n    " + "\n    ".join(r["stack"]))  # fmt: skip
-    if args.out:
-        with open(args.out, "w") as f:
-            prov = results.provenance(torch.device("cuda"))
-            json.dump({**prov, "batch_size": args.batch_size, "pattern": args.kernel,
-                       "rows": rows}, f, indent=1)  # fmt: skip
+    prov = results.provenance(torch.device("cuda"))
+    out = {**prov, "batch_size": args.batch_size, "pattern": args.kernel, "rows": rows}
+    results.save(out, args.out)
     return 0
 
 

@@ -17,7 +17,6 @@ events, median). The launch settings it varies (``triton_ce.NUM_WARPS``, ``fused
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
@@ -121,8 +120,9 @@ def main(argv=None) -> int:
     p.add_argument("--vocab", type=int, default=50304)
     p.add_argument("--n-embd", type=int, default=768)
     p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--out", default=None)
+    results.add_out(p)
     args = p.parse_args(argv)
+    args.out = results.checked_out(p, args.out, args.force)
     if not torch.cuda.is_available():
         print("benchmarks/lm_head_ce.py needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -138,9 +138,7 @@ def main(argv=None) -> int:
         "timing": f"median of {args.iters} CUDA-event-timed calls",
         "rows": rows,
     }
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
+    results.save(out, args.out)
     return 0
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 
 import torch
@@ -68,8 +67,9 @@ def main(argv=None) -> int:
     p.add_argument(
         "--repeats", type=int, default=1, help="runs of each variant per seed (default 1)"
     )
-    p.add_argument("--out", default=None)
+    results.add_out(p)
     args = p.parse_args(argv)
+    args.out = results.checked_out(p, args.out, args.force)
     if args.repeats < 1:
         p.error(f"--repeats must be at least 1, got {args.repeats}")
     if not torch.cuda.is_available():
@@ -210,8 +210,7 @@ def write(path, args, seeds, ok, rows, device, summary=()) -> None:
         "summary": list(summary),
         "rows": rows,
     }
-    with open(path, "w") as f:
-        json.dump(out, f, indent=1)
+    results.save(out, path, say=ok is not None)
 
 
 if __name__ == "__main__":

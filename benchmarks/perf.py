@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import re
 import sys
 import time
@@ -361,8 +360,9 @@ def main(argv=None) -> int:
         default=3.0,
         help="with --power: seconds of steps before timing",
     )
-    p.add_argument("--out", default=None)
+    results.add_out(p)
     args = p.parse_args(argv)
+    args.out = results.checked_out(p, args.out, args.force)
     if not torch.cuda.is_available():
         print(
             "benchmarks/perf.py needs a CUDA GPU (on a CPU, python -m helpers.ladder "
@@ -382,9 +382,7 @@ def main(argv=None) -> int:
 
     def save() -> None:
         """Write every row measured so far, so a run stopped by a time limit keeps them."""
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump({**provenance, "rows": rows}, f, indent=1)
+        results.save({**provenance, "rows": rows}, args.out, say=False)
 
     with smi:
         for B in args.batch_size:

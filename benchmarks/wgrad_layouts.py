@@ -43,8 +43,9 @@ def layouts(dy: torch.Tensor, x: torch.Tensor) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, nargs="+", default=[65536, 16384], help="M = B * T")
-    p.add_argument("--out", default=None)
+    results.add_out(p)
     args = p.parse_args(argv)
+    args.out = results.checked_out(p, args.out, args.force)
     if not torch.cuda.is_available():
         print("benchmarks/wgrad_layouts.py needs a CUDA GPU", file=sys.stderr)
         return 2

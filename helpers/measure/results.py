@@ -7,6 +7,7 @@ grading directory) still finds them, or says plainly that they are not there.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -18,6 +19,7 @@ from pathlib import Path
 import torch
 
 import helpers
+from helpers.tools import cli
 
 RESULTS_DIR_ENV = "COURSE_RESULTS_DIR"
 
@@ -121,21 +123,55 @@ def provenance(device: torch.device | str) -> dict:
     }
 
 
-def print_and_save(out: dict, path: str | Path | None) -> None:
-    """Print ``out`` as indented JSON and, where ``path`` is given (a benchmark's ``--out``), write
-    the same text there (replacing the file: the caller named it)."""
-    text = json.dumps(out, indent=1)
-    print(text)
+def add_out(parser: argparse.ArgumentParser, required: bool = False, help: str = "") -> None:
+    """A benchmark's ``--out FILE.json`` and ``--force`` options; :func:`checked_out` checks the
+    path once the arguments are parsed."""
+    parser.add_argument(
+        "--out", type=Path, default=None, required=required,
+        help=help or "write the result as JSON to this file",
+    )  # fmt: skip
+    cli.add_force(parser)
+
+
+def checked_out(
+    parser: argparse.ArgumentParser, path: str | Path | None, force: bool = False
+) -> Path | None:
+    """A benchmark's ``--out`` checked before it measures anything, by the rule every course tool
+    follows (:func:`helpers.tools.cli.out_path`): a ``.json`` file name; an existing file is
+    replaced only when it is a course result (it holds "device", "torch" and "date"), never a file
+    committed in a checkout's ``results/``, and with ``force`` (``--force``) anything but a
+    notebook or a folder. None stays None (nothing is written).
+
+    Raises:
+        SystemExit(2): through ``parser.error``, which prints ``error: <reason>``.
+    """
+    try:
+        return cli.result_out(path, (), force=force)
+    except ValueError as e:
+        parser.error(str(e))
+
+
+def save(out: dict, path: str | Path | None, say: bool = True) -> None:
+    """Write ``out`` as indented JSON to ``path`` (a benchmark's ``--out``, already passed through
+    :func:`checked_out`; nothing when None), atomically (:func:`helpers.tools.cli.replace_file`),
+    and with ``say`` print that it did."""
     if path:
-        Path(path).write_text(text + "\n")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cli.replace_file(path, lambda f: f.write(json.dumps(out, indent=1) + "\n"))
+        if say:
+            print(f"wrote {path}")
+
+
+def print_and_save(out: dict, path: str | Path | None) -> None:
+    """Print ``out`` as indented JSON and :func:`save` it to ``path``."""
+    print(json.dumps(out, indent=1))
+    save(out, path)
 
 
 def save_rows(rows: list[dict], path: str | Path | None, device: torch.device | str) -> None:
-    """Write a benchmark's measured ``rows`` to ``path`` (its ``--out``; nothing when None) as
-    ``{**provenance(device), "rows": rows}``, indented JSON, replacing the file (the caller named
-    it)."""
-    if path:
-        Path(path).write_text(json.dumps({**provenance(device), "rows": rows}, indent=1) + "\n")
+    """:func:`save` a benchmark's measured ``rows`` as ``{**provenance(device), "rows": rows}``."""
+    save({**provenance(device), "rows": rows}, path)
 
 
 CODE_PATHS = ("helpers", "benchmarks")  # what a "+modified" commit is about
