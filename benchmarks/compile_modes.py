@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.iters < 1:
         p.error(f"need --iters >= 1, got --iters {args.iters}")
-    args.out = results.checked_out(p, args.out, args.force)
+    args.out = results.checked_out(p, args.out, args.force, kind=("what", "config", "rows"))
     device = hardware.default_device()
     model_config, _, _ = train.default_shapes(device)
     tokens = data.load_tokens()
@@ -48,8 +48,14 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     if cli.is_course_result(args.out):
         old = json.loads(args.out.read_text())
-        if (old.get("device"), old.get("torch")) == (meta["device"], meta["torch"]):
-            rows = [r for r in old.get("rows", []) if r["mode"] not in args.modes]
+        old_rows = old.get("rows")
+        ours = isinstance(old_rows, list) and all(
+            isinstance(r, dict) and r.get("mode") in MODES for r in old_rows
+        )
+        if not ours:
+            print(f"{args.out} holds no rows of this tool: replacing it", file=sys.stderr)
+        elif (old.get("device"), old.get("torch")) == (meta["device"], meta["torch"]):
+            rows = [r for r in old_rows if r["mode"] not in args.modes]
             print(
                 f"keeping {len(rows)} row(s) of {args.out} "
                 f"({', '.join(r['mode'] for r in rows) or 'none'})"

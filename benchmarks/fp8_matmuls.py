@@ -139,7 +139,7 @@ if __name__ == "__main__":
     p.add_argument("out", type=Path, help="the JSON file to write (OUT.json)")
     cli.add_force(p, "OUT.json")
     args = p.parse_args()
-    out_file = results.checked_out(p, args.out, args.force)
+    out_file = results.checked_out(p, args.out, args.force, flag="OUT")
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU of compute capability >= 8.9")
     main(out_file)

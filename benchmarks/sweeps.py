@@ -15,14 +15,16 @@ from helpers.tools import cli
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--out-dir", type=Path, default=Path("results"))
     p.add_argument("--prefix", default="local")
     cli.add_force(p, "sweep JSON")
     args = p.parse_args(argv)
     # both files checked before anything is measured (a committed results/ file needs --force)
     paths = {
-        k: results.checked_out(p, args.out_dir / f"{args.prefix}-{k}-sweep.json", args.force)
+        k: results.checked_out(
+            p, args.out_dir / f"{args.prefix}-{k}-sweep.json", args.force, flag="--out-dir"
+        )
         for k in ("attention", "vocab")
     }
     device = hardware.default_device()

@@ -32,7 +32,7 @@ def test_an_existing_file_that_is_not_a_result_is_refused_before_the_run(tmp_pat
     with pytest.raises(SystemExit) as e:
         results.checked_out(parser(), args.out, args.force)
     assert e.value.code == 2
-    assert "exists and is not a result JSON" in capsys.readouterr().err
+    assert "exists and is not a course result JSON" in capsys.readouterr().err
     assert notes.read_text() == '{"my": "notes"}\n'
 
 
@@ -83,3 +83,25 @@ def test_a_benchmark_refuses_to_replace_a_file_before_measuring(tmp_path):
     assert "local-vocab-sweep.json exists" in done.stderr and "--force" in done.stderr
     assert mine.read_text() == "my notes, not a result\n"
     assert not (tmp_path / "local-attention-sweep.json").exists()
+
+
+def test_a_path_the_system_cannot_follow_is_a_clear_error(tmp_path, capsys):
+    loop = tmp_path / "loop.json"
+    loop.symlink_to(loop)
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 200_000)
+    for path in (loop, deep, tmp_path / ("b" * 300 + ".json")):
+        with pytest.raises(SystemExit) as e:
+            results.checked_out(parser(), path)
+        assert e.value.code == 2, path.name[:20]
+        assert "error: --out" in capsys.readouterr().err
+    assert deep.read_text() == "[" * 200_000
+
+
+def test_a_tool_with_its_own_keys_does_not_replace_another_tools_result(tmp_path, capsys):
+    perf = tmp_path / "perf.json"
+    perf.write_text(json.dumps({"device": "x", "torch": "2", "date": "2026-01-01", "rows": []}))
+    with pytest.raises(SystemExit):
+        results.checked_out(parser(), perf, kind=("what", "config", "rows"))
+    assert "not a course result JSON holding ['what', 'config', 'rows']" in capsys.readouterr().err
+    assert results.checked_out(parser(), perf, kind=("rows",)) == perf

@@ -729,9 +729,19 @@ def test_the_registry_lists_every_chapter_module_each_of_the_same_shape():
             assert getattr(grading, check.__name__) is check
 
 
-def test_a_check_named_like_another_grading_name_is_refused():
+def test_a_check_named_like_another_grading_name_or_check_is_refused(monkeypatch):
+    grading._export()  # as the package is: no clash
+    monkeypatch.setattr(grading, "check_mfu", print)  # a grading name the check would replace
     with pytest.raises(RuntimeError, match=r"\['check_mfu'\] are defined twice"):
-        grading._export(["main", "check_mfu"])
+        grading._export()
+    monkeypatch.undo()
+
+    def check_tflops(fn):  # a second chapter's check with ch00's function name
+        pass
+
+    monkeypatch.setitem(grading.CHECKS, "ch99_tflops", check_tflops)
+    with pytest.raises(RuntimeError, match=r"\['check_tflops'\] are defined twice"):
+        grading._export()
 
 
 def test_merging_refuses_two_chapters_with_one_grade_id():

@@ -57,7 +57,7 @@ def chapter_modules() -> tuple[ModuleType, ...]:
     its checks (:data:`CHECKS`) and export them (``grading.check_...``).
     """
     names = sorted(
-        m.name for m in pkgutil.iter_modules(__path__) if re.fullmatch(r"ch\d\d", m.name)
+        m.name for m in pkgutil.iter_modules(__path__) if re.fullmatch(r"ch[0-9]{2}", m.name)
     )
     return tuple(importlib.import_module(f"{__name__}.{n}") for n in names)
 
@@ -86,18 +86,24 @@ CHECKS: dict[str, Callable[[Callable[..., Any]], None]] = merged(CHAPTERS, "CHEC
 WRONG_ANSWERS: dict[str, list[Callable[..., Any]]] = merged(CHAPTERS, "WRONG_ANSWERS")
 
 
-def _export(names: list[str]) -> list[str]:
+def _export() -> list[str]:
     """Bind each chapter module and each check at package level (notebooks call
     ``grading.check_matmul_flops(fn)``); return the names bound.
 
     Raises:
-        RuntimeError: a chapter or check name is already taken by another of the package's names.
+        RuntimeError: two checks share a function name, or a chapter or check name is already
+            another of the package's names.
     """
-    exported = {m.__name__.rsplit(".", 1)[1]: m for m in CHAPTERS}
-    exported |= {fn.__name__: fn for fn in CHECKS.values()}
-    clash = sorted(set(exported) & set(names))
+    exported: dict[str, Any] = {m.__name__.rsplit(".", 1)[1]: m for m in CHAPTERS}
+    clash = set()
+    for fn in CHECKS.values():
+        name = fn.__name__
+        if exported.get(name, fn) is not fn:
+            clash.add(name)
+        exported[name] = fn
+    clash |= {n for n, v in exported.items() if n in globals() and globals()[n] is not v}
     if clash:
-        raise RuntimeError(f"grading names {clash} are defined twice: rename the check")
+        raise RuntimeError(f"grading names {sorted(clash)} are defined twice: rename the check")
     globals().update(exported)
     return list(exported)
 
@@ -137,4 +143,4 @@ __all__ = [
     "merged",
     "chapter_modules",
 ]
-__all__ += _export(__all__)
+__all__ += _export()

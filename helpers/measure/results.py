@@ -134,19 +134,25 @@ def add_out(parser: argparse.ArgumentParser, required: bool = False, help: str =
 
 
 def checked_out(
-    parser: argparse.ArgumentParser, path: str | Path | None, force: bool = False
+    parser: argparse.ArgumentParser,
+    path: str | Path | None,
+    force: bool = False,
+    kind: tuple[str, ...] = (),
+    flag: str = "--out",
 ) -> Path | None:
     """A benchmark's ``--out`` checked before it measures anything, by the rule every course tool
     follows (:func:`helpers.tools.cli.out_path`): a ``.json`` file name; an existing file is
-    replaced only when it is a course result (it holds "device", "torch" and "date"), never a file
-    committed in a checkout's ``results/``, and with ``force`` (``--force``) anything but a
-    notebook or a folder. None stays None (nothing is written).
+    replaced only when it is a course result (it holds "device", "torch" and "date", and the
+    tool's own keys ``kind``), never a file committed in a checkout's ``results/``, and with
+    ``force`` (``--force``) anything but a notebook or a folder. None stays None (nothing is
+    written). ``flag`` is the option's name in the messages.
 
     Raises:
         SystemExit(2): through ``parser.error``, which prints ``error: <reason>``.
     """
     try:
-        return cli.result_out(path, (), force=force)
+        what = " and is not a course result JSON" + (f" holding {list(kind)}" if kind else "")
+        return cli.result_out(path, kind, flag, force, what=what)
     except ValueError as e:
         parser.error(str(e))
 

@@ -93,11 +93,28 @@ def out_path(
       new files fails now, not after the run.
 
     Raises:
-        ValueError: any of the above, with a one-line reason.
+        ValueError: any of the above, or a path the system cannot follow (a symlink loop, a name
+            too long), with a one-line reason.
     """
     if path is None:
         return None
-    path = Path(path)
+    try:
+        return _out_path(Path(path), flag, suffix, force, same_kind, what, folders, png_kind)
+    except (OSError, RuntimeError) as e:  # Path.resolve raises RuntimeError on a symlink loop
+        raise ValueError(f"{flag} {path}: cannot use this path ({e}): choose another") from None
+
+
+def _out_path(
+    path: Path,
+    flag: str,
+    suffix: str | None,
+    force: bool,
+    same_kind: Callable[[Path], bool] | None,
+    what: str,
+    folders: dict[Path, str] | None,
+    png_kind: str | None,
+) -> Path:
+    """:func:`out_path`'s checks, for a path that is not None."""
     if path.suffix.lower() == ".ipynb":
         raise ValueError(f"{flag} {path} is a notebook's name: give a {suffix or '.json'} file")
     where = path.resolve()
@@ -161,7 +178,8 @@ def json_with_keys(*keys: str) -> Callable[[Path], bool]:
             if path.stat().st_size > 64 << 20:
                 return False
             data = json.loads(path.read_text())
-        except (OSError, ValueError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        # UnicodeDecodeError and JSONDecodeError are ValueErrors; a deeply nested file recurses
+        except (OSError, ValueError, RecursionError):
             return False
         return isinstance(data, dict) and all(k in data for k in keys)
 
@@ -180,20 +198,14 @@ def result_out(
     flag: str = "--out",
     force: bool = False,
     provenance: bool = True,
+    what: str = " and is not a result JSON of this tool",
 ) -> Path | None:
     """:func:`out_path` for a JSON result: the name ends in .json, and an existing file is
     replaced only when it is a JSON object holding the tool's own keys ``kind`` (e.g. the
     ladder's "rungs") and, with ``provenance``, :data:`PROVENANCE`; or with ``force``. So one
-    tool's ``--out`` does not replace another tool's result."""
+    tool's ``--out`` does not replace another tool's result (``what`` ends the refusal)."""
     keys = (PROVENANCE if provenance else ()) + tuple(kind)
-    return out_path(
-        path,
-        flag,
-        ".json",
-        force=force,
-        same_kind=json_with_keys(*keys),
-        what=" and is not a result JSON of this tool",
-    )
+    return out_path(path, flag, ".json", force=force, same_kind=json_with_keys(*keys), what=what)
 
 
 def add_force(parser: argparse.ArgumentParser, what: str = "--out") -> None:
