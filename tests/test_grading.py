@@ -716,32 +716,20 @@ def test_a_submission_that_replaces_the_checks_does_not_pass(tmp_path):
 
 
 def test_the_registry_lists_every_chapter_module_each_of_the_same_shape():
-    files = sorted(p.stem for p in Path(grading.__file__).parent.glob("ch[0-9][0-9].py"))
-    assert len(files) >= 15
+    import pkgutil
+
+    names = sorted(
+        m.name for m in pkgutil.iter_modules(grading.__path__) if re.fullmatch(r"ch\d\d", m.name)
+    )
     assert [
         m.__name__.rsplit(".", 1)[1] for m in grading.CHAPTERS
-    ] == files  # none forgotten, in order, and nothing that is not a chapter
+    ] == names  # none forgotten, in order
     for module in grading.CHAPTERS:
         chapter = module.__name__.rsplit(".", 1)[1]
         assert set(module.CHECKS) == set(module.WRONG_ANSWERS) <= set(module.SECTIONS), chapter
         assert all(gid.startswith(chapter + "_") for gid in module.SECTIONS), chapter
         for check in module.CHECKS.values():  # notebooks call grading.check_x
             assert getattr(grading, check.__name__) is check
-
-
-def test_a_check_named_like_another_grading_name_or_check_is_refused(monkeypatch):
-    grading._export()  # as the package is: no clash
-    monkeypatch.setattr(grading, "check_mfu", print)  # a grading name the check would replace
-    with pytest.raises(RuntimeError, match=r"\['check_mfu'\] are defined twice"):
-        grading._export()
-    monkeypatch.undo()
-
-    def check_tflops(fn):  # a second chapter's check with ch00's function name
-        pass
-
-    monkeypatch.setitem(grading.CHECKS, "ch99_tflops", check_tflops)
-    with pytest.raises(RuntimeError, match=r"\['check_tflops'\] are defined twice"):
-        grading._export()
 
 
 def test_merging_refuses_two_chapters_with_one_grade_id():

@@ -1,11 +1,11 @@
 """Graded exercises: the checks learners call, and the teacher's tools around them.
 
 - **Checks**: one module per chapter (``ch00`` ... ``ch14``, all the same shape: ``SECTIONS``, the
-  ``check_*`` functions, ``CHECKS``, ``WRONG_ANSWERS``), found by file name and listed in
-  :data:`CHAPTERS`. A check runs the learner's function on small CPU inputs and prints one
-  ``PASS ...`` message (:func:`helpers.grading.common.passed`, wrapped at 100 columns), or raises
-  ``AssertionError`` whose first line says what is wrong and which section to reread. Notebooks
-  call them as ``grading.check_matmul_flops(fn)``.
+  ``check_*`` functions, ``CHECKS``, ``WRONG_ANSWERS``), listed in :data:`CHAPTERS`. A check runs
+  the learner's function on small CPU inputs and prints one ``PASS ...`` message
+  (:func:`helpers.grading.common.passed`, wrapped at 100 columns), or raises
+  ``AssertionError`` whose first line says what is wrong and which section to reread. Notebooks call
+  them as ``grading.check_matmul_flops(fn)``.
 - **Student versions** (:mod:`helpers.grading.student`, ``python -m helpers.grading make-student``).
 - **Grading** (:mod:`helpers.grading.grader`, ``python -m helpers.grading grade``): each
   submission runs in a fresh kernel (:mod:`helpers.grading.kernel`), inside an OS sandbox where
@@ -18,14 +18,48 @@ Teacher guide with the exact commands: docs/grading.md.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-import re
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from helpers.grading import common, grader, kernel, leaderboard, sandbox, student
+from helpers.grading import (
+    ch00,
+    ch01,
+    ch02,
+    ch03,
+    ch04,
+    ch05,
+    ch06,
+    ch07,
+    ch08,
+    ch09,
+    ch10,
+    ch11,
+    ch12,
+    ch13,
+    ch14,
+    common,
+    grader,
+    kernel,
+    leaderboard,
+    sandbox,
+    student,
+)
+from helpers.grading.ch00 import check_matmul_flops, check_tflops
+from helpers.grading.ch01 import check_block_params, check_loss_at_init
+from helpers.grading.ch02 import check_mfu, check_step_timer
+from helpers.grading.ch03 import check_adamw_bytes, check_batch_probe
+from helpers.grading.ch04 import check_autocast_dtype, check_autocast_step
+from helpers.grading.ch05 import check_compile_pays_off, check_fused_chain
+from helpers.grading.ch06 import check_online_softmax, check_sdpa_attention
+from helpers.grading.ch07 import check_masked_sampling, check_pad_vocab
+from helpers.grading.ch08 import check_max_batch_15gb, check_recipe_dtype
+from helpers.grading.ch09 import check_accumulation_step, check_checkpointed_block
+from helpers.grading.ch10 import check_dominant_family, check_which_chapter
+from helpers.grading.ch11 import check_allreduce_mean, check_shard_batches
+from helpers.grading.ch12 import check_steps_in_budget
+from helpers.grading.ch13 import check_kv_attention
+from helpers.grading.ch14 import check_fragmentation, check_trace_peak
 from helpers.grading.grader import (
     COLUMNS,
     grade,
@@ -49,17 +83,25 @@ from helpers.grading.student import (
     student_version,
 )
 
-
-def chapter_modules() -> tuple[ModuleType, ...]:
-    """The chapters' checks modules (``helpers/grading/chNN.py``), imported, in the order of NN.
-
-    A chapter's module is found by its file name, so adding ``chNN.py`` is all it takes to register
-    its checks (:data:`CHECKS`) and export them (``grading.check_...``).
-    """
-    names = sorted(
-        m.name for m in pkgutil.iter_modules(__path__) if re.fullmatch(r"ch[0-9]{2}", m.name)
-    )
-    return tuple(importlib.import_module(f"{__name__}.{n}") for n in names)
+# The registry: every chapter with graded checks, in the order of their numbers. A new chapter's
+# checks module is added here and nowhere else.
+CHAPTERS: tuple[ModuleType, ...] = (
+    ch00,
+    ch01,
+    ch02,
+    ch03,
+    ch04,
+    ch05,
+    ch06,
+    ch07,
+    ch08,
+    ch09,
+    ch10,
+    ch11,
+    ch12,
+    ch13,
+    ch14,
+)
 
 
 def merged(modules: tuple[ModuleType, ...], table: str) -> dict[str, Any]:
@@ -79,42 +121,60 @@ def merged(modules: tuple[ModuleType, ...], table: str) -> dict[str, Any]:
     return out
 
 
-# The registry: every chapter with graded checks, in the order of their numbers.
-CHAPTERS: tuple[ModuleType, ...] = chapter_modules()
 SECTIONS: dict[str, str] = merged(CHAPTERS, "SECTIONS")
 CHECKS: dict[str, Callable[[Callable[..., Any]], None]] = merged(CHAPTERS, "CHECKS")
 WRONG_ANSWERS: dict[str, list[Callable[..., Any]]] = merged(CHAPTERS, "WRONG_ANSWERS")
 
-
-def _export() -> list[str]:
-    """Bind each chapter module and each check at package level (notebooks call
-    ``grading.check_matmul_flops(fn)``); return the names bound.
-
-    Raises:
-        RuntimeError: two checks share a function name, or a chapter or check name is already
-            another of the package's names.
-    """
-    exported: dict[str, Any] = {m.__name__.rsplit(".", 1)[1]: m for m in CHAPTERS}
-    clash = set()
-    for fn in CHECKS.values():
-        name = fn.__name__
-        if exported.get(name, fn) is not fn:
-            clash.add(name)
-        exported[name] = fn
-    clash |= {n for n, v in exported.items() if n in globals() and globals()[n] is not v}
-    if clash:
-        raise RuntimeError(f"grading names {sorted(clash)} are defined twice: rename the check")
-    globals().update(exported)
-    return list(exported)
-
-
 __all__ = [
+    "ch00",
+    "ch01",
+    "ch02",
+    "ch03",
+    "ch04",
+    "ch05",
+    "ch06",
+    "ch07",
+    "ch08",
+    "ch09",
+    "ch10",
+    "ch11",
+    "ch12",
+    "ch13",
+    "ch14",
     "common",
     "grader",
     "kernel",
     "leaderboard",
     "sandbox",
     "student",
+    "check_matmul_flops",
+    "check_tflops",
+    "check_block_params",
+    "check_loss_at_init",
+    "check_mfu",
+    "check_step_timer",
+    "check_adamw_bytes",
+    "check_batch_probe",
+    "check_autocast_dtype",
+    "check_autocast_step",
+    "check_compile_pays_off",
+    "check_fused_chain",
+    "check_online_softmax",
+    "check_sdpa_attention",
+    "check_masked_sampling",
+    "check_pad_vocab",
+    "check_max_batch_15gb",
+    "check_recipe_dtype",
+    "check_accumulation_step",
+    "check_checkpointed_block",
+    "check_dominant_family",
+    "check_which_chapter",
+    "check_allreduce_mean",
+    "check_shard_batches",
+    "check_steps_in_budget",
+    "check_kv_attention",
+    "check_trace_peak",
+    "check_fragmentation",
     "COLUMNS",
     "CellRun",
     "NotebookRun",
@@ -141,6 +201,4 @@ __all__ = [
     "CHECKS",
     "WRONG_ANSWERS",
     "merged",
-    "chapter_modules",
 ]
-__all__ += _export()
