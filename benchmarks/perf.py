@@ -63,8 +63,6 @@ VARIANTS = {
     "bf16-mlp": {"mlp_fp8": False, "fp8_fast_accum": False},
     # the fp8 LM head's e5m2 gradient rounded by fused_ce._e5m2_bits, not the GPU's conversion
     "software-e5m2": {},
-    # the fp8 LM head's CE writes its gradient transposed too (fused_ce.E5M2_GRAD_BOTH_LAYOUTS)
-    "grad-both-layouts": {},
     # the ladder without its last five byte-saving rungs (the name is the committed result files')
     "session-3-final": {
         "residual_dtype": "fp32",
@@ -169,12 +167,6 @@ def experiment(name: str):
         name == "max-autotune-gemm"
     ):  # GEMMs only: no coordinate descent, no pointwise autotuning, no CUDA graphs
         return inductor_config.patch(max_autotune_gemm=True)
-    if name == "grad-both-layouts":
-        from unittest import mock
-
-        from helpers.core.kernels import fused_ce
-
-        return mock.patch.object(fused_ce, "E5M2_GRAD_BOTH_LAYOUTS", True)
     if name == "software-e5m2":
         from unittest import mock
 

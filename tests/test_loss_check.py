@@ -178,15 +178,3 @@ def test_the_deterministic_variant_is_restored_afterwards(loss_check):
         assert torch.are_deterministic_algorithms_enabled()
         assert torch.is_deterministic_algorithms_warn_only_enabled()
     assert not torch.are_deterministic_algorithms_enabled()
-
-
-def test_grad_both_layouts_variant_turns_the_fp8_heads_two_layout_kernel_on_and_off(loss_check):
-    """Variant "grad-both-layouts" sets fused_ce.E5M2_GRAD_BOTH_LAYOUTS inside its context only."""
-    from helpers.core.kernels import fused_ce
-
-    perf = sys.modules["perf"]
-    assert perf.switches("grad-both-layouts") == {}
-    assert fused_ce.E5M2_GRAD_BOTH_LAYOUTS is False
-    with perf.experiment("grad-both-layouts"):
-        assert fused_ce.E5M2_GRAD_BOTH_LAYOUTS is True
-    assert fused_ce.E5M2_GRAD_BOTH_LAYOUTS is False

@@ -48,20 +48,11 @@ FUSED_CHUNK_ROWS: int | None = 32768
 # took 2.07 ms with it and 2.85 ms with _e5m2_bits; False runs _e5m2_bits everywhere
 # (benchmarks/perf.py's variant software-e5m2).
 E5M2_HARDWARE_CAST = True
-# An experiment, not yet a rung (benchmarks/perf.py's variant grad-both-layouts): the fp8 LM head's
-# CE writes its e5m2 gradient G both row-major, for dx = G @ W, and transposed, for dW = G.T @ x,
-# from one tiled pass over the logits (_e5m2_grad_tile_kernel), instead of a second kernel reading
-# G back to transpose it (transpose_fp8). Per logit that moves 2 + 1 + 1 bytes instead of
-# 2 + 1, then 1 + 1: one byte less of the seven the chunk's passes move. (BLOCK_M, BLOCK_N): the
-# tile's rows and columns, 64 rows so each transposed write is 64 contiguous bytes.
-E5M2_GRAD_BOTH_LAYOUTS = False
-GRAD_TILE = (64, 128)
 
 
 if triton is not None and TRITON_OP_MISSING is None:
     # Triton resolves the jit functions a kernel calls from the kernel's module globals
     from helpers.core.kernels.triton_ce import (
-        _ce_forward_kernel,
         _cross_entropy_rows,
         _row_loss,
         _store_row_grad,
@@ -167,49 +158,6 @@ if triton is not None and TRITON_OP_MISSING is None:
             else:
                 tl.store(grad_ptr + row * n_cols + idx, _e5m2_bits(g), mask=mask)
 
-    @triton.jit
-    def _e5m2_grad_tile_kernel(
-        logits_ptr,
-        targets_ptr,
-        lse_ptr,
-        grad_ptr,
-        grad_t_ptr,
-        row_stride,
-        ignore_index,
-        n_rows,
-        n_cols,
-        BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        GRAD_SCALE: tl.constexpr,
-        HW_CAST: tl.constexpr,
-    ):
-        # One (BLOCK_M, BLOCK_N) tile of G = (softmax - onehot) * GRAD_SCALE, in e5m2 as
-        # _ce_fused_e5m2_kernel writes it (0 for an ignored row, nan for a target outside
-        # [0, n_cols)), stored into grad (n_rows, n_cols) and, transposed, into grad_t
-        # (n_cols, n_rows). lse: each row's log-sum-exp, from triton_ce's forward kernel.
-        rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_in, col_in = rows < n_rows, cols < n_cols
-        mask = row_in[:, None] & col_in[None, :]
-        x = tl.load(logits_ptr + rows[:, None] * row_stride + cols[None, :], mask=mask, other=0.0)
-        lse = tl.load(lse_ptr + rows, mask=row_in, other=0.0)
-        target = tl.load(targets_ptr + rows, mask=row_in, other=ignore_index)
-        ignored = target == ignore_index
-        keep = tl.where(ignored, 0.0, GRAD_SCALE)
-        keep = tl.where(((target >= 0) & (target < n_cols)) | ignored, keep, float("nan"))
-        onehot = tl.where(cols[None, :] == target[:, None], 1.0, 0.0)
-        g = (tl.exp(x.to(tl.float32) - lse[:, None]) - onehot) * keep[:, None]
-        if HW_CAST:
-            g8 = g.to(tl.float8e5)
-        else:
-            g8 = _e5m2_bits(g)
-        tl.store(grad_ptr + rows[:, None] * n_cols + cols[None, :], g8, mask=mask)
-        tl.store(
-            grad_t_ptr + cols[:, None] * n_rows + rows[None, :],
-            tl.trans(g8),
-            mask=col_in[:, None] & row_in[None, :],
-        )
-
     # The fp8 ops are opaque custom ops: torch.compile calls them as they are and does not
     # re-compile their kernels (launched here by Triton's own JIT), so the compiled step runs the
     # same kernels as eager code.
@@ -243,55 +191,6 @@ if triton is not None and TRITON_OP_MISSING is None:
         N, V = logits.shape
         return logits.new_empty(N, dtype=torch.float32), logits.new_empty(
             (N, V), dtype=torch.float8_e5m2
-        )
-
-    @torch.library.custom_op("fastgpt2::cross_entropy_rows_with_e5m2_grad_both", mutates_args=())
-    def _cross_entropy_rows_with_e5m2_grad_both(
-        logits: torch.Tensor, targets: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        # As _cross_entropy_rows_with_e5m2_grad, plus the gradient transposed, (V, N) contiguous:
-        # the same bytes as transpose_fp8 of the (N, V) one (E5M2_GRAD_BOTH_LAYOUTS).
-        N, V = logits.shape
-        loss, lse = (torch.empty(N, dtype=torch.float32, device=logits.device) for _ in range(2))
-        grad = torch.empty((N, V), dtype=torch.float8_e5m2, device=logits.device)
-        grad_t = torch.empty((V, N), dtype=torch.float8_e5m2, device=logits.device)
-        hw_cast = _hardware_e5m2(logits.device)
-        _ce_forward_kernel[(N,)](  # each row's loss and log-sum-exp
-            logits,
-            targets,
-            loss,
-            lse,
-            logits.stride(0),
-            IGNORE_INDEX,
-            n_cols=V,
-            BLOCK=FUSED_BLOCK,
-            num_warps=FUSED_NUM_WARPS,
-        )
-        BM, BN = GRAD_TILE
-        _e5m2_grad_tile_kernel[(triton.cdiv(N, BM), triton.cdiv(V, BN))](
-            logits,
-            targets,
-            lse,
-            grad if hw_cast else grad.view(torch.uint8),
-            grad_t if hw_cast else grad_t.view(torch.uint8),
-            logits.stride(0),
-            IGNORE_INDEX,
-            N,
-            V,
-            BLOCK_M=BM,
-            BLOCK_N=BN,
-            GRAD_SCALE=FP8_GRAD_SCALE,
-            HW_CAST=hw_cast,
-        )
-        return loss, grad, grad_t
-
-    @_cross_entropy_rows_with_e5m2_grad_both.register_fake
-    def _(logits, targets):
-        N, V = logits.shape
-        return (
-            logits.new_empty(N, dtype=torch.float32),
-            logits.new_empty((N, V), dtype=torch.float8_e5m2),
-            logits.new_empty((V, N), dtype=torch.float8_e5m2),
         )
 
     def _hardware_e5m2(device: torch.device) -> bool:
@@ -364,11 +263,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 use_fast_accum=True,
             )  # (rows, V)
             # g8 = G * FP8_GRAD_SCALE, g8_t its transpose (V, rows) for dW's matmul
-            if E5M2_GRAD_BOTH_LAYOUTS:
-                loss_rows, g8, g8_t = _cross_entropy_rows_with_e5m2_grad_both(logits, targets[s:e])
-            else:
-                loss_rows, g8 = _cross_entropy_rows_with_e5m2_grad(logits, targets[s:e])
-                g8_t = transpose_fp8(g8)
+            loss_rows, g8 = _cross_entropy_rows_with_e5m2_grad(logits, targets[s:e])
+            g8_t = transpose_fp8(g8)
             losses.append(loss_rows)
             dxs.append(
                 torch._scaled_mm(
