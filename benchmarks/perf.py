@@ -6,7 +6,9 @@ Each variant is the ladder's last rung plus one change; every variant is built a
 (``helpers.core.train.build`` resets dynamo). Timing is ``helpers.measure.timing.measure`` (3
 warm-up steps, median of 10 CUDA-event-timed steps), the same method as the ladder and the
 reference.
-``--profile`` runs torch.profiler over 3 steps and sums device time per kernel family.
+``--profile`` runs torch.profiler over 3 steps and sums device time per kernel family;
+``--launchers REGEX`` adds which operators, with which input shapes, launched the kernels whose
+names match (e.g. ``--variants no-cuda-graphs --profile --launchers reduce_kernel``).
 ``--power`` samples the GPU's power draw and SM clock with nvidia-smi every 100 ms
 (``helpers.measure.power.GPUPowerSampler``) and stores, per row, what it read during the timed
 steps; the step first runs (compiled) for ``--power-settle`` seconds, so that the timed steps, and
@@ -30,7 +32,7 @@ from helpers import bench
 from helpers.core import data
 from helpers.core.model import GPTConfig, flops_per_token
 from helpers.ladder import last_runnable
-from helpers.measure import power, results
+from helpers.measure import power, profiler, results
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import bias_in_matmul  # noqa: E402  (this folder's experiment modules)
@@ -291,6 +293,15 @@ FAMILIES = [  # (family, regex on the kernel name), first match wins
 ]
 
 
+def launcher_pattern(text: str) -> str:
+    """--launchers' argument: a regular expression of kernel names, checked before any run."""
+    try:
+        re.compile(text)
+    except re.error as e:
+        raise argparse.ArgumentTypeError(f"not a regular expression ({e}): {text!r}") from None
+    return text
+
+
 def family(name: str) -> str:
     for fam, pattern in FAMILIES:
         if re.search(pattern, name, re.I):
@@ -298,23 +309,28 @@ def family(name: str) -> str:
     return "other"
 
 
-def profile(trainer, loader, steps: int = 3) -> dict[str, float]:
+def profile(trainer, loader, steps: int = 3, launchers: str | None = None) -> dict:
     """Device ms per step by kernel family, from torch.profiler over ``steps`` steps, with the 15
     (and 40) largest kernels: ``top_kernels_ms`` and ``kernels_ms``, lists of
-    [ms per step, kernel name]."""
+    [ms per step, kernel name]. With ``launchers`` (a regular expression of kernel names) the
+    profiler also records CPU operators and their input shapes, and ``launchers`` lists the
+    operators that launched the matching kernels (``profiler.kernel_launchers``)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as tprofile
 
     for _ in range(3):
         trainer.step(loader)
     torch.cuda.synchronize()
-    with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
+    activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if launchers else [])
+    with tprofile(activities=activities, record_shapes=bool(launchers)) as prof:
         for _ in range(steps):
             trainer.step(loader)
         torch.cuda.synchronize()
     totals: dict[str, float] = defaultdict(float)
     top = []
     for evt in prof.key_averages():
+        if launchers and not str(evt.device_type).upper().endswith("CUDA"):
+            continue  # a CPU operator: its kernels are counted as themselves
         dev_us = getattr(evt, "self_device_time_total", None) or getattr(
             evt, "self_cuda_time_total", 0
         )
@@ -325,11 +341,14 @@ def profile(trainer, loader, steps: int = 3) -> dict[str, float]:
     top.sort(reverse=True)
     # top_kernels_ms feeds helpers.chapters.ch10_profiling.table_from_perf_json;
     # kernels_ms: to read
-    return {
+    out = {
         "families_ms": dict(sorted(totals.items(), key=lambda kv: -kv[1])),
         "top_kernels_ms": top[:15],
         "kernels_ms": top[:40],
     }
+    if launchers:
+        out["launchers"] = profiler.kernel_launchers(prof.events(), launchers, steps)
+    return out
 
 
 def main(argv=None) -> int:
@@ -344,6 +363,14 @@ def main(argv=None) -> int:
     )
     p.add_argument("--profile", action="store_true")
     p.add_argument(
+        "--launchers",
+        metavar="REGEX",
+        type=launcher_pattern,
+        help="with --profile: which operators (and input shapes) launched the kernels whose "
+        "names match REGEX; kernels replayed from a CUDA graph have none, so profile a variant "
+        "without CUDA graphs (no-cuda-graphs) to see those",
+    )
+    p.add_argument(
         "--power", action="store_true", help="sample power and SM clock with nvidia-smi (100 ms)"
     )
     p.add_argument(
@@ -354,6 +381,8 @@ def main(argv=None) -> int:
     )
     results.add_out(p)
     args = p.parse_args(argv)
+    if args.launchers and not args.profile:
+        p.error("--launchers goes with --profile")
     args.out = results.checked_out(p, args.out, args.force)
     if not torch.cuda.is_available():
         print(
@@ -406,7 +435,9 @@ def run_batch_size(
             return {}
 
         def profiled(trainer, loader):
-            return {"profile": profile(trainer, loader)} if args.profile else {}
+            if not args.profile:
+                return {}
+            return {"profile": profile(trainer, loader, launchers=args.launchers)}
 
         try:
             with experiment(v):  # compilation happens in the warm-up steps, inside the context
@@ -469,6 +500,11 @@ def run_batch_size(
         if "profile" in row:
             for fam, ms in row["profile"]["families_ms"].items():
                 print(f"      {fam:<48} {ms:7.2f} ms/step")
+            for r in row["profile"].get("launchers", []):
+                print(
+                    f"      {r['ms']:7.3f} ms/step  {r['launches']:5.1f} launches  "
+                    f"{r['kernel'][:60]}\n        <- {' <- '.join(r['chain'][:4])}  {r['shapes']}"
+                )
 
 
 if __name__ == "__main__":

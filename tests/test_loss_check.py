@@ -178,3 +178,17 @@ def test_the_deterministic_variant_is_restored_afterwards(loss_check):
         assert torch.are_deterministic_algorithms_enabled()
         assert torch.is_deterministic_algorithms_warn_only_enabled()
     assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_perf_launchers_needs_profile_and_a_valid_pattern(loss_check, capsys):
+    """perf.py refuses --launchers without --profile, and a pattern that is not a regular
+    expression, before it looks for a GPU."""
+    perf = sys.modules["perf"]
+    with pytest.raises(SystemExit) as e:
+        perf.main(["--launchers", "reduce_kernel"])
+    assert e.value.code == 2
+    assert "--launchers goes with --profile" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        perf.main(["--profile", "--launchers", "reduce_kernel("])
+    assert e.value.code == 2
+    assert "not a regular expression" in capsys.readouterr().err

@@ -329,3 +329,47 @@ def test_profile_steps_synchronizes_before_the_recording_starts(monkeypatch, wai
     # between the start of the recording and the end of the last recorded step: no sync
     last_recorded = max(i for i, e in enumerate(log) if e.split(" -> ")[-1] in record)
     assert "sync" not in log[first : last_recorded + 1], log
+
+
+def _fe(name, id, shapes=(), parent=None):
+    """A real torch FunctionEvent (the class prof.events() returns), on the CPU."""
+    from torch.autograd.profiler_util import FunctionEvent
+
+    e = FunctionEvent(
+        id=id, name=name, thread=0, start_us=id, end_us=id + 1, input_shapes=list(shapes)
+    )
+    if parent is not None:
+        e.set_cpu_parent(parent)
+    return e
+
+
+def test_kernel_launchers_names_the_operators_and_shapes_behind_a_kernel():
+    # two steps: an opaque custom op calls aten::sum, whose launch runs reduce_kernel; a matmul's
+    # kernel does not match the pattern
+    events = []
+    for step in range(2):
+        op = _fe("fastgpt2::qkv_grad_cat_opaque", 10 * step + 1)
+        s = _fe("aten::sum", 10 * step + 2, shapes=[[256, 2304], []], parent=op)
+        launch = _fe("cudaLaunchKernel", 10 * step + 3, parent=s)
+        launch.append_kernel("void at::native::reduce_kernel<128, 4>", 0, 40.0)  # us
+        mm = _fe("aten::mm", 10 * step + 4)
+        mm_launch = _fe("cudaLaunchKernel", 10 * step + 5, parent=mm)
+        mm_launch.append_kernel("nvjet_sm90_gemm", 0, 100.0)
+        events += [op, s, launch, mm, mm_launch]
+    rows = profiler.kernel_launchers(events, r"reduce_kernel", steps=2)
+    assert len(rows) == 1
+    (r,) = rows
+    assert r["kernel"] == "void at::native::reduce_kernel<128, 4>"
+    assert r["chain"] == ["aten::sum", "fastgpt2::qkv_grad_cat_opaque"]
+    assert r["shapes"] == "[[256, 2304], []]"
+    assert r["ms"] == pytest.approx(0.040)  # 40 us per step
+    assert r["launches"] == 1
+    assert profiler.kernel_launchers(events, "nvjet", steps=2)[0]["chain"] == ["aten::mm"]
+    assert profiler.kernel_launchers(events, "no such kernel", steps=2) == []
+
+
+def test_kernel_launchers_refuses_a_bad_pattern_and_zero_steps():
+    with pytest.raises(ValueError, match="regular expression"):
+        profiler.kernel_launchers([], "reduce_kernel(", steps=1)
+    with pytest.raises(ValueError, match="steps"):
+        profiler.kernel_launchers([], "x", steps=0)

@@ -1,6 +1,6 @@
 """Profiling a training step: which kernels run, how long, in which phase.
 
-Two jobs, one idea each:
+Three jobs, one idea each:
 
 1. **Kernel families** (:func:`kernel_family`): a kernel or operator name -> one of
    :data:`FAMILY_NAMES` (matmul, attention, triton fused, elementwise, reduction, copy / cast,
@@ -12,6 +12,8 @@ Two jobs, one idea each:
    "optimizer"). Returns a :class:`StepProfile`: per-kernel device time per step (CUDA time on a
    GPU, operator CPU time on a CPU), time per phase, busy time vs span (idle gaps), and a
    Chrome / Perfetto trace file.
+3. **Where a kernel comes from** (:func:`kernel_launchers`): the operators, and their input shapes,
+   that launched the kernels matching a name (``benchmarks/perf.py --launchers``).
 
 The trainer is an argument, duck-typed (``run``, ``optimizer``, ``scaler``, ``device``,
 ``autocast()``, ``forward()``, ``clip()``, ``optimizer_step()``): this layer knows nothing of the
@@ -478,6 +480,64 @@ def profile_steps(
     result = summarize_events(prof.events(), active, device.type, name)
     result.trace_path = str(trace_path) if trace_path is not None else None
     return result
+
+
+def kernel_launchers(events, pattern: str, steps: int, top: int = 10) -> list[dict]:
+    """Which operators launched the device kernels whose names match ``pattern``, and with what
+    input shapes: the answer to "where in my code does this kernel come from?".
+
+    Args:
+        events: ``prof.events()`` of a torch.profiler run with ``ProfilerActivity.CPU`` and CUDA
+            and ``record_shapes=True`` (without shapes, ``shapes`` is empty). Kernels replayed
+            from a CUDA graph have no launching operator: profile without CUDA graphs to see them.
+        pattern: a regular expression searched in kernel names (case-insensitive).
+        steps: how many steps the profile covers (times are per step).
+        top: how many (kernel, operator chain, shapes) rows to return, most device time first.
+
+    Returns:
+        A list of dicts: ``kernel`` (name), ``ms`` (device ms per step, all its launches),
+        ``launches`` (per step), ``chain`` (the operators from the innermost out, e.g.
+        ``["aten::sum", "fastgpt2::qkv_grad_cat_opaque", ...]``; the CUDA runtime call itself is
+        left out), ``shapes`` (the innermost operator's input shapes, as a string).
+
+    Raises:
+        ValueError: ``pattern`` is not a valid regular expression, or ``steps`` < 1.
+    """
+    try:
+        rx = re.compile(pattern, re.IGNORECASE)
+    except re.error as e:
+        raise ValueError(f"pattern {pattern!r} is not a regular expression: {e}") from None
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    rows: dict[tuple, dict] = {}
+    for evt in events:
+        for k in getattr(evt, "kernels", ()) or ():
+            if not rx.search(k.name):
+                continue
+            chain, op = [], evt
+            while op is not None:
+                if not _RUNTIME_LAUNCH.match(op.name) and not _is_annotation(op):
+                    chain.append(op.name)
+                op = op.cpu_parent
+            inner = evt if not chain else _first_named(evt, chain[0])
+            shapes = str(getattr(inner, "input_shapes", None) or "")
+            key = (k.name, tuple(chain), shapes)
+            row = rows.setdefault(
+                key, {"kernel": k.name, "ms": 0.0, "launches": 0, "chain": chain, "shapes": shapes}
+            )
+            row["ms"] += k.duration / 1e3 / steps
+            row["launches"] += 1
+    out = sorted(rows.values(), key=lambda r: -r["ms"])[:top]
+    for r in out:
+        r["launches"] = r["launches"] / steps
+    return out
+
+
+def _first_named(evt, name: str):
+    """``evt`` or its nearest CPU ancestor called ``name``."""
+    while evt is not None and evt.name != name:
+        evt = evt.cpu_parent
+    return evt
 
 
 @contextlib.contextmanager
