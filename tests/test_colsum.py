@@ -96,6 +96,8 @@ def test_triton_final_sums_rewrites_lines_written_inside_inductors_codegen_only(
     from torch._inductor import virtualized
     from torch._inductor.codegen import simd
 
+    from helpers.core.kernels import qkv_grad
+
     written = []
 
     class Wrapper:
@@ -115,7 +117,10 @@ def test_triton_final_sums_rewrites_lines_written_inside_inductors_codegen_only(
             simd.SIMDScheduling._codegen_mix_order_reduction(None, None, None)
             wrapper.writeline(sum_line)  # outside the mix-order codegen: unchanged
             assert torch._inductor.config.force_disable_caches
+            assert qkv_grad._sum_partials is colsum.colsum
         simd.SIMDScheduling._codegen_mix_order_reduction(None, None, None)  # patch gone
     assert written == [colsum.rewrite_final_sum(sum_line), sum_line, sum_line]
     assert "writeline" not in wrapper.__dict__
+    part = torch.randn(5, 6)
+    assert torch.equal(qkv_grad._sum_partials(part), part.sum(0))  # restored
     assert written[0].startswith("buf1 = torch.ops.fastgpt2.colsum(")

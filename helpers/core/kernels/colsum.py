@@ -101,7 +101,8 @@ def colsum(x: torch.Tensor) -> torch.Tensor:
 def triton_final_sums():
     """While open, torch.compile's inductor writes each mix-order reduction's last sum as
     :func:`colsum` instead of an eager ``.sum(dim=0)`` (the experiment in this module's
-    docstring). Compile inside the context; the generated code keeps calling the op afterwards.
+    docstring), and the one-pass QKV gradient's op adds its partial sums with it too. Compile
+    inside the context; the generated code keeps calling the op afterwards.
 
     Raises:
         RuntimeError: this torch's inductor has no mix-order reduction to patch.
@@ -135,8 +136,11 @@ def triton_final_sums():
 
     # no cached compiled graph either: it would hold the eager sums, and the patch is not part
     # of the caches' keys
+    from helpers.core.kernels import qkv_grad
+
     with (
         mock.patch.object(simd.SIMDScheduling, "_codegen_mix_order_reduction", patched),
         torch._inductor.config.patch(force_disable_caches=True),
+        mock.patch.object(qkv_grad, "_sum_partials", colsum),  # the QKV op's partial sums too
     ):
         yield

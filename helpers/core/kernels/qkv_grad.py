@@ -40,6 +40,13 @@ OPAQUE = True
 ROWS = 64  # rows per program: its column sums are one partial-sum row
 COLS = 256  # columns per inner step (768 = 3 x 256 for GPT-2 124M)
 
+
+def _sum_partials(part: torch.Tensor) -> torch.Tensor:
+    """The bias gradient from the kernel's (programs, 3C) fp32 partial column sums (replaced by
+    kernels.colsum in benchmarks/perf.py's variant triton-final-sums)."""
+    return part.sum(0)
+
+
 if triton is not None and TRITON_OP_MISSING is None:
 
     @triton.jit
@@ -83,7 +90,7 @@ if triton is not None and TRITON_OP_MISSING is None:
             dq, dk, dv, out, part, M, T, *dq.stride(), C=C, HS=hs, ROWS=ROWS, COLS=COLS,
             num_warps=4,
         )  # fmt: skip
-        return out, part.sum(0)
+        return out, _sum_partials(part)
 
     # Traced: torch.compile sees the launch, with the strides it traced as constants, and copies
     # inputs that arrive in another memory order into that order first.
