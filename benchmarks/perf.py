@@ -302,6 +302,8 @@ FAMILIES = [  # (family, regex on the kernel name), first match wins
 
 def launcher_pattern(text: str) -> str:
     """--launchers' argument: a regular expression of kernel names, checked before any run."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty pattern matches every kernel: name some")
     try:
         re.compile(text)
     except re.error as e:
@@ -329,15 +331,17 @@ def profile(trainer, loader, steps: int = 3, launchers: str | None = None) -> di
         trainer.step(loader)
     torch.cuda.synchronize()
     activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if launchers else [])
-    with tprofile(activities=activities, record_shapes=bool(launchers)) as prof:
+    with tprofile(activities=activities, record_shapes=launchers is not None) as prof:
         for _ in range(steps):
             trainer.step(loader)
         torch.cuda.synchronize()
     totals: dict[str, float] = defaultdict(float)
     top = []
     for evt in prof.key_averages():
-        if launchers and not str(evt.device_type).upper().endswith("CUDA"):
-            continue  # a CPU operator: its kernels are counted as themselves
+        if launchers and (
+            not str(evt.device_type).upper().endswith("CUDA") or profiler.is_annotation(evt)
+        ):
+            continue  # a CPU operator, or a range's copy on the GPU timeline: not a kernel
         dev_us = getattr(evt, "self_device_time_total", None) or getattr(
             evt, "self_cuda_time_total", 0
         )
@@ -388,7 +392,7 @@ def main(argv=None) -> int:
     )
     results.add_out(p)
     args = p.parse_args(argv)
-    if args.launchers and not args.profile:
+    if args.launchers is not None and not args.profile:
         p.error("--launchers goes with --profile")
     args.out = results.checked_out(p, args.out, args.force)
     if not torch.cuda.is_available():

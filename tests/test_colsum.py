@@ -49,13 +49,17 @@ def test_colsum_on_the_gpu():
     assert_caught(run_script(CHECK, "colsum_check", "cuda"))
 
 
-def test_colsum_refuses_what_it_cannot_sum():
+@pytest.mark.skipif(not hasattr(torch.ops.fastgpt2, "colsum"), reason="needs Triton")
+@pytest.mark.parametrize("call", ["colsum", "op"])
+def test_colsum_refuses_what_it_cannot_sum(call):
+    """The wrapper and the op itself (which the rewritten wrapper line calls) check their input."""
+    f = colsum.colsum if call == "colsum" else torch.ops.fastgpt2.colsum
     with pytest.raises(TypeError, match="float32"):
-        colsum.colsum(torch.zeros(4, 4, dtype=torch.float64))
+        f(torch.zeros(4, 4, dtype=torch.float64))
     with pytest.raises(ValueError, match="contiguous"):
-        colsum.colsum(torch.zeros(4, 4).t())
+        f(torch.zeros(4, 4).t())
     with pytest.raises(ValueError, match=r"\(R, N\)"):
-        colsum.colsum(torch.zeros(4))
+        f(torch.zeros(4))
 
 
 @pytest.mark.parametrize(
@@ -76,10 +80,25 @@ def test_colsum_refuses_what_it_cannot_sum():
             "buf4 = ws[0 : 64 * 768].view(64, 768).amax(dim=0)",
         ),
         ("buf5 = torch.sum(x, dim=0)", "buf5 = torch.sum(x, dim=0)"),
+        (  # sizes with parentheses in the view, a newline kept
+            "buf6 = ws[0 : ((s0 + 15) // 16) * 768].view((s0 + 15) // 16, 768).sum(dim=0)\n",
+            "buf6 = torch.ops.fastgpt2.colsum(ws[0 : ((s0 + 15) // 16) * 768]"
+            ".view((s0 + 15) // 16, 768))\n",
+        ),
+        (  # something between the view and the sum: not the workspace's final sum
+            "buf7 = ws[0 : 8].view(2, 4).to(torch.float32).sum(dim=0)",
+            "buf7 = ws[0 : 8].view(2, 4).to(torch.float32).sum(dim=0)",
+        ),
+        (  # two sums on one line: only the first, whole, is the buffer's source
+            "buf8 = ws[0 : 8].view(2, 4).sum(dim=0) + ws[8 : 16].view(2, 4).sum(dim=0)",
+            "buf8 = torch.ops.fastgpt2.colsum(ws[0 : 8].view(2, 4))"
+            " + ws[8 : 16].view(2, 4).sum(dim=0)",
+        ),
     ],
 )
 def test_rewrite_final_sum(line, want):
     assert colsum.rewrite_final_sum(line) == want
+    compile(want.strip(), "<wrapper>", "exec")
 
 
 def test_inductor_still_writes_the_line_the_rewrite_expects():

@@ -192,3 +192,7 @@ def test_perf_launchers_needs_profile_and_a_valid_pattern(loss_check, capsys):
         perf.main(["--profile", "--launchers", "reduce_kernel("])
     assert e.value.code == 2
     assert "not a regular expression" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        perf.main(["--profile", "--launchers", ""])
+    assert e.value.code == 2
+    assert "empty pattern" in capsys.readouterr().err

@@ -373,3 +373,37 @@ def test_kernel_launchers_refuses_a_bad_pattern_and_zero_steps():
         profiler.kernel_launchers([], "reduce_kernel(", steps=1)
     with pytest.raises(ValueError, match="steps"):
         profiler.kernel_launchers([], "x", steps=0)
+
+
+def test_kernel_launchers_survives_a_parent_cycle_and_refuses_a_bad_top():
+    a, b = _fe("aten::sum", 1), _fe("aten::add", 2)
+    a.set_cpu_parent(b)
+    b.cpu_parent = a  # not a real tree: the walk must still end
+    a.append_kernel("reduce_kernel", 0, 5.0)
+    assert profiler.kernel_launchers([a, b], "reduce", steps=1)[0]["chain"] == [
+        "aten::sum",
+        "aten::add",
+    ]
+    for top in (0, -1, 1.5):
+        with pytest.raises(ValueError, match="top"):
+            profiler.kernel_launchers([a], "x", steps=1, top=top)
+    with pytest.raises(ValueError, match="regular expression"):
+        profiler.kernel_launchers([a], None, steps=1)
+
+
+@pytest.mark.parametrize(
+    "name, annotation",
+    [
+        ("ProfilerStep#3", True),
+        ("Optimizer.step#TritonAdamW.step", True),
+        ("## Call CompiledFxGraph fm6f ##", True),
+        ("forward", True),
+        # a kernel whose C++ name holds a lambda is a kernel
+        ("void at::native::reduce_kernel<128, 4, {lambda(float, float)#1}>", False),
+        ("void at::native::vectorized_elementwise_kernel<4, {lambda(float)#1}>", False),
+        ("nvjet_sm90_tst_256x128", False),
+    ],
+)
+def test_is_annotation_tells_ranges_from_kernels(name, annotation):
+    evt = SimpleNamespace(name=name, activity_type="kernel")
+    assert profiler.is_annotation(evt) is annotation

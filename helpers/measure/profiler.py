@@ -258,16 +258,22 @@ class StepProfile:
         return a / b if b > 0 else None
 
 
-def _is_annotation(evt) -> bool:
-    """A record_function range (on the CPU, or its copy on the GPU timeline), not a kernel."""
-    name = evt.name
+# record_function ranges named "Optimizer.step#AdamW.step", "ProfilerStep#3", or inductor's
+# "## Call CompiledFxGraph ...": a name, then "#". Not a kernel whose C++ name holds a lambda,
+# "void at::native::reduce_kernel<...{lambda(float, float)#1}>".
+_ANNOTATION_NAME = re.compile(r"^(#|[A-Za-z_][\w.]*#)")
+
+
+def is_annotation(evt) -> bool:
+    """A record_function range (on the CPU, or its copy on the GPU timeline), not a kernel.
+    ``evt``: a torch.profiler event (``name``) or averaged event (``key``)."""
+    name = getattr(evt, "name", None) or evt.key
     kind = str(getattr(evt, "activity_type", "") or "")
     return (
         bool(getattr(evt, "is_user_annotation", False))
         or "annotation" in kind
         or name in PHASES
-        or name.startswith("ProfilerStep")
-        or "#" in name
+        or bool(_ANNOTATION_NAME.match(name))
     )
 
 
@@ -336,7 +342,7 @@ def summarize_events(events, steps: int, device_type: str, device_name: str = ""
         cpu = [e for e in events if _device_is(e, "CPU")]
         launches = {e.id: e.time_range.start for e in cpu if _RUNTIME_LAUNCH.match(e.name)}
         frontends = {e.id: e.time_range.start for e in cpu if not _RUNTIME_LAUNCH.match(e.name)}
-        rows = [e for e in events if _device_is(e, "CUDA") and not _is_annotation(e)]
+        rows = [e for e in events if _device_is(e, "CUDA") and not is_annotation(e)]
         for e in rows:
             dur = e.time_range.end - e.time_range.start
             intervals.append((e.time_range.start, e.time_range.end))
@@ -501,24 +507,27 @@ def kernel_launchers(events, pattern: str, steps: int, top: int = 10) -> list[di
         left out), ``shapes`` (the innermost operator's input shapes, as a string).
 
     Raises:
-        ValueError: ``pattern`` is not a valid regular expression, or ``steps`` < 1.
+        ValueError: ``pattern`` is not a valid regular expression, or ``steps`` or ``top`` is not
+            a whole number >= 1.
     """
     try:
         rx = re.compile(pattern, re.IGNORECASE)
-    except re.error as e:
+    except (re.error, TypeError) as e:
         raise ValueError(f"pattern {pattern!r} is not a regular expression: {e}") from None
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
+    for what, n in (("steps", steps), ("top", top)):
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"{what} must be an int >= 1, got {n!r}")
     rows: dict[tuple, dict] = {}
     for evt in events:
         for k in getattr(evt, "kernels", ()) or ():
             if not rx.search(k.name):
                 continue
-            chain, op = [], evt
-            while op is not None:
-                if not _RUNTIME_LAUNCH.match(op.name) and not _is_annotation(op):
+            chain, op, seen = [], evt, set()
+            while op is not None and id(op) not in seen:  # (a parent chain is never a cycle)
+                seen.add(id(op))
+                if not _RUNTIME_LAUNCH.match(op.name) and not is_annotation(op):
                     chain.append(op.name)
-                op = op.cpu_parent
+                op = getattr(op, "cpu_parent", None)
             inner = evt if not chain else _first_named(evt, chain[0])
             shapes = str(getattr(inner, "input_shapes", None) or "")
             key = (k.name, tuple(chain), shapes)
@@ -536,7 +545,7 @@ def kernel_launchers(events, pattern: str, steps: int, top: int = 10) -> list[di
 def _first_named(evt, name: str):
     """``evt`` or its nearest CPU ancestor called ``name``."""
     while evt is not None and evt.name != name:
-        evt = evt.cpu_parent
+        evt = getattr(evt, "cpu_parent", None)
     return evt
 
 

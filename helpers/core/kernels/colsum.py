@@ -28,8 +28,21 @@ BLOCK_R, BLOCK_N = 64, 32  # rows per loop iteration, columns per program (128 b
 # the wrapper line inductor writes for a mix-order reduction's last sum (torch 2.11-2.13):
 # "buf12 = ws[0 : 1024 * 768].view(1024, 768).sum(dim=0)" with an optional ".view([768])" and
 # ".to(torch.bfloat16)" after it. amax / amin (other reductions) are left as they are.
-_FINAL_SUM = re.compile(r"^(?P<indent>\s*)(?P<buf>\w+) = (?P<src>\w+\[.*\]\.view\(.*?\))"
-                        r"\.sum\(dim=0\)(?P<rest>.*)$")  # fmt: skip
+# The source is a workspace slice and one view: brackets without "]" inside, the view's arguments
+# with at most one level of parentheses (sizes like "(s0 + 15) // 16").
+_FINAL_SUM = re.compile(
+    r"^(?P<indent>\s*)(?P<buf>\w+) = "
+    r"(?P<src>\w+\[[^\]]*\]\.view\([^()]*(?:\([^()]*\)[^()]*)*\))"
+    r"\.sum\(dim=0\)(?P<rest>.*)$",
+    re.DOTALL,
+)
+
+
+def _check(x) -> None:
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.float32:
+        raise TypeError(f"colsum takes a float32 tensor, got {getattr(x, 'dtype', type(x))}")
+    if x.dim() != 2 or not x.is_contiguous():
+        raise ValueError(f"colsum takes a contiguous (R, N) tensor, got shape {tuple(x.shape)}")
 
 
 def rewrite_final_sum(line: str) -> str:
@@ -59,6 +72,7 @@ if triton is not None and TRITON_OP_MISSING is None:
     # Opaque: inductor's generated wrapper calls it at run time, outside any traced graph.
     @torch.library.custom_op("fastgpt2::colsum", mutates_args=())
     def _colsum_op(x: torch.Tensor) -> torch.Tensor:
+        _check(x)  # the rewritten wrapper line calls the op, not colsum()
         R, N = x.shape
         out = torch.empty(N, dtype=torch.float32, device=x.device)
         _colsum_kernel[(triton.cdiv(N, BLOCK_N),)](
@@ -85,10 +99,7 @@ def colsum(x: torch.Tensor) -> torch.Tensor:
         ValueError: ``x`` is not 2-D and contiguous.
         RuntimeError: the Triton kernels cannot run here (:func:`_triton.available` says why).
     """
-    if not isinstance(x, torch.Tensor) or x.dtype != torch.float32:
-        raise TypeError(f"colsum takes a float32 tensor, got {getattr(x, 'dtype', type(x))}")
-    if x.dim() != 2 or not x.is_contiguous():
-        raise ValueError(f"colsum takes a contiguous (R, N) tensor, got shape {tuple(x.shape)}")
+    _check(x)
     from helpers.core.kernels._triton import available
 
     ok, why = available(x.device)
@@ -102,7 +113,8 @@ def triton_final_sums():
     """While open, torch.compile's inductor writes each mix-order reduction's last sum as
     :func:`colsum` instead of an eager ``.sum(dim=0)`` (the experiment in this module's
     docstring), and the one-pass QKV gradient's op adds its partial sums with it too. Compile
-    inside the context; the generated code keeps calling the op afterwards.
+    inside the context: the generated code keeps calling the op afterwards, while the QKV op is
+    itself again once the context closes.
 
     Raises:
         RuntimeError: this torch's inductor has no mix-order reduction to patch.
