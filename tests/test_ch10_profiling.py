@@ -250,3 +250,17 @@ def test_short_name_keeps_what_an_eager_kernel_does():
         "vectorized_elementwise_kernel<4>"
     )
     assert profiling.short_name("nvjet_sm90_tst_256x128", 70) == "nvjet_sm90_tst_256x128"
+
+
+def test_launchers_markdown_renders_the_committed_h100_run():
+    from helpers.measure import results
+
+    data = results.load(profiling.LAUNCHERS_RESULT)
+    assert data is not None and data["device"].startswith("NVIDIA H100")
+    rows = data["rows"][0]["profile"]["launchers"]
+    table = profiling.launchers_markdown(rows).splitlines()
+    assert len(table) == 2 + 5  # header, delimiter, five rows
+    assert table[2].startswith("| `reduce_kernel<") and "| 0.451 | 62 |" in table[2]
+    assert "`aten::sum` <- `CompiledFunctionBackward`" in table[2]
+    assert "[[1024, 768], [], [], []]" in table[2]
+    assert "`aten::sum` <- `fastgpt2::qkv_grad_cat_opaque`" in table[4]

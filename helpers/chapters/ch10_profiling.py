@@ -135,6 +135,24 @@ def top_markdown(rows: list[dict], n: int = 10, width: int = 70) -> str:
     return markdown_table(["ms/step", "calls", "family", "name"], cells, "rrll")
 
 
+LAUNCHERS_RESULT = "h100-perf-launchers-b16-2026-12-07.json"  # perf.py --launchers, an H100
+
+
+def launchers_markdown(rows: list[dict], n: int = 5, width: int = 40) -> str:
+    """The first ``n`` rows of :func:`helpers.measure.profiler.kernel_launchers` as a Markdown
+    table: kernel (shortened to ``width``), ms per step, launches per step, the first two
+    operators of the chain (innermost first), the innermost operator's input shapes."""
+    from helpers.measure.results import markdown_table
+
+    cells = [
+        [f"`{short_name(r['kernel'], width)}`", f"{r['ms']:.3f}", f"{r['launches']:.0f}",
+         " <- ".join(f"`{op}`" for op in r["chain"][:2]), r["shapes"] or "-"]
+        for r in rows[:n]
+    ]  # fmt: skip
+    header = ["kernel", "ms/step", "launches/step", "launched by", "input shapes"]
+    return markdown_table(header, cells, "lrrll")
+
+
 # --------------------------------------------------------------------------------------------
 # 3. Profile tables (results/*.json)
 # --------------------------------------------------------------------------------------------
