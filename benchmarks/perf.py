@@ -7,8 +7,9 @@ Each variant is the ladder's last rung plus one change; every variant is built a
 warm-up steps, median of 10 CUDA-event-timed steps), the same method as the ladder and the
 reference.
 ``--profile`` runs torch.profiler over 3 steps and sums device time per kernel family;
-``--launchers REGEX`` adds which operators, with which input shapes, launched the kernels whose
-names match (e.g. ``--variants no-cuda-graphs --profile --launchers reduce_kernel``).
+``--launchers REGEX`` adds which operators, with which input shapes and from which lines of the
+course's code, launched the kernels whose names match (e.g. ``--variants no-cuda-graphs --profile
+--launchers reduce_kernel``).
 ``--power`` samples the GPU's power draw and SM clock with nvidia-smi every 100 ms
 (``helpers.measure.power.GPUPowerSampler``) and stores, per row, what it read during the timed
 steps; the step first runs (compiled) for ``--power-settle`` seconds, so that the timed steps, and
@@ -79,7 +80,7 @@ VARIANTS = {
     "coord-descent": {},
     # inductor's mix-order reductions (the LayerNorm backward's row reduction fused with its
     # weight and bias gradients' column sums) with fewer, larger row splits: their partial sums
-    # are added by an eager aten sum per gradient (kernel_origin.py, 2026-12-04)
+    # are added by an eager aten sum per gradient (perf-log, 2026-12-04; see --launchers)
     "mix-order-split-64": {},
     "mix-order-split-128": {},
     "mix-order-autotune": {},
@@ -322,23 +323,24 @@ def profile(trainer, loader, steps: int = 3, launchers: str | None = None) -> di
     """Device ms per step by kernel family, from torch.profiler over ``steps`` steps, with the 15
     (and 40) largest kernels: ``top_kernels_ms`` and ``kernels_ms``, lists of
     [ms per step, kernel name]. With ``launchers`` (a regular expression of kernel names) the
-    profiler also records CPU operators and their input shapes, and ``launchers`` lists the
-    operators that launched the matching kernels (``profiler.kernel_launchers``)."""
+    profiler also records CPU operators, their input shapes and Python stacks, and ``launchers``
+    lists the operators that launched the matching kernels (``profiler.kernel_launchers``)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as tprofile
 
     for _ in range(3):
         trainer.step(loader)
     torch.cuda.synchronize()
-    activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if launchers else [])
-    with tprofile(activities=activities, record_shapes=launchers is not None) as prof:
+    traced = launchers is not None
+    activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if traced else [])
+    with tprofile(activities=activities, record_shapes=traced, with_stack=traced) as prof:
         for _ in range(steps):
             trainer.step(loader)
         torch.cuda.synchronize()
     totals: dict[str, float] = defaultdict(float)
     top = []
     for evt in prof.key_averages():
-        if launchers and (
+        if traced and (
             not str(evt.device_type).upper().endswith("CUDA") or profiler.is_annotation(evt)
         ):
             continue  # a CPU operator, or a range's copy on the GPU timeline: not a kernel
@@ -357,7 +359,7 @@ def profile(trainer, loader, steps: int = 3, launchers: str | None = None) -> di
         "top_kernels_ms": top[:15],
         "kernels_ms": top[:40],
     }
-    if launchers:
+    if traced:
         out["launchers"] = profiler.kernel_launchers(prof.events(), launchers, steps)
     return out
 
@@ -516,6 +518,8 @@ def run_batch_size(
                     f"      {r['ms']:7.3f} ms/step  {r['launches']:5.1f} launches  "
                     f"{r['kernel'][:60]}\n        <- {' <- '.join(r['chain'][:4])}  {r['shapes']}"
                 )
+                for frame in r["stack"]:
+                    print(f"           {frame}")
 
 
 if __name__ == "__main__":

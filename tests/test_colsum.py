@@ -143,3 +143,18 @@ def test_triton_final_sums_rewrites_lines_written_inside_inductors_codegen_only(
     part = torch.randn(5, 6)
     assert torch.equal(qkv_grad._sum_partials(part), part.sum(0))  # restored
     assert written[0].startswith("buf1 = torch.ops.fastgpt2.colsum(")
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU"
+)
+def test_colsum_benchmark_says_it_needs_a_gpu():
+    import subprocess
+    import sys
+
+    from kernel_check import ROOT
+
+    r = subprocess.run(
+        [sys.executable, "benchmarks/colsum.py"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr, r.stderr[-2000:]

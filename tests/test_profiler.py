@@ -331,12 +331,18 @@ def test_profile_steps_synchronizes_before_the_recording_starts(monkeypatch, wai
     assert "sync" not in log[first : last_recorded + 1], log
 
 
-def _fe(name, id, shapes=(), parent=None):
+def _fe(name, id, shapes=(), parent=None, stack=()):
     """A real torch FunctionEvent (the class prof.events() returns), on the CPU."""
     from torch.autograd.profiler_util import FunctionEvent
 
     e = FunctionEvent(
-        id=id, name=name, thread=0, start_us=id, end_us=id + 1, input_shapes=list(shapes)
+        id=id,
+        name=name,
+        thread=0,
+        start_us=id,
+        end_us=id + 1,
+        input_shapes=list(shapes),
+        stack=list(stack),
     )
     if parent is not None:
         e.set_cpu_parent(parent)
@@ -349,7 +355,11 @@ def test_kernel_launchers_names_the_operators_and_shapes_behind_a_kernel():
     events = []
     for step in range(2):
         op = _fe("fastgpt2::qkv_grad_cat_opaque", 10 * step + 1)
-        s = _fe("aten::sum", 10 * step + 2, shapes=[[256, 2304], []], parent=op)
+        frames = [
+            "/repo/helpers/core/kernels/qkv_grad.py(92): _qkv_grad_run",
+            "/usr/lib/python3/site-packages/torch/_ops.py(841): __call__",
+        ]
+        s = _fe("aten::sum", 10 * step + 2, shapes=[[256, 2304], []], parent=op, stack=frames)
         launch = _fe("cudaLaunchKernel", 10 * step + 3, parent=s)
         launch.append_kernel("void at::native::reduce_kernel<128, 4>", 0, 40.0)  # us
         mm = _fe("aten::mm", 10 * step + 4)
@@ -362,6 +372,7 @@ def test_kernel_launchers_names_the_operators_and_shapes_behind_a_kernel():
     assert r["kernel"] == "void at::native::reduce_kernel<128, 4>"
     assert r["chain"] == ["aten::sum", "fastgpt2::qkv_grad_cat_opaque"]
     assert r["shapes"] == "[[256, 2304], []]"
+    assert r["stack"] == ["/repo/helpers/core/kernels/qkv_grad.py(92): _qkv_grad_run"]
     assert r["ms"] == pytest.approx(0.040)  # 40 us per step
     assert r["launches"] == 1
     assert profiler.kernel_launchers(events, "nvjet", steps=2)[0]["chain"] == ["aten::mm"]

@@ -494,7 +494,8 @@ def kernel_launchers(events, pattern: str, steps: int, top: int = 10) -> list[di
 
     Args:
         events: ``prof.events()`` of a torch.profiler run with ``ProfilerActivity.CPU`` and CUDA
-            and ``record_shapes=True`` (without shapes, ``shapes`` is empty). Kernels replayed
+            and ``record_shapes=True`` (without shapes, ``shapes`` is empty), and
+            ``with_stack=True`` for ``stack``. Kernels replayed
             from a CUDA graph have no launching operator: profile without CUDA graphs to see them.
         pattern: a regular expression searched in kernel names (case-insensitive).
         steps: how many steps the profile covers (times are per step).
@@ -504,7 +505,9 @@ def kernel_launchers(events, pattern: str, steps: int, top: int = 10) -> list[di
         A list of dicts: ``kernel`` (name), ``ms`` (device ms per step, all its launches),
         ``launches`` (per step), ``chain`` (the operators from the innermost out, e.g.
         ``["aten::sum", "fastgpt2::qkv_grad_cat_opaque", ...]``; the CUDA runtime call itself is
-        left out), ``shapes`` (the innermost operator's input shapes, as a string).
+        left out), ``shapes`` (the innermost operator's input shapes, as a string), ``stack``
+        (its innermost four Python frames in the course's own code, ``helpers/`` or
+        ``benchmarks/``; none when inductor's generated code made the call).
 
     Raises:
         ValueError: ``pattern`` is not a valid regular expression, or ``steps`` or ``top`` is not
@@ -530,16 +533,23 @@ def kernel_launchers(events, pattern: str, steps: int, top: int = 10) -> list[di
                 op = getattr(op, "cpu_parent", None)
             inner = evt if not chain else _first_named(evt, chain[0])
             shapes = str(getattr(inner, "input_shapes", None) or "")
-            key = (k.name, tuple(chain), shapes)
+            stack = [f for f in getattr(inner, "stack", None) or [] if _COURSE_FRAME.search(f)]
+            key = (k.name, tuple(chain), shapes, tuple(stack[:4]))
             row = rows.setdefault(
-                key, {"kernel": k.name, "ms": 0.0, "launches": 0, "chain": chain, "shapes": shapes}
-            )
+                key,
+                {"kernel": k.name, "ms": 0.0, "launches": 0, "chain": chain, "shapes": shapes,
+                 "stack": stack[:4]},
+            )  # fmt: skip
             row["ms"] += k.duration / 1e3 / steps
             row["launches"] += 1
     out = sorted(rows.values(), key=lambda r: -r["ms"])[:top]
     for r in out:
         r["launches"] = r["launches"] / steps
     return out
+
+
+# a Python frame of the course's own code ("helpers/core/kernels/qkv_grad.py(92): _qkv_grad_run")
+_COURSE_FRAME = re.compile(r"(^|/)(helpers|benchmarks)/")
 
 
 def _first_named(evt, name: str):
