@@ -1,4 +1,4 @@
-"""Benchmark and profile the course's fastest step (issue: beat the reference trainer on the H200).
+"""Time and profile the course's fastest step, and variants of it, on a CUDA GPU.
 
     python benchmarks/perf.py --batch-size 16 64 --variants final reduce-overhead --profile
 
@@ -366,15 +366,18 @@ def profile(trainer, loader, steps: int = 3, launchers: str | None = None) -> di
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch-size", type=int, nargs="+", default=[16])
+    p.add_argument("--batch-size", type=int, nargs="+", default=[16], help="B, one or more")
     p.add_argument(
         "--variants",
         nargs="+",
         default=["final"],
         type=variant,
-        help="names from VARIANTS; join several with '+' to combine them",
+        help="the last rung ('final') or changes to it, joined with '+' to combine them: "
+        + ", ".join(VARIANTS),
     )
-    p.add_argument("--profile", action="store_true")
+    p.add_argument(
+        "--profile", action="store_true", help="torch.profiler: device ms per kernel family"
+    )
     p.add_argument(
         "--launchers",
         metavar="REGEX",
