@@ -1,4 +1,5 @@
 import contextlib
+import platform
 
 import pytest
 import torch
@@ -712,3 +713,14 @@ def test_compare_markdown_keeps_the_rungs_only_one_ladder_ran():
     assert table[3] == "| + fp8 LM head | 30.0 ms, peak 1.00 GiB | - | not in this run |"
     swapped = t4_colab.compare_markdown(right, left, ("emulated T4", "H200")).splitlines()
     assert swapped[3] == "| - | not in this run | + fp8 LM head | 30.0 ms, peak 1.00 GiB |"
+
+
+def test_cpu_model_reads_cpuinfo_and_falls_back(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9R14\n")
+    assert hardware.cpu_model(str(info)) == "AMD EPYC 9R14"
+    assert hardware.cpu_model(str(tmp_path / "absent")) == (
+        platform.processor() or platform.machine()
+    )
+    info.write_text("processor\t: 0\n")  # no model line (some ARM kernels)
+    assert hardware.cpu_model(str(info)) == (platform.processor() or platform.machine())

@@ -506,6 +506,20 @@ class DeviceSummary:
         return asdict(self)
 
 
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name ("AMD EPYC 9R14 96-Core Processor") from Linux's ``cpuinfo``, else
+    ``platform.processor()`` or the architecture ("x86_64", "arm64")."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model") and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def summary(device: str | torch.device | None = None, probe_sdpa: bool = True) -> DeviceSummary:
     """Describe ``device`` (default: :func:`default_device`)."""
     device = torch.device(device) if device is not None else default_device()
@@ -528,7 +542,7 @@ def summary(device: str | torch.device | None = None, probe_sdpa: bool = True) -
     else:
         s = DeviceSummary(
             device=device.type,
-            name=platform.processor() or platform.machine(),
+            name=cpu_model(),
             capability=None,
             total_memory_bytes=None,
             native_bf16=native_bf16(device),
