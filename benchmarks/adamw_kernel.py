@@ -18,7 +18,6 @@ The step with it: ``python benchmarks/perf.py --variants final adamw-triton``.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from unittest import mock
 
@@ -97,16 +96,10 @@ def sweep(steps_checked: int = 3) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    results.add_out(p, help="write the JSON here too")
-    args = p.parse_args(argv)
-    args.out = results.checked_out(p, args.out, args.force)
-    if not torch.cuda.is_available() or adamw.triton is None:
-        print("benchmarks/adamw_kernel.py needs a CUDA GPU and Triton", file=sys.stderr)
-        return 2
-    out = {**results.provenance(torch.device("cuda")), **sweep()}
-    results.print_and_save(out, args.out)
-    return 0
+    return results.gpu_benchmark_main(
+        argv, __doc__, __file__, "a CUDA GPU and Triton", lambda args: sweep(),
+        available=lambda: (adamw.triton is not None, "Triton is not installed"),
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

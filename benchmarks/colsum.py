@@ -14,7 +14,6 @@ against ``x.double().sum(0)`` first. The step with the Triton sums: ``python ben
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
@@ -62,26 +61,24 @@ def sweep(R: int, N: int) -> dict:
     return out
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    results.add_out(p, help="write the JSON here too")
-    args = p.parse_args(argv)
-    args.out = results.checked_out(p, args.out, args.force)
-    ok, why = colsum.available("cuda") if torch.cuda.is_available() else (False, "no CUDA GPU")
-    if not ok:
-        print(f"benchmarks/colsum.py needs a CUDA GPU with Triton: {why}", file=sys.stderr)
-        return 2
-    out = {**results.provenance(torch.device("cuda"))}
-    out["shapes"] = {f"{R}x{N}": sweep(R, N) for R, N in SHAPES}
-    for shape, r in out["shapes"].items():
+def measure(args) -> dict:
+    """Every shape's sweep, with one summary line each printed."""
+    shapes = {f"{R}x{N}": sweep(R, N) for R, N in SHAPES}
+    for shape, r in shapes.items():
         best = r["configs"][0]
         print(
             f"{shape:>10}: torch sum {r['torch_sum']['ms'] * 1e3:6.1f} us, colsum as shipped "
             f"{r['shipped']['ms'] * 1e3:6.1f} us, best {best['ms'] * 1e3:6.1f} us at "
             f"{ {k: best[k] for k in ('block_r', 'block_n', 'num_warps')} }"
         )
-    results.print_and_save(out, args.out)
-    return 0
+    return {"shapes": shapes}
+
+
+def main(argv=None) -> int:
+    return results.gpu_benchmark_main(
+        argv, __doc__, __file__, "a CUDA GPU with Triton", measure,
+        available=lambda: colsum.available("cuda"),
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

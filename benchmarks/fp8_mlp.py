@@ -15,7 +15,6 @@ The step with and without the rung: ``python benchmarks/perf.py --variants final
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
@@ -109,21 +108,25 @@ def sweep_configs(M: int = 65536, N: int = 3072) -> dict:
     return out
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    results.add_out(p, help="write the JSON here too")
-    p.add_argument("--sweep", action="store_true", help="also time every tile config and a copy")
-    args = p.parse_args(argv)
-    args.out = results.checked_out(p, args.out, args.force)
-    ok, why = fp8_available("cuda") if torch.cuda.is_available() else (False, "no CUDA GPU")
-    if not ok:
-        print(f"benchmarks/fp8_mlp.py needs a GPU with fp8 tensor cores: {why}", file=sys.stderr)
-        return 2
-    out = {**results.provenance(torch.device("cuda")), "kernels": bench_kernels()}
+def measure(args) -> dict:
+    out = {"kernels": bench_kernels()}
     if args.sweep:
         out["sweep"] = sweep_configs()
-    results.print_and_save(out, args.out)
-    return 0
+    return out
+
+
+def main(argv=None) -> int:
+    return results.gpu_benchmark_main(
+        argv,
+        __doc__,
+        __file__,
+        "a GPU with fp8 tensor cores",
+        measure,
+        available=lambda: fp8_available("cuda"),
+        add_args=lambda p: p.add_argument(
+            "--sweep", action="store_true", help="also time every tile config and a copy"
+        ),
+    )
 
 
 if __name__ == "__main__":

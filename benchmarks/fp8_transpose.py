@@ -16,7 +16,6 @@ transpose-tile-64 final``.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
@@ -55,18 +54,11 @@ def sweep(M: int, N: int) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    results.add_out(p, help="write the JSON here too")
-    args = p.parse_args(argv)
-    args.out = results.checked_out(p, args.out, args.force)
-    ok, why = fp8_available("cuda") if torch.cuda.is_available() else (False, "no CUDA GPU")
-    if not ok:
-        print(f"benchmarks/fp8_transpose.py needs a GPU with fp8: {why}", file=sys.stderr)
-        return 2
-    out = {**results.provenance(torch.device("cuda"))}
-    out["shapes"] = {f"{M}x{N}": sweep(M, N) for M, N in SHAPES}
-    results.print_and_save(out, args.out)
-    return 0
+    return results.gpu_benchmark_main(
+        argv, __doc__, __file__, "a GPU with fp8",
+        lambda args: {"shapes": {f"{M}x{N}": sweep(M, N) for M, N in SHAPES}},
+        available=lambda: fp8_available("cuda"),
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -105,3 +105,36 @@ def test_a_tool_with_its_own_keys_does_not_replace_another_tools_result(tmp_path
         results.checked_out(parser(), perf, kind=("what", "config", "rows"))
     assert "not a course result JSON holding ['what', 'config', 'rows']" in capsys.readouterr().err
     assert results.checked_out(parser(), perf, kind=("rows",)) == perf
+
+
+def test_gpu_benchmark_main_checks_the_path_then_the_gpu_then_writes(tmp_path, monkeypatch, capsys):
+    """results.gpu_benchmark_main: a bad --out is refused before anything else, a missing GPU or
+    need exits 2 saying why, and a run writes provenance plus the measurement."""
+    monkeypatch.setattr(results, "provenance", lambda device: {"device": "fake", "date": "d"})
+    ran = []
+
+    def measure(args):
+        ran.append(args.sweep)
+        return {"rows": [1]}
+
+    def add(p):
+        p.add_argument("--sweep", action="store_true")
+
+    def main(argv, available=None):
+        return results.gpu_benchmark_main(
+            argv, "Doc.", "b/x.py", "a GPU", measure, available=available, add_args=add
+        )
+
+    with pytest.raises(SystemExit) as e:
+        main(["--out", str(tmp_path)])
+    assert e.value.code == 2 and not ran
+    monkeypatch.setattr(results.torch.cuda, "is_available", lambda: False)
+    assert main([]) == 2
+    assert "benchmarks/x.py needs a GPU: no CUDA GPU" in capsys.readouterr().err and not ran
+    monkeypatch.setattr(results.torch.cuda, "is_available", lambda: True)
+    assert main([], available=lambda: (False, "it is a T4")) == 2
+    assert "needs a GPU: it is a T4" in capsys.readouterr().err and not ran
+    out = tmp_path / "r.json"
+    assert main(["--out", str(out), "--sweep"], available=lambda: (True, "")) == 0
+    assert ran == [True]
+    assert json.loads(out.read_text()) == {"device": "fake", "date": "d", "rows": [1]}

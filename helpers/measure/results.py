@@ -13,7 +13,8 @@ import json
 import os
 import platform
 import subprocess
-from collections.abc import Iterable, Sequence
+import sys
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import torch
@@ -173,6 +174,44 @@ def print_and_save(out: dict, path: str | Path | None) -> None:
     """Print ``out`` as indented JSON and :func:`save` it to ``path``."""
     print(json.dumps(out, indent=1))
     save(out, path)
+
+
+def gpu_benchmark_main(
+    argv: list[str] | None,
+    doc: str,
+    script: str,
+    need: str,
+    measure: Callable[[argparse.Namespace], dict],
+    available: Callable[[], tuple[bool, str]] | None = None,
+    add_args: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> int:
+    """The ``main()`` of a benchmark that measures on one CUDA GPU and writes one JSON.
+
+    The parser (its description the first line of ``doc``; ``--out``/``--force`` from
+    :func:`add_out`, then what ``add_args`` adds); the output path checked before anything runs
+    (:func:`checked_out`); then, without a CUDA GPU or when ``available()`` (e.g.
+    ``lambda: fp8_available("cuda")``) says no, "benchmarks/<script> needs <need>: <why>" and
+    exit status 2; else ``{**provenance("cuda"), **measure(args)}`` printed and saved
+    (:func:`print_and_save`).
+
+    Returns:
+        The exit status: 0, or 2 when the GPU is missing or lacks what it needs (argparse exits 2
+        on bad usage).
+    """
+    p = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
+    add_out(p, help="write the JSON here too")
+    if add_args is not None:
+        add_args(p)
+    args = p.parse_args(argv)
+    args.out = checked_out(p, args.out, args.force)
+    ok, why = (False, "no CUDA GPU") if not torch.cuda.is_available() else (True, "")
+    if ok and available is not None:
+        ok, why = available()
+    if not ok:
+        print(f"benchmarks/{Path(script).name} needs {need}: {why}", file=sys.stderr)
+        return 2
+    print_and_save({**provenance(torch.device("cuda")), **measure(args)}, args.out)
+    return 0
 
 
 def save_rows(rows: list[dict], path: str | Path | None, device: torch.device | str) -> None:
