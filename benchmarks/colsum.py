@@ -8,8 +8,8 @@ Shapes: what inductor's mix-order reductions leave per LayerNorm gradient at B=1
 partial sums at B=16 and B=64 ((256, 2304), (1024, 2304)), all fp32. Each is timed with
 ``triton.testing.do_bench_cudagraph`` (the calls replayed from a CUDA graph, as in the step's
 "+ CUDA graphs" rung, so the launch cost is not what is measured), and each config is checked
-against ``x.double().sum(0)`` first. The step with the Triton sums: ``python benchmarks/perf.py
---variants final triton-final-sums --profile``.
+against ``x.double().sum(0)`` first. The step without them: ``python benchmarks/perf.py
+--variants final eager-final-sums --profile``.
 """
 
 from __future__ import annotations

@@ -66,9 +66,9 @@ VARIANTS = {
     "bf16-mlp": {"mlp_fp8": False, "fp8_fast_accum": False},
     # the fp8 LM head's e5m2 gradient rounded by fused_ce._e5m2_bits, not the GPU's conversion
     "software-e5m2": {},
-    # inductor's mix-order reductions add their partial sums in Triton (kernels.colsum), not in
-    # an eager .sum(dim=0)
-    "triton-final-sums": {},
+    # inductor's mix-order reductions add their partial sums in an eager .sum(dim=0), not in
+    # Triton (kernels.colsum)
+    "eager-final-sums": {"final_sums": "eager"},
     # the ladder without its last five byte-saving rungs (the name is the committed result files')
     "session-3-final": {
         "residual_dtype": "fp32",
@@ -173,10 +173,6 @@ def experiment(name: str):
         name == "max-autotune-gemm"
     ):  # GEMMs only: no coordinate descent, no pointwise autotuning, no CUDA graphs
         return inductor_config.patch(max_autotune_gemm=True)
-    if name == "triton-final-sums":
-        from helpers.core.kernels import colsum
-
-        return colsum.triton_final_sums()
     if name == "software-e5m2":
         from unittest import mock
 

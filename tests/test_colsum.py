@@ -158,3 +158,29 @@ def test_colsum_benchmark_says_it_needs_a_gpu():
         [sys.executable, "benchmarks/colsum.py"], cwd=ROOT, capture_output=True, text=True
     )
     assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr, r.stderr[-2000:]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_compiled_layernorm_backward_adds_its_partial_sums_with_colsum_on_the_gpu():
+    """The rewrite happens in real generated code (a LayerNorm's weight and bias gradients at the
+    B=16 step's shape), and the gradients it gives are eager PyTorch's."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch.manual_seed(0)
+    x = torch.randn(16384, 768, device="cuda", requires_grad=True)
+    ln = torch.nn.LayerNorm(768).cuda()
+
+    def step(f):
+        ln.zero_grad(set_to_none=True)
+        x.grad = None
+        f(x).float().pow(2).sum().backward()
+        return x.grad.clone(), ln.weight.grad.clone(), ln.bias.grad.clone()
+
+    want = step(ln)
+    torch._dynamo.reset()
+    with colsum.triton_final_sums():
+        got, codes = run_and_get_code(step, torch.compile(ln))
+    torch._dynamo.reset()
+    assert any("torch.ops.fastgpt2.colsum(" in c for c in codes), "no final sum was rewritten"
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-3)

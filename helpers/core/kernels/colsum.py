@@ -1,6 +1,6 @@
-"""The column sums of a (R, N) fp32 matrix in one Triton kernel, and an experiment that hands
-inductor's mix-order reductions their last sum through it (``benchmarks/perf.py``'s variant
-``triton-final-sums``; not a rung).
+"""The column sums of a (R, N) fp32 matrix in one Triton kernel, and the switch that hands
+inductor's mix-order reductions their last sum through it (``final_sums="triton"``, rung
+"+ Triton final sums").
 
 Inductor fuses a LayerNorm backward's row reduction (dx) with its weight and bias gradients' column
 sums into one Triton kernel (a "mix-order reduction", ``torch._inductor.codegen.simd``'s
@@ -110,13 +110,26 @@ def colsum(x: torch.Tensor) -> torch.Tensor:
     return torch.ops.fastgpt2.colsum(x)
 
 
+def final_sums_problem() -> str | None:
+    """Why :func:`triton_final_sums` cannot patch this torch's inductor (it has no mix-order
+    reduction), or None if it can."""
+    from torch._inductor.codegen import simd
+
+    if not hasattr(simd.SIMDScheduling, "_codegen_mix_order_reduction"):
+        return (
+            f"torch {torch.__version__}'s inductor has no mix-order reduction "
+            "(_codegen_mix_order_reduction) whose final sums the Triton final sums replace"
+        )
+    return None
+
+
 @contextlib.contextmanager
 def triton_final_sums():
     """While open, torch.compile's inductor writes each mix-order reduction's last sum as
-    :func:`colsum` instead of an eager ``.sum(dim=0)`` (the experiment in this module's
-    docstring), and the one-pass QKV gradient's op adds its partial sums with it too. Compile
-    inside the context: the generated code keeps calling the op afterwards, while the QKV op is
-    itself again once the context closes.
+    :func:`colsum` instead of an eager ``.sum(dim=0)`` (this module's docstring), and the one-pass
+    QKV gradient's op adds its partial sums with it too. Compile inside the context: the generated
+    code keeps calling the op afterwards, while the QKV op is itself again once the context
+    closes (the step runs in it: ``Trainer.kernels``).
 
     Raises:
         RuntimeError: this torch's inductor has no mix-order reduction to patch.
@@ -127,11 +140,9 @@ def triton_final_sums():
     from torch._inductor import virtualized
     from torch._inductor.codegen import simd
 
-    original = getattr(simd.SIMDScheduling, "_codegen_mix_order_reduction", None)
-    if original is None:
-        raise RuntimeError(
-            f"torch {torch.__version__}'s inductor has no _codegen_mix_order_reduction"
-        )
+    if (why := final_sums_problem()) is not None:
+        raise RuntimeError(why)
+    original = simd.SIMDScheduling._codegen_mix_order_reduction
 
     def patched(self, node1, node2):
         wrapper = virtualized.V.graph.wrapper_code

@@ -43,7 +43,7 @@ COLS = 256  # columns per inner step (768 = 3 x 256 for GPT-2 124M)
 
 def _sum_partials(part: torch.Tensor) -> torch.Tensor:
     """The bias gradient from the kernel's (programs, 3C) fp32 partial column sums (replaced by
-    kernels.colsum in benchmarks/perf.py's variant triton-final-sums)."""
+    kernels.colsum.colsum with final_sums="triton")."""
     return part.sum(0)
 
 
