@@ -66,9 +66,6 @@ VARIANTS = {
     "bf16-mlp": {"mlp_fp8": False, "fp8_fast_accum": False},
     # the fp8 LM head's e5m2 gradient rounded by fused_ce._e5m2_bits, not the GPU's conversion
     "software-e5m2": {},
-    # inductor's mix-order reductions add their partial sums in an eager .sum(dim=0), not in
-    # Triton (kernels.colsum)
-    "eager-final-sums": {"final_sums": "eager"},
     # the ladder without its last five byte-saving rungs (the name is the committed result files')
     "session-3-final": {
         "residual_dtype": "fp32",

@@ -320,26 +320,6 @@ SWITCHES: tuple[Switch, ...] = (
         requires_why="it changes the fp8 MLP's input-gradient matmuls",
     ),
     Switch(
-        "final_sums",
-        "eager",
-        (("+ Triton final sums", "triton"),),
-        "12",
-        {
-            "triton": (
-                "when a compiled step's profile shows many small eager column sums "
-                "(reduce_kernel on a (rows, C) fp32 view, perf.py --launchers names them): "
-                "inductor's LayerNorm-backward kernels and the one-pass QKV gradient leave "
-                "partial column sums that a Triton kernel adds instead "
-                "(helpers.core.kernels.colsum)"
-            ),
-        },
-        values=("eager", "triton"),
-        doc=(
-            "who adds the partial column sums of torch.compile's LayerNorm-backward kernels "
-            'and of the one-pass QKV gradient: "eager" (PyTorch\'s sum) or "triton"'
-        ),
-    ),
-    Switch(
         "grad_accum_steps",
         1,
         (),
@@ -406,7 +386,6 @@ RUNG_ORDER = (
     "+ one-pass QKV grad",
     "+ Triton AdamW",
     "+ fp8 fast accum",
-    "+ Triton final sums",
 )
 
 

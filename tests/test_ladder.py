@@ -31,7 +31,6 @@ def test_rungs_are_cumulative_and_skip_what_the_cpu_cannot_run(monkeypatch):
         "+ one-pass QKV grad",
         "+ Triton AdamW",
         "+ fp8 fast accum",
-        "+ Triton final sums",
     ]
     reasons = dict((c.name, r) for c, r in configs)
     assert "TF32" in reasons["+ tf32"]
@@ -48,9 +47,7 @@ def test_rungs_are_cumulative_and_skip_what_the_cpu_cannot_run(monkeypatch):
     assert "Triton AdamW kernel cannot run" in reasons["+ Triton AdamW"]
     fast = reasons["+ fp8 fast accum"]
     assert "fp8 fast accumulation cannot run" in fast and "CUDA GPU" in fast
-    assert "Triton final sums cannot run" in reasons["+ Triton final sums"]
     skipped += ("+ CUDA graphs", "+ one-pass QKV grad", "+ Triton AdamW", "+ fp8 fast accum")
-    skipped += ("+ Triton final sums",)
     assert all(r is None for n, r in reasons.items() if n not in skipped)
     last = [c for c, r in configs if r is None][-1]
     # TF32 and the Triton kernels were skipped, so they are not carried into later rungs;
@@ -74,7 +71,7 @@ def test_rungs_are_cumulative_and_skip_what_the_cpu_cannot_run(monkeypatch):
 def test_gpu_ladder_carries_every_switch():
     configs = ladder.ladder_configs(16, 1024)
     assert configs[-1][0] == RunConfig(
-        name="+ Triton final sums",
+        name="+ fp8 fast accum",
         matmul_precision="tf32",
         autocast="bf16",
         compile="reduce-overhead",
@@ -91,14 +88,13 @@ def test_gpu_ladder_carries_every_switch():
         mlp_fp8=True,
         qkv_grad=True,
         fp8_fast_accum=True,
-        final_sums="triton",
     )
 
 
 def test_fp8_rung_is_skipped_below_compute_capability_8_9(monkeypatch):
     """An A100 (8.0) runs every rung but the fp8 ones (fast accumulation is the fp8 MLP's),
-    and its last is the bf16 fused LM head with CUDA graphs, the one-pass QKV gradient, the
-    Triton AdamW and the Triton final sums."""
+    and its last is the bf16 fused LM head with CUDA graphs, the one-pass QKV gradient and the
+    Triton AdamW."""
     _fake_cuda(monkeypatch, (8, 0))
     configs = ladder.ladder_configs(16, 1024, device="cuda")
     reasons = dict((c.name, r) for c, r in configs)
@@ -106,12 +102,12 @@ def test_fp8_rung_is_skipped_below_compute_capability_8_9(monkeypatch):
     assert all("8.9" in reasons[n] and "8.0" in reasons[n] for n in fp8_rungs)
     assert all(r is None for n, r in reasons.items() if n not in fp8_rungs)
     last = ladder.last_runnable(16, 1024, "cuda")
-    assert last.name == "+ Triton final sums" and not last.lm_head_fp8 and not last.mlp_fp8
-    assert not last.fp8_fast_accum and last.optimizer == "triton"
+    assert last.name == "+ Triton AdamW" and not last.lm_head_fp8 and not last.mlp_fp8
+    assert not last.fp8_fast_accum
     assert last.loss_kernel == "fused" and last.compile == "reduce-overhead"
     _fake_cuda(monkeypatch, (9, 0))  # an H100 / H200
     last = ladder.last_runnable(16, 1024, "cuda")
-    assert last.name == "+ Triton final sums" and last.lm_head_fp8 and last.mlp_fp8
+    assert last.name == "+ fp8 fast accum" and last.lm_head_fp8 and last.mlp_fp8
 
 
 def test_last_runnable_taught_by_stops_before_the_first_later_chapters_switch(monkeypatch):
@@ -329,8 +325,7 @@ def test_last_runnable_rung_is_what_a_t4_can_build(monkeypatch):
     run = ladder.last_runnable(16, 1024, "cuda")
     assert (
         train.unsupported_reason(run, "cuda") is None
-        and run.name == "+ Triton final sums"
-        and run.final_sums == "triton"
+        and run.name == "+ Triton AdamW"
         and run.optimizer == "triton"
         and not run.qkv_grad
         and run.compile == "reduce-overhead"
@@ -355,7 +350,7 @@ def test_cuda_graphs_rung_follows_the_compile_mode(monkeypatch):
     for mode in ("reduce-overhead", "max-autotune"):
         compiled, (graphs, reason) = modes(mode)["+ torch.compile"], modes(mode)["+ CUDA graphs"]
         assert compiled == (mode, None) and graphs == mode and "already uses CUDA graphs" in reason
-        assert ladder.last_runnable(16, 1024, "cuda", mode).name == "+ Triton final sums"
+        assert ladder.last_runnable(16, 1024, "cuda", mode).name == "+ fp8 fast accum"
 
 
 def test_autocast_rung_stays_bf16_where_it_is_native(monkeypatch):

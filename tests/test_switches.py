@@ -31,7 +31,6 @@ LADDER_BEFORE_THE_REGISTRY = [
     ("+ one-pass QKV grad", dict(qkv_grad=True)),
     ("+ Triton AdamW", dict(optimizer="triton")),  # the optimizer switch's second rung
     ("+ fp8 fast accum", dict(fp8_fast_accum=True)),
-    ("+ Triton final sums", dict(final_sums="triton")),
 ]
 
 

@@ -228,39 +228,3 @@ def test_a_cuda_index_past_the_visible_gpus_is_named(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     why = train.unsupported_reason(train.RunConfig(), torch.device("cuda:5"))
     assert why == "cuda:5 is not a CUDA device here (2 visible: cuda:0 to cuda:1)"
-
-
-def test_each_micro_step_runs_inside_the_trainers_kernel_context(monkeypatch):
-    """Trainer.step runs forward and backward inside Trainer.kernels() (where torch.compile
-    generates the step's code with the final-sums rewrite), and final_sums="triton" makes that
-    context hand the one-pass QKV gradient's partial sums to the Triton column sum."""
-    import contextlib
-
-    from helpers.core.kernels import colsum, qkv_grad
-
-    trainer = train.build(train.RunConfig(batch_size=1, seq_len=8), CFG, "cpu")
-    inside, calls = [], []
-    forward = trainer.forward
-
-    @contextlib.contextmanager
-    def spy():
-        inside.append(True)
-        yield
-        inside.append(False)
-
-    def spied_forward(*args):
-        calls.append(inside[-1])
-        return forward(*args)
-
-    monkeypatch.setattr(trainer, "kernels", spy)
-    monkeypatch.setattr(trainer, "forward", spied_forward)
-    tokens = data.load_tokens()[:1000]
-    trainer.step(data.BatchLoader(tokens, 1, 8, "cpu"))
-    assert calls == [True] and inside == [True, False]
-    run = train.RunConfig(final_sums="triton")
-    shell = train.Trainer(run, CFG, torch.device("cpu"), None, None, None, None)
-    with shell.kernels():
-        assert qkv_grad._sum_partials is colsum.colsum
-    assert qkv_grad._sum_partials is not colsum.colsum
-    with train.Trainer(run.replace(final_sums="eager"), CFG, "cpu", *[None] * 4).kernels():
-        assert qkv_grad._sum_partials is not colsum.colsum

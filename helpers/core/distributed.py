@@ -415,7 +415,7 @@ def distributed_step(
     for i in range(run.grad_accum_steps):
         x, y = batches.next_batch()
         last = i == run.grad_accum_steps - 1
-        with _sync_context(trainer.forward, sync=last or sync_every_micro_step), trainer.kernels():
+        with _sync_context(trainer.forward, sync=last or sync_every_micro_step):
             with trainer.autocast():
                 _, loss = trainer.forward(x, y)
             loss = loss / run.grad_accum_steps  # mean over micro-steps, not a sum

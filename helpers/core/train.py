@@ -271,13 +271,6 @@ def unsupported_reason(run: RunConfig, device: torch.device | str) -> str | None
                 "the one-pass QKV gradient computes c_attn in bf16, as bf16 autocast does: it "
                 f"needs autocast='bf16', not {run.autocast!r}"
             )
-    if run.final_sums == "triton":  # (eager, only the one-pass QKV gradient's sums change)
-        if (why := _triton_problem("the Triton final sums", device, run.compile)) is not None:
-            return why
-        from helpers.core.kernels import colsum
-
-        if (why := colsum.final_sums_problem()) is not None:
-            return why
     if run.optimizer == "fused" and device.type not in ("cuda", "cpu"):
         return f"fused AdamW is not implemented for device type {device.type}"
     if run.optimizer == "triton":  # it runs eagerly, outside the compiled step
@@ -358,17 +351,6 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=_DTYPES[self.run.autocast])
 
-    def kernels(self):
-        """The context a micro-step's forward and backward run in: the code-generation patches
-        of this run's switches (``final_sums="triton"``: :func:`helpers.core.kernels.colsum.
-        triton_final_sums`), or a no-op context. torch.compile generates the step's code on its
-        first call, inside it; the one-pass QKV gradient's op reads it on every call."""
-        if self.run.final_sums == "triton":
-            from helpers.core.kernels import colsum
-
-            return colsum.triton_final_sums()
-        return contextlib.nullcontext()
-
     def _apply_precision(self) -> None:
         # Global switch: set before every step so that two Trainers in one process cannot leak it.
         torch.set_float32_matmul_precision(
@@ -376,14 +358,13 @@ class Trainer:
         )
 
     def _micro_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        with self.kernels():
-            with self.autocast():
-                _, loss = self.forward(x, y)
-            loss = loss / self.run.grad_accum_steps  # mean over micro-steps, not a sum
-            if self.scaler is not None:
-                self.scaler.scale(loss).backward()
-            else:
-                loss.backward()
+        with self.autocast():
+            _, loss = self.forward(x, y)
+        loss = loss / self.run.grad_accum_steps  # mean over micro-steps, not a sum
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+        else:
+            loss.backward()
         return loss.detach()
 
     def step(self, batches) -> torch.Tensor:

@@ -189,16 +189,15 @@ def step_with_ranges(
     for _ in range(run.grad_accum_steps):
         with ranges("data"):
             x, y = batches.next_batch()
-        with trainer.kernels():
-            with ranges("forward"):
-                with trainer.autocast():
-                    _, loss = trainer.forward(x, y)
-                loss = loss / run.grad_accum_steps  # mean over micro-steps, not a sum
-            with ranges("backward"):
-                if scaler is not None:
-                    scaler.scale(loss).backward()
-                else:
-                    loss.backward()
+        with ranges("forward"):
+            with trainer.autocast():
+                _, loss = trainer.forward(x, y)
+            loss = loss / run.grad_accum_steps  # mean over micro-steps, not a sum
+        with ranges("backward"):
+            if scaler is not None:
+                scaler.scale(loss).backward()
+            else:
+                loss.backward()
         loss = loss.detach()
         total = loss if total is None else total + loss
     with ranges("clip"):

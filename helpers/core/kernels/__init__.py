@@ -17,9 +17,6 @@ One file per mechanism, each explained at its top:
   concatenated into ``c_attn``'s gradient and summed for its bias gradient in one read.
 - ``adamw.py``, rung "+ Triton AdamW" (``RunConfig(optimizer="triton")``):
   :class:`adamw.TritonAdamW`, AdamW in one launch per parameter group.
-- ``colsum.py``, rung "+ Triton final sums" (``RunConfig(final_sums="triton")``):
-  :func:`colsum.colsum`, a matrix's column sums in one kernel, and :func:`colsum.triton_final_sums`,
-  which has inductor's mix-order reductions add their partial sums with it.
 - ``_triton.py``: the Triton import (``triton`` is None without the package), :func:`available`,
   :data:`TRITON_OP_MISSING` and the launch that ``torch.compile`` traces.
 

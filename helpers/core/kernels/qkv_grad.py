@@ -41,12 +41,6 @@ ROWS = 64  # rows per program: its column sums are one partial-sum row
 COLS = 256  # columns per inner step (768 = 3 x 256 for GPT-2 124M)
 
 
-def _sum_partials(part: torch.Tensor) -> torch.Tensor:
-    """The bias gradient from the kernel's (programs, 3C) fp32 partial column sums (replaced by
-    kernels.colsum.colsum with final_sums="triton")."""
-    return part.sum(0)
-
-
 if triton is not None and TRITON_OP_MISSING is None:
 
     @triton.jit
@@ -90,7 +84,7 @@ if triton is not None and TRITON_OP_MISSING is None:
             dq, dk, dv, out, part, M, T, *dq.stride(), C=C, HS=hs, ROWS=ROWS, COLS=COLS,
             num_warps=4,
         )  # fmt: skip
-        return out, _sum_partials(part)
+        return out, part.sum(0)
 
     # Traced: torch.compile sees the launch, with the strides it traced as constants, and copies
     # inputs that arrive in another memory order into that order first.
