@@ -40,7 +40,6 @@ OPAQUE = True
 ROWS = 64  # rows per program: its column sums are one partial-sum row
 COLS = 256  # columns per inner step (768 = 3 x 256 for GPT-2 124M)
 
-
 if triton is not None and TRITON_OP_MISSING is None:
 
     @triton.jit
